@@ -1,0 +1,1 @@
+"""trainsim simulator: specs, cost models and the simulate() entry point."""

@@ -1,0 +1,110 @@
+"""Closed-form (alpha-beta) collective costs over the fabric a group actually spans.
+
+Each formula is the textbook one: ``steps * alpha + fraction * bytes / bandwidth``. A group
+with ``g`` ranks per node over ``k`` nodes runs its intra-node phases on the node fabric
+and its inter-node phases on the NICs; every rank of a node uses its own NIC share, because
+the other ranks of the node belong to sibling groups that communicate at the same time.
+``size_bytes`` is the full buffer: the output of an all-gather, the input of a
+reduce-scatter, what one rank sends in an all-to-all.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from sim.cluster import ClusterSpec
+from sim.placement import GroupSpan
+
+__all__ = ["Fabric", "fabric_for", "collective_time", "COLLECTIVES", "NIC_EFFICIENCY",
+           "default_algorithm"]
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+# Achievable fraction of InfiniBand/RoCE line rate for large messages (nccl-tests inter-node
+# busbw is typically 90-95% of line rate); one constant, not a per-run knob.
+NIC_EFFICIENCY = 0.92
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """Effective rates seen by one rank of a group."""
+
+    span: GroupSpan
+    intra_Bps: float
+    intra_alpha_s: float
+    inter_Bps: float
+    inter_alpha_s: float
+
+
+def fabric_for(cluster: ClusterSpec, span: GroupSpan) -> Fabric:
+    intra = cluster.intra_node.bandwidth_GBps * 1e9 * cluster.gpu.comm_eff
+    inter = cluster.nic_GBps_per_gpu * 1e9 * NIC_EFFICIENCY
+    if span.cross_pod:
+        inter /= cluster.inter_node.oversubscription
+    return Fabric(span, intra, cluster.intra_node.latency_us * 1e-6, inter,
+                  (cluster.inter_node.latency_us + cluster.intra_node.latency_us) * 1e-6)
+
+
+def default_algorithm(collective: str, span: GroupSpan, size_bytes: float) -> str:
+    """NCCL-like choice: tree for small all-reduces across nodes, hierarchical when a node
+    holds several ranks of a multi-node group, ring otherwise; direct all-to-all."""
+    if collective == "all_to_all":
+        return "direct"
+    if span.nodes > 1 and collective == "all_reduce" and size_bytes < 256 * 1024:
+        return "tree"
+    if span.nodes > 1 and span.per_node > 1:
+        return "hierarchical"
+    return "ring"
+
+
+def _ring(n: int, alpha: float, bw: float, size: float, passes: int) -> float:
+    """``passes`` = 2 for all-reduce (reduce-scatter then all-gather), 1 otherwise."""
+    return passes * ((n - 1) * alpha + (n - 1) / n * size / bw)
+
+
+def _flat_rates(f: Fabric) -> tuple[float, float]:
+    """Bandwidth and per-step latency of one ring over the whole group: NCCL runs one ring
+    per NIC, so the ``per_node`` ranks' NIC shares add up."""
+    if f.span.nodes == 1:
+        return f.intra_Bps, f.intra_alpha_s
+    return min(f.intra_Bps, f.inter_Bps * f.span.per_node), f.inter_alpha_s
+
+
+def _hierarchical(f: Fabric, size: float, passes: int) -> float:
+    g, k = f.span.per_node, f.span.nodes
+    intra = _ring(g, f.intra_alpha_s, f.intra_Bps, size, passes) if g > 1 else 0.0
+    inter = _ring(k, f.inter_alpha_s, f.inter_Bps, size / g, passes) if k > 1 else 0.0
+    return intra + inter
+
+
+def _all_to_all(f: Fabric, size: float, algorithm: str) -> float:
+    n, g = f.span.size, f.span.per_node
+    bw_time = max((g - 1) / n * size / f.intra_Bps, (n - g) / n * size / f.inter_Bps)
+    alpha = f.inter_alpha_s if f.span.nodes > 1 else f.intra_alpha_s
+    steps = 1 if algorithm == "direct" else n - 1
+    return steps * alpha + bw_time
+
+
+def collective_time(collective: str, f: Fabric, size_bytes: float, algorithm: str = "auto"
+                    ) -> float:
+    """Seconds one collective of ``size_bytes`` takes on fabric ``f``."""
+    n = f.span.size
+    if n == 1 or size_bytes <= 0:
+        return 0.0
+    if collective == "send_recv":  # between neighbours of the group
+        if f.span.nodes > 1:
+            return f.inter_alpha_s + size_bytes / f.inter_Bps
+        return f.intra_alpha_s + size_bytes / f.intra_Bps
+    if algorithm == "auto":
+        algorithm = default_algorithm(collective, f.span, size_bytes)
+    if collective == "all_to_all":
+        return _all_to_all(f, size_bytes, algorithm)
+    passes = 2 if collective == "all_reduce" else 1
+    if algorithm == "hierarchical":
+        return _hierarchical(f, size_bytes, passes)
+    bw, alpha = _flat_rates(f)
+    if algorithm == "tree" and collective == "all_reduce":
+        return 2 * math.ceil(math.log2(n)) * alpha + 2 * size_bytes / bw
+    if algorithm == "halving-doubling":
+        return passes * (math.ceil(math.log2(n)) * alpha + (n - 1) / n * size_bytes / bw)
+    return _ring(n, alpha, bw, size_bytes, passes)  # ring, nvls, and fallbacks (see README)

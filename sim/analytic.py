@@ -1,0 +1,203 @@
+"""The analytic tier: one training iteration in closed form.
+
+Per pipeline rank and micro-batch: layer compute (roofline, :mod:`sim.compute`) plus the
+tensor-, context-, expert- and pipeline-parallel communication on its critical path
+(alpha-beta over the fabric each group spans, :mod:`sim.alphabeta`). The pipeline runs at
+the pace of its slowest rank: ``m * t_max + (sum(t_r) - t_max) / vpp`` (the bubble of
+GPipe and 1F1B is ``(pp - 1) / vpp`` stage times). Data-parallel gradient reduction
+overlaps the last micro-batch's backward; the optimizer step streams its state through HBM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim import compute as cm
+from sim.alphabeta import Fabric, collective_time, fabric_for
+from sim.cluster import ClusterSpec
+from sim.memory import GIB, peak_memory, rank_params
+from sim.model import ModelSpec
+from sim.placement import group_span
+from sim.plan import Plan
+from sim.stages import StageLayers, pipeline_rank_layers
+
+__all__ = ["StageCost", "stage_costs", "analytic_iteration"]
+
+ADAM_BYTES_PER_PARAM = 32.0  # read fp32 master, m, v, grad; write master, m, v, bf16 copy
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """Seconds per micro-batch on one pipeline rank, and its once-per-iteration tail."""
+
+    compute: float
+    tp: float
+    cp_exposed: float
+    cp_overlapped: float
+    ep: float
+    pp: float
+    zero3_exposed: float
+    zero3_overlapped: float
+    dp_exposed: float  # after the last backward, once per iteration
+    dp_overlapped: float
+    optimizer: float
+
+    @property
+    def per_microbatch(self) -> float:
+        return self.compute + self.tp + self.cp_exposed + self.ep + self.pp + self.zero3_exposed
+
+    @property
+    def tail(self) -> float:
+        return self.dp_exposed + self.optimizer
+
+
+class _Ctx:
+    """Inputs shared by every stage, computed once per call."""
+
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> None:
+        self.m, self.c, self.p, self.hw = model, cluster, plan, cluster.gpu
+        self.fabric: dict[str, Fabric] = {
+            g: fabric_for(cluster, group_span(plan, cluster, g))
+            for g in ("tp", "cp", "ep", "pp", "dp", "edp")}
+        self.dense = cm.layer_time(self.hw, model, plan)
+        self.moe = cm.layer_time(self.hw, model, plan, moe=True) if model.is_moe else self.dense
+        self.e = 4 if plan.dtype == "fp32" else 2
+        self.tokens = plan.seq_len / plan.cp * plan.micro_batch_size
+
+    def coll(self, group: str, kind: str, size: float) -> float:
+        algo = self.p.algorithm("dp" if group == "edp" else group)
+        return collective_time(kind, self.fabric[group], size, algo)
+
+
+def _tp_per_layer(x: _Ctx) -> float:
+    """TP collectives of one layer, forward + backward (+ forward again if recomputed)."""
+    if x.p.tp == 1:
+        return 0.0
+    size = x.tokens * x.m.hidden_size * x.e
+    if x.p.sequence_parallel:
+        one = x.coll("tp", "all_gather", size) + x.coll("tp", "reduce_scatter", size)
+    else:
+        one = x.coll("tp", "all_reduce", size)
+    passes = 3 if x.p.recompute == "full" else 2  # forward, backward, recomputed forward
+    return 2 * one * passes
+
+
+def _cp_per_layer(x: _Ctx, attention_fwd: float) -> tuple[float, float]:
+    """Ring attention: (cp-1) K/V exchanges forward, twice that backward, hidden behind the
+    attention core when it is long enough. Returns (exposed, overlapped)."""
+    if x.p.cp == 1:
+        return 0.0, 0.0
+    kv = 2 * x.tokens * x.m.kv_dim / x.p.tp * x.e
+    step = x.coll("cp", "send_recv", kv)
+    passes = 4 if x.p.recompute == "full" else 3
+    comm = (x.p.cp - 1) * step * passes
+    hide = attention_fwd * (1 + cm.FLASH_BACKWARD_FACTOR)
+    return max(0.0, comm - hide), min(comm, hide)
+
+
+def _ep_per_layer(x: _Ctx) -> float:
+    if x.p.ep == 1:
+        return 0.0
+    tokens = x.tokens / (x.p.tp if x.p.sequence_parallel else 1)
+    size = tokens * x.m.top_k * x.m.hidden_size * x.e
+    passes = 3 if x.p.recompute == "full" else 2
+    return 2 * x.coll("ep", "all_to_all", size) * passes
+
+
+def _stage_compute(x: _Ctx, st: StageLayers) -> float:
+    d, e = x.dense, x.moe
+    t = st.dense * (d.forward + d.backward) + st.moe * (e.forward + e.backward)
+    if x.p.recompute == "full":
+        t += st.dense * d.forward + st.moe * e.forward
+    elif x.p.recompute == "selective":
+        t += st.dense * d.attention_forward + st.moe * e.attention_forward
+    if st.first:
+        t += cm.embedding_time(x.hw, x.m, x.p)
+    if st.last:
+        t += cm.logits_time(x.hw, x.m, x.p)
+    return t
+
+
+def _dp_costs(x: _Ctx, st: StageLayers, compute: float
+              ) -> tuple[float, float, float, float]:
+    """(zero3 exposed, zero3 overlapped) per micro-batch, (exposed, overlapped) tail."""
+    dense, expert = rank_params(x.m, x.p, st)
+    w = x.e  # gradients and gathered weights in the 16-bit (or fp32) training dtype
+    if x.p.zero_stage == 3:
+        per_mb = (2 * x.coll("dp", "all_gather", dense * w) + x.coll("dp", "reduce_scatter",
+                  dense * w) + 2 * x.coll("edp", "all_gather", expert * w)
+                  + x.coll("edp", "reduce_scatter", expert * w))
+        return max(0.0, per_mb - compute), min(per_mb, compute), 0.0, 0.0
+    if x.p.zero_stage == 0:
+        reduce = x.coll("dp", "all_reduce", dense * w) + x.coll("edp", "all_reduce", expert * w)
+        gather = 0.0
+    else:
+        reduce = x.coll("dp", "reduce_scatter", dense * w) + x.coll("edp", "reduce_scatter",
+                                                                     expert * w)
+        gather = x.coll("dp", "all_gather", dense * w) + x.coll("edp", "all_gather", expert * w)
+    window = (st.dense * x.dense.backward + st.moe * x.moe.backward) if \
+        x.p.overlap_grad_reduce else 0.0
+    return 0.0, 0.0, max(0.0, reduce - window) + gather, min(reduce, window)
+
+
+def _optimizer(x: _Ctx, st: StageLayers) -> float:
+    dense, expert = rank_params(x.m, x.p, st)
+    shards = (x.p.dp, x.p.dp // x.p.ep) if x.p.zero_stage >= 1 else (1, 1)
+    params = dense / shards[0] + expert / shards[1]
+    return cm.stream_time(x.hw, params * ADAM_BYTES_PER_PARAM)
+
+
+def stage_costs(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> list[StageCost]:
+    x = _Ctx(model, cluster, plan)
+    tp_l, ep_l = _tp_per_layer(x), _ep_per_layer(x)
+    cp_d, cp_e = _cp_per_layer(x, x.dense.attention_forward), _cp_per_layer(
+        x, x.moe.attention_forward)
+    p2p = 0.0
+    if plan.pp > 1:
+        act = x.tokens * model.hidden_size * x.e / plan.tp  # Megatron scatter/gather
+        p2p = 2 * plan.vpp * x.coll("pp", "send_recv", act)
+    out = []
+    for st in pipeline_rank_layers(plan, model):
+        comp = _stage_compute(x, st)
+        z3e, z3o, dpe, dpo = _dp_costs(x, st, comp)
+        out.append(StageCost(
+            comp, st.total * tp_l, st.dense * cp_d[0] + st.moe * cp_e[0],
+            st.dense * cp_d[1] + st.moe * cp_e[1], st.moe * ep_l, p2p, z3e, z3o, dpe, dpo,
+            _optimizer(x, st)))
+    return out
+
+
+def analytic_iteration(model: ModelSpec, cluster: ClusterSpec, plan: Plan
+                       ) -> tuple[float, dict[str, float], dict[str, dict[str, float]]]:
+    """(iteration seconds, critical-path breakdown, per-group communication)."""
+    stages = stage_costs(model, cluster, plan)
+    m, v = plan.num_microbatches, plan.vpp
+    times = [s.per_microbatch for s in stages]
+    slow = max(range(len(stages)), key=lambda r: times[r])
+    pipe = m * times[slow] + (sum(times) - times[slow]) / v
+    tail_rank = max(range(len(stages)), key=lambda r: stages[r].tail)
+    b, t = stages[slow], stages[tail_rank]
+    breakdown = {
+        "compute": m * b.compute, "tp": m * b.tp, "cp": m * b.cp_exposed, "ep": m * b.ep,
+        "pp": m * b.pp, "dp": m * b.zero3_exposed + t.dp_exposed, "optimizer": t.optimizer,
+        "bubble": pipe - m * times[slow]}
+    comm = {
+        "tp": {"exposed_s": m * b.tp, "overlapped_s": 0.0},
+        "cp": {"exposed_s": m * b.cp_exposed, "overlapped_s": m * b.cp_overlapped},
+        "ep": {"exposed_s": m * b.ep, "overlapped_s": 0.0},
+        "pp": {"exposed_s": m * b.pp, "overlapped_s": 0.0},
+        "dp": {"exposed_s": breakdown["dp"],
+               "overlapped_s": m * b.zero3_overlapped + t.dp_overlapped}}
+    return pipe + t.tail, breakdown, comm
+
+
+def memory_gib(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> list[dict[str, float]]:
+    rows = []
+    for mb in peak_memory(model, plan, cluster.gpu.reserved_gib):
+        rows.append({"pipeline_rank": mb.pipeline_rank, "weights": mb.weights / GIB,
+                     "gradients": mb.gradients / GIB, "optimizer": mb.optimizer / GIB,
+                     "activations": mb.activations / GIB, "transient": mb.transient / GIB,
+                     "reserved": mb.reserved / GIB, "total": mb.total / GIB})
+    return rows
+
+

@@ -1,0 +1,44 @@
+"""``simulate``: the one entry point to every fidelity tier."""
+
+from __future__ import annotations
+
+from sim.analytic import analytic_iteration, memory_gib
+from sim.cluster import ClusterSpec
+from sim.errors import SpecError
+from sim.flops import hardware_flops_per_token, model_flops_per_token
+from sim.model import ModelSpec
+from sim.plan import Plan, validate
+from sim.result import Result
+
+__all__ = ["simulate", "FIDELITIES"]
+
+FIDELITIES = ("analytic",)
+
+
+def simulate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, fidelity: str = "analytic"
+             ) -> Result:
+    """Predict one training iteration of ``model`` on ``cluster`` under ``plan``."""
+    if fidelity not in FIDELITIES:
+        raise SpecError("fidelity", f"must be one of {', '.join(FIDELITIES)}, got {fidelity!r}")
+    validate(plan, model, cluster)
+    iteration, breakdown, comm = analytic_iteration(model, cluster, plan)
+    tokens = plan.global_batch_size * plan.seq_len
+    gpus = cluster.world_size
+    model_tf = model_flops_per_token(model, plan.seq_len) * tokens / iteration / gpus / 1e12
+    hw_tf = hardware_flops_per_token(model, plan.seq_len, plan.recompute) * tokens
+    hw_tf = hw_tf / iteration / gpus / 1e12
+    mem = memory_gib(model, cluster, plan)
+    peak = max(r["total"] for r in mem)
+    capacity = cluster.gpu.memory_gib
+    warnings = []
+    if peak > capacity:
+        warnings.append(f"peak memory {peak:.1f} GiB exceeds {capacity:.1f} GiB per device")
+    return Result(
+        fidelity=fidelity, model=model.name, cluster=cluster.name, gpus=gpus,
+        iteration_time_s=iteration, tokens_per_s=tokens / iteration,
+        model_tflops_per_gpu=model_tf, hardware_tflops_per_gpu=hw_tf,
+        mfu=model_tf / cluster.gpu.peak_tflops(plan.dtype), peak_memory_gib=peak,
+        memory_capacity_gib=capacity, fits_in_memory=peak <= capacity,
+        bubble_fraction=breakdown["bubble"] / iteration if plan.pp > 1 else 0.0,
+        num_microbatches=plan.num_microbatches, breakdown=breakdown, communication=comm,
+        memory_gib=mem, warnings=warnings)

@@ -1,0 +1,193 @@
+"""ClusterSpec: nodes of accelerators, the fabric inside a node and the network between.
+
+Built from a preset name (``dgx-a100:16``, ``dgx-h100:4``, ``hgx-h200:2``, ``cpu:2``) or a
+TOML file (see README). Every field is validated here, with the field named in the error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sim.errors import SpecError
+from sim.hardware import HardwareSpec, get_hardware
+
+__all__ = ["IntraNode", "InterNode", "ClusterSpec", "load_cluster", "preset_names",
+           "INTRA_KINDS", "TOPOLOGIES"]
+
+INTRA_KINDS = ("nvswitch", "pcie", "nvlink-mesh", "loopback")
+TOPOLOGIES = ("fat-tree", "rail-optimized", "torus2d", "torus3d", "dragonfly")
+
+
+@dataclass(frozen=True)
+class IntraNode:
+    """The fabric between devices of one node; bandwidth per device, per direction."""
+
+    kind: str = "nvswitch"
+    bandwidth_GBps: float = 450.0
+    latency_us: float = 2.0
+
+
+@dataclass(frozen=True)
+class InterNode:
+    """The network between nodes; NIC bandwidth per NIC, per direction."""
+
+    topology: str = "fat-tree"
+    nic_Gbps: float = 400.0
+    nics_per_node: int = 8
+    oversubscription: float = 1.0  # above the pod: 7.0 means 1:7
+    pod_gpus: int = 0  # devices under full bisection; 0 means the whole cluster
+    latency_us: float = 2.0
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    name: str
+    nodes: int
+    gpus_per_node: int
+    gpu: HardwareSpec
+    intra_node: IntraNode = field(default_factory=IntraNode)
+    inter_node: InterNode = field(default_factory=InterNode)
+    profile: str | None = None  # profile DB directory (issue: profiler)
+
+    def __post_init__(self) -> None:
+        _check_int("nodes", self.nodes)
+        _check_int("gpus_per_node", self.gpus_per_node)
+        _check_choice("intra_node.kind", self.intra_node.kind, INTRA_KINDS)
+        _check_positive("intra_node.bandwidth_GBps", self.intra_node.bandwidth_GBps)
+        _check_nonneg("intra_node.latency_us", self.intra_node.latency_us)
+        inter = self.inter_node
+        _check_choice("inter_node.topology", inter.topology, TOPOLOGIES)
+        _check_positive("inter_node.nic_Gbps", inter.nic_Gbps)
+        _check_int("inter_node.nics_per_node", inter.nics_per_node)
+        _check_nonneg("inter_node.latency_us", inter.latency_us)
+        if not (isinstance(inter.oversubscription, int | float) and inter.oversubscription >= 1):
+            raise SpecError("inter_node.oversubscription",
+                            f"must be a number >= 1 (7.0 means 1:7), got {inter.oversubscription!r}")
+        if isinstance(inter.pod_gpus, bool) or not isinstance(inter.pod_gpus, int) \
+                or inter.pod_gpus < 0 or (inter.pod_gpus and inter.pod_gpus % self.gpus_per_node):
+            raise SpecError("inter_node.pod_gpus", f"must be 0 (whole cluster) or a positive "
+                            f"multiple of gpus_per_node={self.gpus_per_node}, got {inter.pod_gpus!r}")
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def pod_size(self) -> int:
+        """Devices under full bisection bandwidth."""
+        return min(self.inter_node.pod_gpus or self.world_size, self.world_size)
+
+    @property
+    def nic_GBps_per_gpu(self) -> float:
+        """Inter-node bandwidth share of one device, per direction, in GB/s."""
+        inter = self.inter_node
+        return inter.nic_Gbps / 8.0 * inter.nics_per_node / self.gpus_per_node
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "nodes": self.nodes, "gpus_per_node": self.gpus_per_node,
+                "gpu": self.gpu.name, "intra_node": dataclasses.asdict(self.intra_node),
+                "inter_node": dataclasses.asdict(self.inter_node), "profile": self.profile}
+
+
+def _check_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise SpecError(name, f"must be a positive integer, got {value!r}")
+
+
+def _check_positive(name: str, value: Any) -> None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or value <= 0:
+        raise SpecError(name, f"must be a positive number, got {value!r}")
+
+
+def _check_nonneg(name: str, value: Any) -> None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or value < 0:
+        raise SpecError(name, f"must be a number >= 0, got {value!r}")
+
+
+def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise SpecError(name, f"must be one of {', '.join(choices)}, got {value!r}")
+
+
+# Presets ------------------------------------------------------------------------------
+# (gpu, intra bandwidth GB/s per direction, intra latency us, NIC Gb/s, NICs per node)
+_DGX = {
+    "dgx-a100": ("a100-sxm4-80gb", 300.0, 3.0, 200.0, 8),  # 8x HDR InfiniBand
+    "dgx-h100": ("h100-sxm5-80gb", 450.0, 2.0, 400.0, 8),  # 8x NDR ConnectX-7
+    "hgx-h200": ("h200-sxm-141gb", 450.0, 2.0, 400.0, 8),  # 8x NDR ConnectX-7
+}
+
+
+def preset_names() -> list[str]:
+    return [f"{k}:NODES" for k in _DGX] + ["cpu:RANKS"]
+
+
+def _preset(name: str) -> ClusterSpec:
+    kind, _, count = name.partition(":")
+    if kind not in _DGX and kind != "cpu":
+        raise SpecError("cluster", f"unknown preset or missing file {name!r} "
+                        f"(presets: {', '.join(preset_names())})")
+    if not count.isdigit() or int(count) < 1:
+        raise SpecError("cluster", f"preset {name!r} needs a positive count after ':', "
+                        f"e.g. {kind}:{'2' if kind == 'cpu' else '16'}")
+    n = int(count)
+    if kind == "cpu":
+        return ClusterSpec(name, nodes=1, gpus_per_node=n, gpu=get_hardware("cpu"),
+                           intra_node=IntraNode("loopback", 2.0, 30.0),
+                           inter_node=InterNode(nic_Gbps=10.0, nics_per_node=1, latency_us=50.0))
+    gpu, intra_bw, intra_lat, nic, nics = _DGX[kind]
+    return ClusterSpec(name, nodes=n, gpus_per_node=8, gpu=get_hardware(gpu),
+                       intra_node=IntraNode("nvswitch", intra_bw, intra_lat),
+                       inter_node=InterNode("fat-tree", nic, nics, 1.0, 0, 2.0))
+
+
+def _table(data: dict[str, Any], key: str, cls: type) -> Any:
+    sub = data.get(key, {})
+    if not isinstance(sub, dict):
+        raise SpecError(key, "must be a TOML table")
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(sub) - known)
+    if unknown:
+        raise SpecError(f"{key}.{unknown[0]}", f"unknown field (known: {', '.join(sorted(known))})")
+    return cls(**sub)
+
+
+_TOP_KEYS = {"name", "nodes", "gpus_per_node", "gpu", "intra_node", "inter_node", "profile"}
+
+
+def cluster_from_dict(data: dict[str, Any], name: str) -> ClusterSpec:
+    unknown = sorted(set(data) - _TOP_KEYS)
+    if unknown:
+        raise SpecError(unknown[0], f"unknown field (known: {', '.join(sorted(_TOP_KEYS))})")
+    for key in ("nodes", "gpus_per_node", "gpu"):
+        if key not in data:
+            raise SpecError(key, "is required in a cluster file")
+    if not isinstance(data["gpu"], str):
+        raise SpecError("gpu", f"must be a catalog name, got {data['gpu']!r}")
+    profile = data.get("profile")
+    if profile is not None and not isinstance(profile, str):
+        raise SpecError("profile", f"must be a path string, got {profile!r}")
+    return ClusterSpec(str(data.get("name", name)), data["nodes"], data["gpus_per_node"],
+                       get_hardware(data["gpu"]), _table(data, "intra_node", IntraNode),
+                       _table(data, "inter_node", InterNode), profile)
+
+
+def load_cluster(ref: str) -> ClusterSpec:
+    """A preset (``dgx-h100:16``) or a TOML file path."""
+    path = Path(ref)
+    if path.suffix == ".toml" or path.is_file():
+        if not path.is_file():
+            raise SpecError("cluster", f"no such file: {ref}")
+        try:
+            data = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise SpecError(f"cluster[{path.name}]", f"not valid TOML: {exc}") from None
+        return cluster_from_dict(data, path.stem)
+    return _preset(ref)

@@ -1,0 +1,81 @@
+"""The hardware catalog: peak rates, memory and efficiency of each device type.
+
+The catalog is ``sim/data/hardware.csv`` in long form (device, field, value, source),
+so every number carries the source it came from.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass, fields
+from functools import cache
+from importlib import resources
+from sim.errors import SpecError
+
+__all__ = ["HardwareSpec", "DTYPES", "catalog", "get_hardware", "catalog_sources"]
+
+DTYPES = ("bf16", "fp16", "fp8", "fp32")
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "fp32": 4}
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    """One accelerator (or one CPU core for ``cpu``). Rates per device, per direction."""
+
+    name: str
+    bf16_tflops: float
+    fp16_tflops: float
+    fp8_tflops: float  # nan where unsupported
+    tf32_tflops: float
+    fp32_tflops: float
+    memory_gib: float
+    hbm_GBps: float
+    nvlink_GBps: float
+    gemm_eff_max: float  # best fraction of peak a large GEMM reaches
+    gemm_dim_half: float  # GEMM dimension at which that fraction halves (per dimension)
+    hbm_eff: float  # achievable fraction of HBM bandwidth
+    attention_eff: float  # fused (flash) attention fraction of peak
+    comm_eff: float  # NCCL bus bandwidth / link bandwidth for large messages
+    reserved_gib: float  # memory taken by runtime, communication buffers, fragmentation
+
+    def peak_tflops(self, dtype: str) -> float:
+        """Dense tensor-core peak for a training dtype (fp32 training uses TF32 matmuls)."""
+        key = {"bf16": "bf16_tflops", "fp16": "fp16_tflops", "fp8": "fp8_tflops",
+               "fp32": "tf32_tflops"}.get(dtype)
+        if key is None:
+            raise SpecError("plan.dtype", f"must be one of {', '.join(DTYPES)}, got {dtype!r}")
+        value = float(getattr(self, key))
+        if math.isnan(value) or value <= 0:
+            raise SpecError("plan.dtype", f"{dtype} is not supported by {self.name}")
+        return value
+
+
+def _rows() -> list[dict[str, str]]:
+    text = resources.files("sim").joinpath("data/hardware.csv").read_text()
+    return list(csv.DictReader(text.splitlines()))
+
+
+@cache
+def catalog() -> dict[str, HardwareSpec]:
+    """All catalog devices by name."""
+    by_device: dict[str, dict[str, float]] = {}
+    for row in _rows():
+        value = float(row["value"]) if row["value"] else math.nan
+        by_device.setdefault(row["device"], {})[row["field"]] = value
+    names = [f.name for f in fields(HardwareSpec) if f.name != "name"]
+    return {dev: HardwareSpec(dev, **{n: vals[n] for n in names})
+            for dev, vals in by_device.items()}
+
+
+def catalog_sources(device: str) -> dict[str, str]:
+    """Field -> source text for one device."""
+    return {r["field"]: r["source"] for r in _rows() if r["device"] == device}
+
+
+def get_hardware(name: str) -> HardwareSpec:
+    """A catalog device by name, e.g. ``get_hardware("a100-sxm4-80gb").bf16_tflops == 312``."""
+    cat = catalog()
+    if name not in cat:
+        raise SpecError("gpu", f"unknown device {name!r} (catalog: {', '.join(sorted(cat))})")
+    return cat[name]

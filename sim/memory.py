@@ -1,0 +1,169 @@
+"""Peak memory per rank: weights, gradients, optimizer state, activations.
+
+* Model states follow the ZeRO paper (Rajbhandari et al. 2020, Sec. 3.1 and 5): mixed
+  precision Adam keeps ``2`` bytes of weights, ``2`` of gradients and ``K = 12`` of fp32
+  master weights, momentum and variance per parameter; ZeRO stage 1/2/3 shards the optimizer
+  state / + gradients / + weights over the ``N`` data-parallel ranks. fp32 training keeps
+  4 + 4 bytes and ``K = 8``.
+* Activations follow Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
+  Transformer Models", Sec. 4): ``s*b*h*(34 + 5*a*s/h)`` bytes per layer for a GPT layer,
+  ``s*b*h*(10 + 24/t + 5*a*s/(h*t))`` with tensor parallelism, ``s*b*h/t*(34 + 5*a*s/h)`` with
+  sequence parallelism, ``34*s*b*h/t`` with selective recompute and ``2*s*b*h/t`` per layer
+  with full recompute. Here every term is written per tensor, so the same code also covers
+  GQA, gated MLPs, no-dropout models, flash attention and MoE layers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.flops import attention_params, layer_params, mlp_params
+from sim.model import ModelSpec
+from sim.plan import Plan
+from sim.stages import StageLayers, pipeline_rank_layers
+
+__all__ = ["MemoryBreakdown", "layer_activation_bytes", "model_state_bytes_per_param",
+           "rank_memory", "rank_params", "peak_memory", "inflight_microbatches", "GIB"]
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Bytes on one pipeline rank (every rank of a pipeline stage holds the same)."""
+
+    pipeline_rank: int
+    weights: float
+    gradients: float
+    optimizer: float
+    activations: float
+    transient: float  # logits, one layer being recomputed, ZeRO-3 gathered weights
+    reserved: float
+
+    @property
+    def total(self) -> float:
+        return (self.weights + self.gradients + self.optimizer + self.activations
+                + self.transient + self.reserved)
+
+
+def model_state_bytes_per_param(dtype: str, zero_stage: int, shards: int
+                                ) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer) bytes per parameter on one rank under ZeRO."""
+    w, g, k = (4.0, 4.0, 8.0) if dtype == "fp32" else (2.0, 2.0, 12.0)
+    if zero_stage >= 1:
+        k /= shards
+    if zero_stage >= 2:
+        g /= shards
+    if zero_stage >= 3:
+        w /= shards
+    return w, g, k
+
+
+def _act_bytes(plan: Plan) -> int:
+    return 4 if plan.dtype == "fp32" else 2
+
+
+def _attention_core_bytes(m: ModelSpec, plan: Plan, s: float, b: int) -> float:
+    """What attention itself keeps: the s x s scores unless fused or recomputed."""
+    heads = m.num_heads / plan.tp
+    if plan.attention == "flash":
+        return 4.0 * heads * s * b  # fp32 log-sum-exp per query
+    if plan.recompute == "selective":
+        return 0.0
+    kept = 2 + (3 if m.dropout else 0)  # softmax output (+ dropout mask and output)
+    return kept * heads * s * plan.seq_len * b
+
+
+def _mlp_inner_elems(m: ModelSpec, ffn: int) -> int:
+    """Elements per token inside one MLP: activation inputs and output."""
+    return 3 * ffn if m.gated_mlp else 2 * ffn
+
+
+def layer_activation_bytes(m: ModelSpec, plan: Plan, moe: bool = False) -> float:
+    """Bytes one layer keeps for backward, per micro-batch, on one rank (no recompute
+    other than ``selective``; see :func:`_stored_layer_bytes` for ``full``)."""
+    s = plan.seq_len / plan.cp
+    b = plan.micro_batch_size
+    t = plan.tp
+    e = _act_bytes(plan)
+    sbh = s * b * m.hidden_size
+    replicated = 4 * sbh * e + (2 * sbh if m.dropout else 0)  # norms, QKV/MLP inputs, masks
+    if plan.sequence_parallel:
+        replicated /= t
+    tensors = 2 * m.q_dim + 2 * m.kv_dim  # Q, K, V and the output-projection input
+    if moe:
+        tensors += m.top_k * (_mlp_inner_elems(m, m.expert_ffn) + m.hidden_size)
+        tensors += _mlp_inner_elems(m, m.shared_expert_ffn_hidden_size)
+    else:
+        tensors += _mlp_inner_elems(m, m.ffn_hidden_size)
+    parallel = tensors * s * b * e / t
+    return replicated + parallel + _attention_core_bytes(m, plan, s, b)
+
+
+def _stored_layer_bytes(m: ModelSpec, plan: Plan, moe: bool) -> float:
+    if plan.recompute == "full":  # only the layer input is kept
+        sbh = plan.seq_len / plan.cp * plan.micro_batch_size * m.hidden_size
+        return _act_bytes(plan) * sbh / (plan.tp if plan.sequence_parallel else 1)
+    return layer_activation_bytes(m, plan, moe)
+
+
+def inflight_microbatches(plan: Plan, rank: int) -> float:
+    """Micro-batches whose activations pipeline rank ``rank`` holds at its peak."""
+    m = plan.num_microbatches
+    if plan.schedule == "gpipe" or plan.pp == 1:
+        return float(m) if plan.schedule == "gpipe" else 1.0
+    if plan.schedule == "1f1b":
+        return float(min(plan.pp - rank, m))
+    chunks = min(2 * (plan.pp - rank - 1) + (plan.vpp - 1) * plan.pp + 1, m * plan.vpp)
+    return chunks / plan.vpp  # in units of whole micro-batches through this rank's layers
+
+
+def rank_params(m: ModelSpec, plan: Plan, st: StageLayers) -> tuple[float, float]:
+    """(dense, expert) parameters on one rank; dense ones are sharded by ZeRO over dp,
+    expert ones over dp/ep."""
+    norms = layer_params(m) - attention_params(m) - mlp_params(m, m.ffn_hidden_size)
+    dense = st.dense * ((layer_params(m) - norms) / plan.tp + norms)
+    expert = 0.0
+    if st.moe:
+        shared = mlp_params(m, m.shared_expert_ffn_hidden_size) if \
+            m.shared_expert_ffn_hidden_size else 0
+        dense += st.moe * ((attention_params(m) + shared) / plan.tp + norms
+                           + m.hidden_size * m.num_experts)
+        expert = st.moe * m.num_experts / plan.ep * mlp_params(m, m.expert_ffn) / plan.tp
+    vh = m.vocab_size * m.hidden_size / plan.tp
+    if st.first:
+        dense += vh + (m.max_seq_len * m.hidden_size if m.position_embedding == "learned" else 0)
+    if st.last and (not m.tied_embeddings or not st.first):
+        dense += vh  # output projection (a copy of the tied embedding on a separate stage)
+    return dense, expert
+
+
+def _transient_bytes(m: ModelSpec, plan: Plan, st: StageLayers) -> float:
+    tokens = plan.seq_len / plan.cp * plan.micro_batch_size
+    out = 0.0
+    if st.last:
+        out += 6.0 * tokens * m.vocab_size / plan.tp  # logits in dtype and fp32 for the loss
+    if plan.recompute == "full":
+        out += layer_activation_bytes(m, plan, moe=st.moe > 0)
+    if plan.zero_stage == 3:  # the current and the prefetched layer, gathered
+        out += 2 * 2 * layer_params(m, moe=st.moe > 0) / plan.tp
+    return out
+
+
+def rank_memory(m: ModelSpec, plan: Plan, st: StageLayers, rank: int, reserved_gib: float
+                ) -> MemoryBreakdown:
+    dense, expert = rank_params(m, plan, st)
+    wd, gd, od = model_state_bytes_per_param(plan.dtype, plan.zero_stage, plan.dp)
+    we, ge, oe = model_state_bytes_per_param(plan.dtype, plan.zero_stage, plan.dp // plan.ep)
+    per_mb = (st.dense * _stored_layer_bytes(m, plan, False)
+              + st.moe * _stored_layer_bytes(m, plan, True))
+    acts = per_mb * inflight_microbatches(plan, rank)
+    return MemoryBreakdown(rank, dense * wd + expert * we, dense * gd + expert * ge,
+                           dense * od + expert * oe, acts, _transient_bytes(m, plan, st),
+                           reserved_gib * GIB)
+
+
+def peak_memory(m: ModelSpec, plan: Plan, reserved_gib: float) -> list[MemoryBreakdown]:
+    """Memory of every pipeline rank; the caller takes the max for the peak."""
+    stages = pipeline_rank_layers(plan, m)
+    return [rank_memory(m, plan, st, r, reserved_gib) for r, st in enumerate(stages)]

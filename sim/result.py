@@ -1,0 +1,37 @@
+"""Result: what a simulation predicts for one training iteration."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Result", "BREAKDOWN_KINDS"]
+
+# Kinds of time on the critical path; they add up to the iteration time.
+BREAKDOWN_KINDS = ("compute", "tp", "cp", "ep", "pp", "dp", "optimizer", "bubble")
+
+
+@dataclass(frozen=True)
+class Result:
+    fidelity: str
+    model: str
+    cluster: str
+    gpus: int
+    iteration_time_s: float
+    tokens_per_s: float
+    model_tflops_per_gpu: float
+    hardware_tflops_per_gpu: float
+    mfu: float
+    peak_memory_gib: float
+    memory_capacity_gib: float
+    fits_in_memory: bool
+    bubble_fraction: float
+    num_microbatches: int
+    breakdown: dict[str, float]  # seconds on the critical path, by kind
+    communication: dict[str, dict[str, float]]  # group -> exposed_s / overlapped_s
+    memory_gib: list[dict[str, float]]  # per pipeline rank
+    extrapolated: list[str] = field(default_factory=list)  # operations outside a profile
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}

@@ -1,0 +1,55 @@
+"""How a plan splits the model's layers over pipeline stages."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.model import ModelSpec
+from sim.plan import Plan
+
+__all__ = ["StageLayers", "virtual_stage_layers", "pipeline_rank_layers"]
+
+
+@dataclass(frozen=True)
+class StageLayers:
+    """Layers held by one pipeline rank (all its virtual chunks together)."""
+
+    dense: int
+    moe: int
+    chunks: int  # virtual pipeline chunks (vpp)
+    first: bool  # holds the input embedding
+    last: bool  # holds the output layer and loss
+
+    @property
+    def total(self) -> int:
+        return self.dense + self.moe
+
+
+def virtual_stage_layers(plan: Plan, model: ModelSpec) -> list[int]:
+    """Layer count of each of the pp*vpp virtual stages, in model order."""
+    if plan.layers_per_stage is not None:
+        return list(plan.layers_per_stage)
+    stages = plan.pp * plan.vpp
+    return [model.num_layers // stages] * stages
+
+
+def _is_moe_layer(model: ModelSpec, i: int) -> bool:
+    return (model.is_moe and (i + 1) % model.moe_layer_step == 0
+            and i not in model.mlp_only_layers)
+
+
+def pipeline_rank_layers(plan: Plan, model: ModelSpec) -> list[StageLayers]:
+    """For each pipeline rank: its dense and MoE layer counts (virtual stage k is on rank
+    k % pp, as in Megatron-LM's interleaved schedule)."""
+    dense = [0] * plan.pp
+    moe = [0] * plan.pp
+    start = 0
+    for k, n in enumerate(virtual_stage_layers(plan, model)):
+        for i in range(start, start + n):
+            if _is_moe_layer(model, i):
+                moe[k % plan.pp] += 1
+            else:
+                dense[k % plan.pp] += 1
+        start += n
+    return [StageLayers(dense[r], moe[r], plan.vpp, r == 0, r == plan.pp - 1)
+            for r in range(plan.pp)]
