@@ -21,7 +21,7 @@ from sim.placement import group_span
 from sim.plan import Plan
 from sim.stages import StageLayers, pipeline_rank_layers
 
-__all__ = ["StageCost", "stage_costs", "analytic_iteration"]
+__all__ = ["StageCost", "Timing", "stage_costs", "analytic_iteration", "memory_gib"]
 
 ADAM_BYTES_PER_PARAM = 32.0  # read fp32 master, m, v, grad; write master, m, v, bf16 copy
 
@@ -167,9 +167,21 @@ def stage_costs(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> list[Stag
     return out
 
 
-def analytic_iteration(model: ModelSpec, cluster: ClusterSpec, plan: Plan
-                       ) -> tuple[float, dict[str, float], dict[str, dict[str, float]]]:
-    """(iteration seconds, critical-path breakdown, per-group communication)."""
+@dataclass(frozen=True)
+class Timing:
+    iteration_s: float
+    pipeline_s: float  # forward/backward of all micro-batches, bubble included
+    breakdown: dict[str, float]  # critical-path seconds by kind; sums to iteration_s
+    communication: dict[str, dict[str, float]]  # group -> exposed_s / overlapped_s
+
+    @property
+    def bubble_fraction(self) -> float:
+        """Idle share of the pipeline phase on its slowest rank, (pp-1)/(m+pp-1) for
+        uniform 1F1B stages."""
+        return self.breakdown["bubble"] / self.pipeline_s
+
+
+def analytic_iteration(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> Timing:
     stages = stage_costs(model, cluster, plan)
     m, v = plan.num_microbatches, plan.vpp
     times = [s.per_microbatch for s in stages]
@@ -188,7 +200,7 @@ def analytic_iteration(model: ModelSpec, cluster: ClusterSpec, plan: Plan
         "pp": {"exposed_s": m * b.pp, "overlapped_s": 0.0},
         "dp": {"exposed_s": breakdown["dp"],
                "overlapped_s": m * b.zero3_overlapped + t.dp_overlapped}}
-    return pipe + t.tail, breakdown, comm
+    return Timing(pipe + t.tail, pipe, breakdown, comm)
 
 
 def memory_gib(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> list[dict[str, float]]:

@@ -21,7 +21,8 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, fidelity: str =
     if fidelity not in FIDELITIES:
         raise SpecError("fidelity", f"must be one of {', '.join(FIDELITIES)}, got {fidelity!r}")
     validate(plan, model, cluster)
-    iteration, breakdown, comm = analytic_iteration(model, cluster, plan)
+    timing = analytic_iteration(model, cluster, plan)
+    iteration = timing.iteration_s
     tokens = plan.global_batch_size * plan.seq_len
     gpus = cluster.world_size
     model_tf = model_flops_per_token(model, plan.seq_len) * tokens / iteration / gpus / 1e12
@@ -39,6 +40,6 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, fidelity: str =
         model_tflops_per_gpu=model_tf, hardware_tflops_per_gpu=hw_tf,
         mfu=model_tf / cluster.gpu.peak_tflops(plan.dtype), peak_memory_gib=peak,
         memory_capacity_gib=capacity, fits_in_memory=peak <= capacity,
-        bubble_fraction=breakdown["bubble"] / iteration if plan.pp > 1 else 0.0,
-        num_microbatches=plan.num_microbatches, breakdown=breakdown, communication=comm,
+        bubble_fraction=timing.bubble_fraction, num_microbatches=plan.num_microbatches,
+        breakdown=timing.breakdown, communication=timing.communication,
         memory_gib=mem, warnings=warnings)

@@ -66,12 +66,13 @@ class ClusterSpec:
         _check_int("inter_node.nics_per_node", inter.nics_per_node)
         _check_nonneg("inter_node.latency_us", inter.latency_us)
         if not (isinstance(inter.oversubscription, int | float) and inter.oversubscription >= 1):
-            raise SpecError("inter_node.oversubscription",
-                            f"must be a number >= 1 (7.0 means 1:7), got {inter.oversubscription!r}")
+            raise SpecError("inter_node.oversubscription", "must be a number >= 1 (7.0 means "
+                            f"1:7), got {inter.oversubscription!r}")
         if isinstance(inter.pod_gpus, bool) or not isinstance(inter.pod_gpus, int) \
                 or inter.pod_gpus < 0 or (inter.pod_gpus and inter.pod_gpus % self.gpus_per_node):
-            raise SpecError("inter_node.pod_gpus", f"must be 0 (whole cluster) or a positive "
-                            f"multiple of gpus_per_node={self.gpus_per_node}, got {inter.pod_gpus!r}")
+            raise SpecError("inter_node.pod_gpus", "must be 0 (whole cluster) or a positive "
+                            f"multiple of gpus_per_node={self.gpus_per_node}, "
+                            f"got {inter.pod_gpus!r}")
 
     @property
     def world_size(self) -> int:

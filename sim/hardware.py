@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, fields
 from functools import cache
 from importlib import resources
+
 from sim.errors import SpecError
 
 __all__ = ["HardwareSpec", "DTYPES", "catalog", "get_hardware", "catalog_sources"]

@@ -66,8 +66,8 @@ class ModelSpec:
         if self.norm not in NORMS:
             raise SpecError("model.norm", f"must be one of {', '.join(NORMS)}, got {self.norm!r}")
         if self.position_embedding not in POSITIONS:
-            raise SpecError("model.position_embedding",
-                            f"must be one of {', '.join(POSITIONS)}, got {self.position_embedding!r}")
+            raise SpecError("model.position_embedding", f"must be one of {', '.join(POSITIONS)}, "
+                            f"got {self.position_embedding!r}")
         if self.num_heads % self.kv_heads:
             raise SpecError("model.num_kv_heads", f"num_heads {self.num_heads} must be a multiple "
                             f"of num_kv_heads {self.kv_heads}")

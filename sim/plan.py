@@ -214,8 +214,9 @@ def _check_placement(plan: Plan) -> None:
         raise SpecError("plan.placement", "must be a rank order string or a list of device "
                         "indices")
     if sorted(p) != list(range(plan.world_size)):
-        raise SpecError("plan.placement", f"rank table must be a permutation of 0..{plan.world_size - 1} "
-                        f"(world size dp*tp*pp*cp = {plan.world_size}), got {len(p)} entries")
+        raise SpecError("plan.placement", "rank table must be a permutation of "
+                        f"0..{plan.world_size - 1} (world size dp*tp*pp*cp = {plan.world_size}), "
+                        f"got {len(p)} entries")
 
 
 def _check_model(plan: Plan, m: ModelSpec) -> None:

@@ -1,0 +1,58 @@
+"""Benchmark of the analytic tier: CLI wall time and the ``simulate`` call itself.
+
+Run: ``.venv/bin/python experiments/bench_analytic.py``. Targets (issue "Foundation"):
+``trainsim simulate --fidelity analytic`` on gpt3-175b / dgx-a100:128 under 1 s including
+interpreter start; one analytic call under 1 ms.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import timeit
+from pathlib import Path
+
+from sim import Plan, load_cluster, load_model, save_plan, simulate
+
+PLAN = Plan(global_batch_size=1536, seq_len=2048, dp=16, tp=8, pp=8, vpp=4,
+            schedule="interleaved-1f1b", recompute="full", dtype="fp16", attention="standard")
+TRAINSIM = Path(sys.executable).with_name("trainsim")
+
+
+def cli_wall_times(runs: int = 10) -> list[float]:
+    with tempfile.TemporaryDirectory() as d:
+        plan_path = Path(d) / "plan.json"
+        save_plan(PLAN, plan_path)
+        cmd = [str(TRAINSIM), "simulate", "--model", "gpt3-175b", "--cluster", "dgx-a100:128",
+               "--plan", str(plan_path), "--fidelity", "analytic", "--json"]
+        times = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+            times.append(time.perf_counter() - t0)
+        json.loads(out)
+    return times
+
+
+def call_times(repeat: int = 7, number: int = 200) -> list[float]:
+    model, cluster = load_model("gpt3-175b"), load_cluster("dgx-a100:128")
+    timer = timeit.Timer(lambda: simulate(model, cluster, PLAN))
+    return [t / number for t in timer.repeat(repeat=repeat, number=number)]
+
+
+def main() -> None:
+    cli = cli_wall_times()
+    call = call_times()
+    print(f"trainsim simulate (gpt3-175b, dgx-a100:128), wall incl. interpreter start: "
+          f"median {statistics.median(cli) * 1e3:.0f} ms, max {max(cli) * 1e3:.0f} ms "
+          f"over {len(cli)} runs (target < 1000 ms)")
+    print(f"simulate(..., fidelity='analytic') call: median {statistics.median(call) * 1e6:.0f} "
+          f"us, max {max(call) * 1e6:.0f} us over {len(call)} x 200 calls (target < 1000 us)")
+
+
+if __name__ == "__main__":
+    main()

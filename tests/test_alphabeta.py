@@ -1,0 +1,96 @@
+import csv
+import math
+from pathlib import Path
+
+import pytest
+
+from sim.alphabeta import NIC_EFFICIENCY, collective_time, default_algorithm, fabric_for
+from sim.cluster import load_cluster
+from sim.placement import GroupSpan
+
+A100 = load_cluster("dgx-a100:2")
+B_I = 300e9 * 0.77  # NVLink per direction x measured NCCL efficiency
+A_I = 3e-6
+B_E = 25e9 * NIC_EFFICIENCY  # 8 x 200 Gb/s per 8 GPUs
+A_E = 5e-6  # inter-node latency + intra-node hop
+GIB = 2**30
+
+
+def fab(size, per_node, nodes):
+    return fabric_for(A100, GroupSpan(size, per_node, nodes, False))
+
+
+def test_ring_all_reduce_one_node():
+    t = collective_time("all_reduce", fab(8, 8, 1), GIB, "ring")
+    assert t == pytest.approx(2 * 7 * A_I + 2 * 7 / 8 * GIB / B_I, rel=1e-12)
+
+
+def test_ring_all_gather_and_reduce_scatter_are_half_an_all_reduce():
+    f = fab(8, 8, 1)
+    ag = collective_time("all_gather", f, GIB, "ring")
+    rs = collective_time("reduce_scatter", f, GIB, "ring")
+    assert ag == rs == pytest.approx(7 * A_I + 7 / 8 * GIB / B_I, rel=1e-12)
+    assert ag + rs == pytest.approx(collective_time("all_reduce", f, GIB, "ring"))
+
+
+def test_hierarchical_all_reduce_two_nodes():
+    t = collective_time("all_reduce", fab(16, 8, 2), GIB, "hierarchical")
+    intra = 2 * (7 * A_I + 7 / 8 * GIB / B_I)
+    inter = 2 * (1 * A_E + 1 / 2 * (GIB / 8) / B_E)
+    assert t == pytest.approx(intra + inter, rel=1e-12)
+
+
+def test_tree_and_halving_doubling():
+    f = fab(16, 1, 16)
+    assert collective_time("all_reduce", f, GIB, "tree") == pytest.approx(
+        2 * 4 * A_E + 2 * GIB / B_E)
+    assert collective_time("all_reduce", f, GIB, "halving-doubling") == pytest.approx(
+        2 * (4 * A_E + 15 / 16 * GIB / B_E))
+
+
+def test_all_to_all_direct_across_nodes():
+    t = collective_time("all_to_all", fab(16, 8, 2), GIB, "direct")
+    assert t == pytest.approx(A_E + max(7 / 16 * GIB / B_I, 8 / 16 * GIB / B_E))
+
+
+def test_send_recv():
+    assert collective_time("send_recv", fab(2, 2, 1), 1e6) == pytest.approx(A_I + 1e6 / B_I)
+    assert collective_time("send_recv", fab(2, 1, 2), 1e6) == pytest.approx(A_E + 1e6 / B_E)
+
+
+def test_trivial_groups_cost_nothing():
+    assert collective_time("all_reduce", fab(1, 1, 1), GIB) == 0.0
+
+
+def test_default_algorithms():
+    assert default_algorithm("all_reduce", GroupSpan(8, 8, 1, False), GIB) == "ring"
+    assert default_algorithm("all_reduce", GroupSpan(16, 8, 2, False), GIB) == "hierarchical"
+    assert default_algorithm("all_reduce", GroupSpan(16, 1, 16, False), 1024) == "tree"
+    assert default_algorithm("all_to_all", GroupSpan(16, 1, 16, False), GIB) == "direct"
+
+
+def test_oversubscription_slows_cross_pod_groups():
+    c = load_cluster("dgx-a100:4")
+    import dataclasses
+
+    c = dataclasses.replace(c, inter_node=dataclasses.replace(c.inter_node, pod_gpus=8,
+                                                              oversubscription=4.0))
+    inside = fabric_for(c, GroupSpan(4, 1, 4, False))
+    across = fabric_for(c, GroupSpan(4, 1, 4, True))
+    assert across.inter_Bps == pytest.approx(inside.inter_Bps / 4)
+
+
+NCCL = Path(__file__).resolve().parents[1] / "experiments" / "data" / \
+    "nccl_allreduce_busbw_8gpu_single_node_azure.csv"
+
+
+@pytest.mark.parametrize("preset,col", [("dgx-a100:1", 1), ("dgx-h100:1", 2), ("hgx-h200:1", 3)])
+def test_large_all_reduce_matches_nccl_tests(preset, col):
+    """Bus bandwidth of an 8-GPU all-reduce at 1-8 GiB within 3% of nccl-tests."""
+    rows = {r[0]: r for r in csv.reader(NCCL.open())}
+    f = fabric_for(load_cluster(preset), GroupSpan(8, 8, 1, False))
+    for label, size in (("1G", 2**30), ("8G", 8 * 2**30)):
+        t = collective_time("all_reduce", f, size)
+        busbw = 2 * 7 / 8 * size / t / 1e9
+        assert busbw == pytest.approx(float(rows[label][col]), rel=0.03)
+    assert not math.isnan(busbw)

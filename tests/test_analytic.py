@@ -1,0 +1,128 @@
+import dataclasses
+
+import pytest
+
+from sim import Plan, load_cluster, load_model, simulate
+from sim.analytic import stage_costs
+from sim.result import BREAKDOWN_KINDS
+
+GPT3 = load_model("gpt3-175b")
+A100_16 = load_cluster("dgx-a100:16")
+
+
+def plan(**kw):
+    base = dict(global_batch_size=256, seq_len=2048, dp=4, tp=8, pp=4, recompute="full",
+                sequence_parallel=True)
+    return Plan(**{**base, **kw})
+
+
+def with_nic(cluster, gbps):
+    return dataclasses.replace(cluster, inter_node=dataclasses.replace(cluster.inter_node,
+                                                                       nic_Gbps=gbps))
+
+
+def test_breakdown_adds_up_to_iteration_time():
+    r = simulate(GPT3, A100_16, plan(zero_stage=1))
+    assert set(r.breakdown) == set(BREAKDOWN_KINDS)
+    assert sum(r.breakdown.values()) == pytest.approx(r.iteration_time_s, rel=1e-12)
+
+
+def test_throughput_and_mfu_definitions():
+    r = simulate(GPT3, A100_16, plan())
+    assert r.tokens_per_s == pytest.approx(256 * 2048 / r.iteration_time_s)
+    assert r.mfu == pytest.approx(r.model_tflops_per_gpu / 312)
+    assert r.hardware_tflops_per_gpu == pytest.approx(r.model_tflops_per_gpu * 4 / 3, rel=0.02)
+
+
+def test_1f1b_bubble_is_p_minus_1_over_m_plus_p_minus_1():
+    r = simulate(GPT3, A100_16, plan(global_batch_size=32))  # m = 8, pp = 4
+    assert r.bubble_fraction == pytest.approx(3 / 11, rel=0.03)
+
+
+def test_gpipe_has_the_same_bubble_but_more_memory():
+    a = simulate(GPT3, A100_16, plan(global_batch_size=32))
+    g = simulate(GPT3, A100_16, plan(global_batch_size=32, schedule="gpipe"))
+    assert g.bubble_fraction == pytest.approx(a.bubble_fraction)
+    assert g.peak_memory_gib > a.peak_memory_gib
+
+
+def test_interleaving_shrinks_the_bubble():
+    a = simulate(GPT3, A100_16, plan(global_batch_size=32))
+    v = simulate(GPT3, A100_16, plan(global_batch_size=32, schedule="interleaved-1f1b", vpp=2))
+    assert v.breakdown["bubble"] == pytest.approx(a.breakdown["bubble"] / 2, rel=0.03)
+    assert v.bubble_fraction == pytest.approx(1.5 / 9.5, rel=0.03)  # (p-1)/v / (m + (p-1)/v)
+
+
+def test_pipeline_runs_at_the_slowest_stage():
+    p = plan(layers_per_stage=(30, 22, 22, 22))
+    costs = stage_costs(GPT3, A100_16, p)
+    slowest = max(c.per_microbatch for c in costs)
+    assert costs[0].per_microbatch == slowest
+    r = simulate(GPT3, A100_16, p)
+    m = p.num_microbatches
+    assert r.breakdown["bubble"] == pytest.approx(
+        sum(c.per_microbatch for c in costs) - slowest)
+    assert r.iteration_time_s > m * slowest
+
+
+def test_more_nic_bandwidth_is_never_slower():
+    times = [simulate(GPT3, with_nic(A100_16, g), plan(pp=2, dp=8)).iteration_time_s
+             for g in (50, 100, 200, 400, 800)]
+    assert times == sorted(times, reverse=True) and times[0] > times[-1]
+
+
+def test_faster_gpu_is_faster():
+    a = simulate(GPT3, A100_16, plan())
+    h = simulate(GPT3, load_cluster("dgx-h100:16"), plan())
+    assert h.iteration_time_s < a.iteration_time_s / 2
+
+
+def test_grad_reduce_overlap_helps():
+    on = simulate(GPT3, A100_16, plan())
+    off = simulate(GPT3, A100_16, plan(overlap_grad_reduce=False))
+    assert off.breakdown["dp"] > on.breakdown["dp"]
+    assert off.communication["dp"]["overlapped_s"] == 0.0
+
+
+def test_zero3_moves_more_data_than_zero1():
+    m = load_model("llama3-8b")
+    c = load_cluster("dgx-h100:2")
+    p = Plan(global_batch_size=64, seq_len=4096, dp=16)
+    z1 = simulate(m, c, dataclasses.replace(p, zero_stage=1)).communication["dp"]
+    z3 = simulate(m, c, dataclasses.replace(p, zero_stage=3)).communication["dp"]
+    assert sum(z3.values()) > sum(z1.values())
+
+
+def test_tp_across_nodes_is_slower_than_inside():
+    inside = simulate(GPT3, A100_16, plan())
+    across = simulate(GPT3, A100_16, plan(placement="dp-tp-cp-ep-pp"))
+    assert across.breakdown["tp"] > 3 * inside.breakdown["tp"]
+
+
+def test_context_parallel_cuts_activation_memory():
+    m = load_model("llama3-8b")
+    c = load_cluster("dgx-h100:2")
+    base = dict(global_batch_size=16, seq_len=32768, tp=8)
+    no_cp = simulate(m, c, Plan(dp=2, **base))
+    cp = simulate(m, c, Plan(dp=1, cp=2, **base))
+    assert cp.peak_memory_gib < no_cp.peak_memory_gib
+    assert cp.communication["cp"]["exposed_s"] + cp.communication["cp"]["overlapped_s"] > 0
+
+
+def test_expert_parallel_all_to_all():
+    m = load_model("mixtral-8x7b")
+    r = simulate(m, load_cluster("dgx-h100:2"), Plan(global_batch_size=64, seq_len=4096,
+                                                       dp=16, ep=8))
+    assert r.breakdown["ep"] > 0
+
+
+def test_deterministic():
+    assert simulate(GPT3, A100_16, plan()).to_dict() == simulate(GPT3, A100_16, plan()).to_dict()
+
+
+def test_megatron_table1_validation_targets():
+    """Mean |error| <= 10% and worst <= 20% against SC'21 Table 1 (experiments/)."""
+    from validate_megatron import validation_table
+
+    err = validation_table()["error_pct"].abs()
+    assert err.mean() <= 10 and err.max() <= 20

@@ -1,0 +1,220 @@
+"""``trainsim``: predict, inspect and (later) optimise and run training plans.
+
+Every subcommand validates its input first; bad input prints one line naming the field and
+the rule and exits with code 2. Nothing is written until the inputs are valid, and every
+file is written atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+from trainsim import __version__
+
+EXIT_BAD_INPUT = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (and exit code 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_BAD_INPUT, f"trainsim: error: {message} (see {self.prog} --help)\n")
+
+
+def _fail(message: str) -> int:
+    print(f"trainsim: error: {message}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+# simulate ---------------------------------------------------------------------------------
+def _write_run(out: Path, result: Any, model: Any, cluster: Any, plan: Any) -> None:
+    from sim.io import atomic_write_text
+    from sim.report import format_result
+
+    inputs = {"model": model.to_dict(), "cluster": cluster.to_dict(), "plan": plan.to_dict()}
+    atomic_write_text(out / "inputs.json", json.dumps(inputs, indent=2) + "\n")
+    atomic_write_text(out / "result.json", json.dumps(result.to_dict(), indent=2) + "\n")
+    atomic_write_text(out / "summary.txt", format_result(result) + "\n")
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from sim import load_cluster, load_model, load_plan, simulate
+    from sim.report import format_result
+
+    model, cluster = load_model(args.model), load_cluster(args.cluster)
+    plan = load_plan(args.plan)
+    result = simulate(model, cluster, plan, fidelity=args.fidelity)
+    if args.out:
+        _write_run(Path(args.out), result, model, cluster, plan)
+    print(json.dumps(result.to_dict(), indent=2) if args.json else format_result(result))
+    return 0
+
+
+# plan -------------------------------------------------------------------------------------
+_PLAN_INTS = ("global_batch_size", "seq_len", "micro_batch_size", "dp", "tp", "pp", "cp", "ep",
+              "vpp", "zero_stage")
+
+
+def cmd_plan_new(args: argparse.Namespace) -> int:
+    from sim import Plan, load_cluster, load_model, save_plan, validate
+
+    fields = {k: getattr(args, k) for k in _PLAN_INTS if getattr(args, k) is not None}
+    for k in ("schedule", "recompute", "dtype", "placement", "attention"):
+        if getattr(args, k) is not None:
+            fields[k] = getattr(args, k)
+    fields["sequence_parallel"] = args.sequence_parallel
+    plan = Plan.from_dict(fields)
+    if args.model or args.cluster:
+        validate(plan, load_model(args.model) if args.model else None,
+                 load_cluster(args.cluster) if args.cluster else None)
+    text = json.dumps(plan.to_dict(), indent=2)
+    if args.out:
+        save_plan(plan, args.out)
+    print(text)
+    return 0
+
+
+def cmd_plan_check(args: argparse.Namespace) -> int:
+    from sim import load_cluster, load_model, load_plan, validate
+
+    plan = load_plan(args.plan)
+    validate(plan, load_model(args.model) if args.model else None,
+             load_cluster(args.cluster) if args.cluster else None)
+    print(f"{args.plan}: valid ({plan.world_size} ranks, {plan.num_microbatches} micro-batches)")
+    return 0
+
+
+# catalogs ---------------------------------------------------------------------------------
+def cmd_models(args: argparse.Namespace) -> int:
+    from sim.model import load_model, zoo_names
+    from sim.report import format_model
+
+    refs = [args.model] if args.model else zoo_names()
+    for ref in refs:
+        model = load_model(ref)
+        print(json.dumps(model.to_dict(), indent=2) if args.json else format_model(model))
+    return 0
+
+
+def cmd_hardware(args: argparse.Namespace) -> int:
+    from sim.hardware import catalog, catalog_sources
+
+    for name, hw in sorted(catalog().items()):
+        print(f"{name:<16} bf16 {hw.bf16_tflops:7.1f} TFLOP/s  {hw.memory_gib:6.1f} GiB  "
+              f"HBM {hw.hbm_GBps:6.0f} GB/s  NVLink {hw.nvlink_GBps:5.0f} GB/s/dir")
+        if args.sources:
+            for field, source in catalog_sources(name).items():
+                print(f"    {field:<14} {source}")
+    return 0
+
+
+def cmd_cluster(args: argparse.Namespace) -> int:
+    from sim.cluster import load_cluster, preset_names
+
+    if not args.cluster:
+        print("presets: " + ", ".join(preset_names()) + "; or a TOML file (see README)")
+        return 0
+    c = load_cluster(args.cluster)
+    print(json.dumps(c.to_dict(), indent=2) if args.json else
+          f"{c.name}: {c.nodes} nodes x {c.gpus_per_node} {c.gpu.name} = {c.world_size} devices; "
+          f"{c.intra_node.kind} {c.intra_node.bandwidth_GBps} GB/s/dir; "
+          f"{c.inter_node.topology} {c.inter_node.nics_per_node} x {c.inter_node.nic_Gbps} Gb/s "
+          f"NICs per node ({c.nic_GBps_per_gpu:.1f} GB/s per device)")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from trainsim.demo import run_demo
+
+    return run_demo(Path(args.out))
+
+
+# parser -----------------------------------------------------------------------------------
+_MODEL_HELP = "zoo name (trainsim models), Hugging Face config.json (or its folder), or TOML"
+_CLUSTER_HELP = "preset (dgx-a100:N, dgx-h100:N, hgx-h200:N, cpu:RANKS) or a TOML file"
+
+
+def _add_simulate(sub: Any) -> None:
+    p = sub.add_parser("simulate", help="predict one training iteration of a plan",
+                       description="Predict one training iteration: time, throughput, MFU, "
+                       "memory, bubble and a breakdown of the critical path.")
+    p.add_argument("--model", required=True, help=_MODEL_HELP)
+    p.add_argument("--cluster", required=True, help=_CLUSTER_HELP)
+    p.add_argument("--plan", required=True, help="plan JSON (make one with: trainsim plan new)")
+    p.add_argument("--fidelity", default="analytic", choices=["analytic"],
+                   help="simulator tier (default: analytic, closed form)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--out", metavar="DIR", help="also write inputs.json, result.json and "
+                   "summary.txt to this run folder")
+    p.set_defaults(func=cmd_simulate)
+
+
+def _add_plan(sub: Any) -> None:
+    p = sub.add_parser("plan", help="create or check a plan JSON file")
+    psub = p.add_subparsers(dest="plan_cmd", required=True, parser_class=_Parser)
+    new = psub.add_parser("new", help="write a plan from flags (defaults: see README)")
+    for k in _PLAN_INTS:
+        new.add_argument("--" + k.replace("_", "-"), dest=k, type=int,
+                         required=k in ("global_batch_size", "seq_len"))
+    new.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved-1f1b"])
+    new.add_argument("--recompute", choices=["none", "selective", "full"])
+    new.add_argument("--dtype", choices=["bf16", "fp16", "fp8", "fp32"])
+    new.add_argument("--attention", choices=["flash", "standard"])
+    new.add_argument("--placement", help="rank order, innermost first (default tp-cp-ep-dp-pp)")
+    new.add_argument("--sequence-parallel", action="store_true")
+    new.add_argument("--model", help="also check against this model: " + _MODEL_HELP)
+    new.add_argument("--cluster", help="also check against this cluster: " + _CLUSTER_HELP)
+    new.add_argument("--out", metavar="FILE", help="write the plan here (atomically)")
+    new.set_defaults(func=cmd_plan_new)
+    check = psub.add_parser("check", help="validate a plan, optionally against model/cluster")
+    check.add_argument("plan")
+    check.add_argument("--model", help=_MODEL_HELP)
+    check.add_argument("--cluster", help=_CLUSTER_HELP)
+    check.set_defaults(func=cmd_plan_check)
+
+
+def _add_catalogs(sub: Any) -> None:
+    p = sub.add_parser("models", help="list zoo models, or show one model")
+    p.add_argument("--model", help=_MODEL_HELP)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_models)
+    p = sub.add_parser("hardware", help="list the hardware catalog")
+    p.add_argument("--sources", action="store_true", help="show where each number comes from")
+    p.set_defaults(func=cmd_hardware)
+    p = sub.add_parser("cluster", help="list cluster presets, or show one cluster")
+    p.add_argument("--cluster", help=_CLUSTER_HELP)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_cluster)
+    p = sub.add_parser("demo", help="simulate the built-in scenarios and plot them")
+    p.add_argument("--out", default="runs/demo", metavar="DIR",
+                   help="run folder (default runs/demo)")
+    p.set_defaults(func=cmd_demo)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="trainsim", description="Predict how fast a model trains on a "
+                     "cluster under a parallel plan.")
+    parser.add_argument("--version", action="version", version=f"trainsim {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _add_simulate(sub)
+    _add_plan(sub)
+    _add_catalogs(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from sim.errors import SpecError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except SpecError as exc:
+        return _fail(str(exc))
+    except OSError as exc:
+        return _fail(f"{exc.filename or 'file'}: {exc.strerror or exc}")
+    except KeyboardInterrupt:
+        return 130
