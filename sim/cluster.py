@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sim.errors import SpecError
+from sim.errors import SpecError, field_name
 from sim.hardware import HardwareSpec, get_hardware
+from sim.io import read_text
 
 __all__ = ["IntraNode", "InterNode", "ClusterSpec", "load_cluster", "preset_names",
            "INTRA_KINDS", "TOPOLOGIES"]
@@ -65,7 +66,8 @@ class ClusterSpec:
         _check_positive("inter_node.nic_Gbps", inter.nic_Gbps)
         _check_int("inter_node.nics_per_node", inter.nics_per_node)
         _check_nonneg("inter_node.latency_us", inter.latency_us)
-        if not (isinstance(inter.oversubscription, int | float) and inter.oversubscription >= 1):
+        _check_positive("inter_node.oversubscription", inter.oversubscription)
+        if inter.oversubscription < 1:
             raise SpecError("inter_node.oversubscription", "must be a number >= 1 (7.0 means "
                             f"1:7), got {inter.oversubscription!r}")
         if isinstance(inter.pod_gpus, bool) or not isinstance(inter.pod_gpus, int) \
@@ -135,7 +137,7 @@ def _preset(name: str) -> ClusterSpec:
     if kind not in _DGX and kind != "cpu":
         raise SpecError("cluster", f"unknown preset or missing file {name!r} "
                         f"(presets: {', '.join(preset_names())})")
-    if not count.isdigit() or int(count) < 1:
+    if not (count.isascii() and count.isdigit()) or int(count) < 1:
         raise SpecError("cluster", f"preset {name!r} needs a positive count after ':', "
                         f"e.g. {kind}:{'2' if kind == 'cpu' else '16'}")
     n = int(count)
@@ -156,7 +158,8 @@ def _table(data: dict[str, Any], key: str, cls: type) -> Any:
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(sub) - known)
     if unknown:
-        raise SpecError(f"{key}.{unknown[0]}", f"unknown field (known: {', '.join(sorted(known))})")
+        raise SpecError(f"{key}.{field_name(unknown[0])}",
+                        f"unknown field (known: {', '.join(sorted(known))})")
     return cls(**sub)
 
 
@@ -166,7 +169,8 @@ _TOP_KEYS = {"name", "nodes", "gpus_per_node", "gpu", "intra_node", "inter_node"
 def cluster_from_dict(data: dict[str, Any], name: str) -> ClusterSpec:
     unknown = sorted(set(data) - _TOP_KEYS)
     if unknown:
-        raise SpecError(unknown[0], f"unknown field (known: {', '.join(sorted(_TOP_KEYS))})")
+        raise SpecError(field_name(unknown[0]),
+                        f"unknown field (known: {', '.join(sorted(_TOP_KEYS))})")
     for key in ("nodes", "gpus_per_node", "gpu"):
         if key not in data:
             raise SpecError(key, "is required in a cluster file")
@@ -184,10 +188,8 @@ def load_cluster(ref: str) -> ClusterSpec:
     """A preset (``dgx-h100:16``) or a TOML file path."""
     path = Path(ref)
     if path.suffix == ".toml" or path.is_file():
-        if not path.is_file():
-            raise SpecError("cluster", f"no such file: {ref}")
         try:
-            data = tomllib.loads(path.read_text())
+            data = tomllib.loads(read_text(path, "cluster"))
         except tomllib.TOMLDecodeError as exc:
             raise SpecError(f"cluster[{path.name}]", f"not valid TOML: {exc}") from None
         return cluster_from_dict(data, path.stem)

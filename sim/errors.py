@@ -6,7 +6,13 @@ so every message must name the offending field and the rule it broke.
 
 from __future__ import annotations
 
-__all__ = ["SpecError", "NoFeasiblePlan"]
+__all__ = ["SpecError", "NoFeasiblePlan", "field_name"]
+
+
+def field_name(key: object) -> str:
+    """A user-supplied key as it should appear in a one-line message."""
+    text = str(key)
+    return text if text.replace("-", "_").isidentifier() else repr(text)
 
 
 class SpecError(ValueError):

@@ -1,4 +1,7 @@
-"""Atomic file writes: a reader never sees a half-written file, a crash never corrupts one."""
+"""File I/O for inputs and results: decoding errors become SpecErrors, and writes are atomic.
+
+A reader never sees a half-written file, and a failed write leaves what was there intact.
+"""
 
 from __future__ import annotations
 
@@ -6,19 +9,58 @@ import os
 import tempfile
 from pathlib import Path
 
-__all__ = ["atomic_write_text"]
+from sim.errors import SpecError
+
+__all__ = ["read_text", "atomic_write_text", "atomic_write_files"]
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to a temporary file beside ``path``, fsync it, then rename over."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+def read_text(path: Path, what: str) -> str:
+    """The UTF-8 text of an input file; ``what`` names it in errors (e.g. ``plan``)."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(what, f"{path} is not UTF-8 text ({exc.reason} at byte "
+                        f"{exc.start})") from None
+    except FileNotFoundError:
+        raise SpecError(what, f"no such file: {path}") from None
+    except OSError as exc:
+        raise SpecError(what, f"cannot read {path}: {exc.strerror}") from None
+
+
+def _stage(path: Path, text: str) -> str:
+    """Write ``text`` to a fsynced temporary file beside ``path``; return its name."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return tmp
+
+
+def atomic_write_files(files: dict[Path, str]) -> None:
+    """Write several files all-or-nothing: every target is checked and every text staged
+    before the first one replaces anything. OSErrors name the target path."""
+    staged: list[tuple[str, Path]] = []
+    try:
+        for path, text in files.items():
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                if path.exists() and not path.is_file():
+                    raise IsADirectoryError(21, "exists and is not a regular file")
+                staged.append((_stage(path, text), path))
+            except OSError as exc:
+                raise OSError(exc.errno, exc.strerror, str(path)) from None
+        for tmp, path in staged:
+            os.replace(tmp, path)
+    finally:
+        for tmp, _ in staged:
+            Path(tmp).unlink(missing_ok=True)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write one file atomically (see :func:`atomic_write_files`)."""
+    atomic_write_files({path: text})

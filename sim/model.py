@@ -13,7 +13,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from sim.errors import SpecError
+from sim.errors import SpecError, field_name
+from sim.io import read_text
 
 __all__ = ["ModelSpec", "zoo_names", "load_zoo", "load_model"]
 
@@ -55,6 +56,7 @@ class ModelSpec:
     mlp_only_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        self._check_types()
         for f in ("num_layers", "hidden_size", "num_heads", "ffn_hidden_size", "vocab_size",
                   "max_seq_len", "moe_layer_step"):
             _require_positive_int(f, getattr(self, f))
@@ -79,6 +81,18 @@ class ModelSpec:
         if self.head_dim == 0 and self.hidden_size % self.num_heads:
             raise SpecError("model.head_dim", f"hidden_size {self.hidden_size} is not divisible by "
                             f"num_heads {self.num_heads}; give head_dim explicitly")
+
+    def _check_types(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise SpecError("model.name", f"must be a non-empty string, got {self.name!r}")
+        for f in ("gated_mlp", "tied_embeddings", "linear_bias", "qkv_bias", "dropout"):
+            if not isinstance(getattr(self, f), bool):
+                raise SpecError(f"model.{f}", f"must be true or false, got {getattr(self, f)!r}")
+        layers = self.mlp_only_layers
+        if not isinstance(layers, tuple) or any(
+                isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in layers):
+            raise SpecError("model.mlp_only_layers", f"must be a list of layer indices, "
+                            f"got {layers!r}")
 
     # Derived sizes -----------------------------------------------------------------
     @property
@@ -125,14 +139,14 @@ class ModelSpec:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
-            raise SpecError(f"{source}.{unknown[0]}",
+            raise SpecError(f"{source}.{field_name(unknown[0])}",
                             f"unknown field (known: {', '.join(sorted(known))})")
         for f in ("name", "num_layers", "hidden_size", "num_heads", "ffn_hidden_size",
                   "vocab_size"):
             if f not in d:
                 raise SpecError(f"{source}.{f}", "is required")
         d = dict(d)
-        if "mlp_only_layers" in d:
+        if isinstance(d.get("mlp_only_layers"), list):
             d["mlp_only_layers"] = tuple(d["mlp_only_layers"])
         return cls(**d)
 
@@ -167,7 +181,7 @@ def load_model(ref: str) -> ModelSpec:
     path = Path(ref)
     if path.suffix == ".toml" and path.is_file():
         try:
-            data = tomllib.loads(path.read_text())
+            data = tomllib.loads(read_text(path, "model"))
         except tomllib.TOMLDecodeError as exc:
             raise SpecError(f"model[{ref}]", f"not valid TOML: {exc}") from None
         data.setdefault("name", path.stem)

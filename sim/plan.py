@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sim.errors import SpecError
+from sim.errors import SpecError, field_name
 
 if TYPE_CHECKING:
     from sim.cluster import ClusterSpec
@@ -100,7 +100,7 @@ class Plan:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise SpecError(f"plan.{unknown[0]}", "unknown field "
+            raise SpecError(f"plan.{field_name(unknown[0])}", "unknown field "
                             f"(known: {', '.join(sorted(known))})")
         for req in ("global_batch_size", "seq_len"):
             if req not in data:
@@ -114,11 +114,11 @@ def _tuples(data: dict[str, Any]) -> dict[str, Any]:
         out["placement"] = tuple(out["placement"])
     if isinstance(out.get("layers_per_stage"), list):
         out["layers_per_stage"] = tuple(out["layers_per_stage"])
-    coll = out.get("collectives")
-    if isinstance(coll, dict):
-        out["collectives"] = tuple(sorted(coll.items()))
-    elif coll is not None and not isinstance(coll, tuple):
-        raise SpecError("plan.collectives", "must be an object mapping group to algorithm")
+    coll = out.get("collectives", {})
+    if not isinstance(coll, dict):
+        raise SpecError("plan.collectives", f"must be an object mapping group to algorithm, "
+                        f"got {coll!r}")
+    out["collectives"] = tuple(sorted(coll.items()))
     return out
 
 
@@ -160,6 +160,7 @@ def _check_fields(plan: Plan) -> None:
     if plan.sequence_parallel and plan.tp == 1:
         raise SpecError("plan.sequence_parallel", "needs tp > 1 (it splits the tensor-parallel "
                         "group's activations)")
+    _check_lists(plan)
     for group, algo in plan.collectives:
         if group not in GROUPS:
             raise SpecError("plan.collectives", f"unknown group {group!r} (groups: "
@@ -167,6 +168,17 @@ def _check_fields(plan: Plan) -> None:
         if algo not in ALGORITHMS:
             raise SpecError(f"plan.collectives.{group}", f"unknown algorithm {algo!r} "
                             f"(known: {', '.join(ALGORITHMS)})")
+
+
+def _check_lists(plan: Plan) -> None:
+    lps = plan.layers_per_stage
+    if lps is not None and (not isinstance(lps, tuple) or any(
+            isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in lps)):
+        raise SpecError("plan.layers_per_stage", f"must be null or a list of positive "
+                        f"integers, got {lps!r}")
+    if not isinstance(plan.collectives, tuple) or any(
+            not isinstance(pair, tuple) or len(pair) != 2 for pair in plan.collectives):
+        raise SpecError("plan.collectives", "must be an object mapping group to algorithm")
 
 
 def _check_batch(plan: Plan) -> None:
@@ -261,11 +273,11 @@ def _check_cluster(plan: Plan, c: ClusterSpec) -> None:
 
 # Files ------------------------------------------------------------------------------------
 def load_plan(path: str | Path) -> Plan:
+    from sim.io import read_text
+
     p = Path(path)
-    if not p.is_file():
-        raise SpecError("plan", f"no such file: {path}")
     try:
-        data = json.loads(p.read_text())
+        data = json.loads(read_text(p, "plan"))
     except json.JSONDecodeError as exc:
         raise SpecError(f"plan[{p.name}]", f"not valid JSON: {exc}") from None
     try:

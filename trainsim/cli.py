@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
@@ -26,19 +27,23 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _fail(message: str) -> int:
-    print(f"trainsim: error: {message}", file=sys.stderr)
+    one_line = message.encode("unicode_escape").decode("ascii") if not message.isprintable() \
+        else message
+    print(f"trainsim: error: {one_line}", file=sys.stderr)
     return EXIT_BAD_INPUT
 
 
 # simulate ---------------------------------------------------------------------------------
 def _write_run(out: Path, result: Any, model: Any, cluster: Any, plan: Any) -> None:
-    from sim.io import atomic_write_text
+    """The run folder, all-or-nothing: the resolved inputs next to the results."""
+    from sim.io import atomic_write_files
     from sim.report import format_result
 
     inputs = {"model": model.to_dict(), "cluster": cluster.to_dict(), "plan": plan.to_dict()}
-    atomic_write_text(out / "inputs.json", json.dumps(inputs, indent=2) + "\n")
-    atomic_write_text(out / "result.json", json.dumps(result.to_dict(), indent=2) + "\n")
-    atomic_write_text(out / "summary.txt", format_result(result) + "\n")
+    atomic_write_files({
+        out / "inputs.json": json.dumps(inputs, indent=2) + "\n",
+        out / "result.json": json.dumps(result.to_dict(), indent=2) + "\n",
+        out / "summary.txt": format_result(result) + "\n"})
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -55,8 +60,17 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 # plan -------------------------------------------------------------------------------------
-_PLAN_INTS = ("global_batch_size", "seq_len", "micro_batch_size", "dp", "tp", "pp", "cp", "ep",
-              "vpp", "zero_stage")
+_PLAN_INT_HELP = {
+    "global_batch_size": "sequences per iteration (required)",
+    "seq_len": "tokens per sequence (required)",
+    "micro_batch_size": "sequences per micro-batch (default 1)",
+    "dp": "data-parallel degree (default 1)", "tp": "tensor-parallel degree (default 1)",
+    "pp": "pipeline-parallel degree (default 1)", "cp": "context-parallel degree (default 1)",
+    "ep": "expert-parallel degree, divides dp (default 1)",
+    "vpp": "virtual stages per pipeline rank, interleaved-1f1b only (default 1)",
+    "zero_stage": "ZeRO stage 0-3 (default 0)",
+}
+_PLAN_INTS = tuple(_PLAN_INT_HELP)
 
 
 def cmd_plan_new(args: argparse.Namespace) -> int:
@@ -93,10 +107,12 @@ def cmd_models(args: argparse.Namespace) -> int:
     from sim.model import load_model, zoo_names
     from sim.report import format_model
 
-    refs = [args.model] if args.model else zoo_names()
-    for ref in refs:
-        model = load_model(ref)
-        print(json.dumps(model.to_dict(), indent=2) if args.json else format_model(model))
+    models = [load_model(args.model)] if args.model else [load_model(n) for n in zoo_names()]
+    if args.json:
+        data = [m.to_dict() for m in models]
+        print(json.dumps(data[0] if args.model else data, indent=2))
+    else:
+        print("\n".join(format_model(m) for m in models))
     return 0
 
 
@@ -156,22 +172,29 @@ def _add_simulate(sub: Any) -> None:
 def _add_plan(sub: Any) -> None:
     p = sub.add_parser("plan", help="create or check a plan JSON file")
     psub = p.add_subparsers(dest="plan_cmd", required=True, parser_class=_Parser)
-    new = psub.add_parser("new", help="write a plan from flags (defaults: see README)")
-    for k in _PLAN_INTS:
-        new.add_argument("--" + k.replace("_", "-"), dest=k, type=int,
+    new = psub.add_parser("new", help="write a plan from flags",
+                          description="Build a plan JSON; omitted fields take the defaults "
+                          "shown here (and in the README's Plan section).")
+    for k, text in _PLAN_INT_HELP.items():
+        new.add_argument("--" + k.replace("_", "-"), dest=k, type=int, help=text,
                          required=k in ("global_batch_size", "seq_len"))
-    new.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved-1f1b"])
-    new.add_argument("--recompute", choices=["none", "selective", "full"])
-    new.add_argument("--dtype", choices=["bf16", "fp16", "fp8", "fp32"])
-    new.add_argument("--attention", choices=["flash", "standard"])
+    new.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved-1f1b"],
+                     help="pipeline schedule (default 1f1b)")
+    new.add_argument("--recompute", choices=["none", "selective", "full"],
+                     help="activation recomputation (default none)")
+    new.add_argument("--dtype", choices=["bf16", "fp16", "fp8", "fp32"],
+                     help="training precision (default bf16)")
+    new.add_argument("--attention", choices=["flash", "standard"], help="flash (default) or "
+                     "standard (materialises the s x s scores)")
     new.add_argument("--placement", help="rank order, innermost first (default tp-cp-ep-dp-pp)")
-    new.add_argument("--sequence-parallel", action="store_true")
+    new.add_argument("--sequence-parallel", action="store_true",
+                     help="split norm/dropout activations over the TP group (needs tp > 1)")
     new.add_argument("--model", help="also check against this model: " + _MODEL_HELP)
     new.add_argument("--cluster", help="also check against this cluster: " + _CLUSTER_HELP)
     new.add_argument("--out", metavar="FILE", help="write the plan here (atomically)")
     new.set_defaults(func=cmd_plan_new)
     check = psub.add_parser("check", help="validate a plan, optionally against model/cluster")
-    check.add_argument("plan")
+    check.add_argument("plan", help="plan JSON file")
     check.add_argument("--model", help=_MODEL_HELP)
     check.add_argument("--cluster", help=_CLUSTER_HELP)
     check.set_defaults(func=cmd_plan_check)
@@ -180,14 +203,14 @@ def _add_plan(sub: Any) -> None:
 def _add_catalogs(sub: Any) -> None:
     p = sub.add_parser("models", help="list zoo models, or show one model")
     p.add_argument("--model", help=_MODEL_HELP)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON (a list without --model)")
     p.set_defaults(func=cmd_models)
     p = sub.add_parser("hardware", help="list the hardware catalog")
     p.add_argument("--sources", action="store_true", help="show where each number comes from")
     p.set_defaults(func=cmd_hardware)
     p = sub.add_parser("cluster", help="list cluster presets, or show one cluster")
     p.add_argument("--cluster", help=_CLUSTER_HELP)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the resolved cluster as JSON")
     p.set_defaults(func=cmd_cluster)
     p = sub.add_parser("demo", help="simulate the built-in scenarios and plot them")
     p.add_argument("--out", default="runs/demo", metavar="DIR",
@@ -214,6 +237,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args))
     except SpecError as exc:
         return _fail(str(exc))
+    except BrokenPipeError:  # the reader (e.g. `| head`) has what it wanted
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the flush at exit
+        return 0
     except OSError as exc:
         return _fail(f"{exc.filename or 'file'}: {exc.strerror or exc}")
     except KeyboardInterrupt:

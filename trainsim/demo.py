@@ -30,6 +30,7 @@ SCENARIOS = [
 
 
 def run_demo(out: Path) -> int:
+    out.mkdir(parents=True, exist_ok=True)  # fail on a bad --out before any work
     results = []
     for label, model, cluster, plan in SCENARIOS:
         res = simulate(load_model(model), load_cluster(cluster), plan)
