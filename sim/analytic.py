@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from sim import compute as cm
 from sim.alphabeta import Fabric, collective_time, fabric_for
 from sim.cluster import ClusterSpec
+from sim.costmodel import CostModel
 from sim.memory import GIB, peak_memory, rank_params
 from sim.model import ModelSpec
 from sim.placement import group_span
@@ -22,9 +23,6 @@ from sim.plan import Plan
 from sim.stages import StageLayers, pipeline_rank_layers
 
 __all__ = ["StageCost", "Timing", "stage_costs", "analytic_iteration", "memory_gib"]
-
-ADAM_BYTES_PER_PARAM = 32.0  # read fp32 master, m, v, grad; write master, m, v, bf16 copy
-
 
 @dataclass(frozen=True)
 class StageCost:
@@ -54,13 +52,14 @@ class StageCost:
 class _Ctx:
     """Inputs shared by every stage, computed once per call."""
 
-    def __init__(self, model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> None:
-        self.m, self.c, self.p, self.hw = model, cluster, plan, cluster.gpu
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel
+                 ) -> None:
+        self.m, self.c, self.p, self.cost = model, cluster, plan, cost
         self.fabric: dict[str, Fabric] = {
             g: fabric_for(cluster, group_span(plan, cluster, g))
             for g in ("tp", "cp", "ep", "pp", "dp", "edp")}
-        self.dense = cm.layer_time(self.hw, model, plan)
-        self.moe = cm.layer_time(self.hw, model, plan, moe=True) if model.is_moe else self.dense
+        self.dense = cm.layer_time(cost, model, plan)
+        self.moe = cm.layer_time(cost, model, plan, moe=True) if model.is_moe else self.dense
         self.e = 4 if plan.dtype == "fp32" else 2
         self.tokens = plan.seq_len / plan.cp * plan.micro_batch_size
 
@@ -82,7 +81,7 @@ def _tp_per_layer(x: _Ctx) -> float:
     return 2 * one * passes
 
 
-def _cp_per_layer(x: _Ctx, attention_fwd: float) -> tuple[float, float]:
+def _cp_per_layer(x: _Ctx, layer: cm.LayerTime) -> tuple[float, float]:
     """Ring attention: (cp-1) K/V exchanges forward, twice that backward, hidden behind the
     attention core when it is long enough. Returns (exposed, overlapped)."""
     if x.p.cp == 1:
@@ -91,7 +90,7 @@ def _cp_per_layer(x: _Ctx, attention_fwd: float) -> tuple[float, float]:
     step = x.coll("cp", "send_recv", kv)
     passes = 4 if x.p.recompute == "full" else 3
     comm = (x.p.cp - 1) * step * passes
-    hide = attention_fwd * (1 + cm.FLASH_BACKWARD_FACTOR)
+    hide = layer.attention_forward + layer.attention_backward
     return max(0.0, comm - hide), min(comm, hide)
 
 
@@ -112,9 +111,9 @@ def _stage_compute(x: _Ctx, st: StageLayers) -> float:
     elif x.p.recompute == "selective":
         t += st.dense * d.attention_forward + st.moe * e.attention_forward
     if st.first:
-        t += cm.embedding_time(x.hw, x.m, x.p)
+        t += cm.embedding_time(x.cost, x.m, x.p)
     if st.last:
-        t += cm.logits_time(x.hw, x.m, x.p)
+        t += cm.logits_time(x.cost, x.m, x.p)
     return t
 
 
@@ -144,14 +143,14 @@ def _optimizer(x: _Ctx, st: StageLayers) -> float:
     dense, expert = rank_params(x.m, x.p, st)
     shards = (x.p.dp, x.p.dp // x.p.ep) if x.p.zero_stage >= 1 else (1, 1)
     params = dense / shards[0] + expert / shards[1]
-    return cm.stream_time(x.hw, params * ADAM_BYTES_PER_PARAM)
+    return cm.optimizer_time(x.cost, params)
 
 
-def stage_costs(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> list[StageCost]:
-    x = _Ctx(model, cluster, plan)
+def stage_costs(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel
+                ) -> list[StageCost]:
+    x = _Ctx(model, cluster, plan, cost)
     tp_l, ep_l = _tp_per_layer(x), _ep_per_layer(x)
-    cp_d, cp_e = _cp_per_layer(x, x.dense.attention_forward), _cp_per_layer(
-        x, x.moe.attention_forward)
+    cp_d, cp_e = _cp_per_layer(x, x.dense), _cp_per_layer(x, x.moe)
     p2p = 0.0
     if plan.pp > 1:
         act = x.tokens * model.hidden_size * x.e / plan.tp  # Megatron scatter/gather
@@ -181,8 +180,9 @@ class Timing:
         return self.breakdown["bubble"] / self.pipeline_s
 
 
-def analytic_iteration(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> Timing:
-    stages = stage_costs(model, cluster, plan)
+def analytic_iteration(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel
+                       ) -> Timing:
+    stages = stage_costs(model, cluster, plan, cost)
     m, v = plan.num_microbatches, plan.vpp
     times = [s.per_microbatch for s in stages]
     slow = max(range(len(stages)), key=lambda r: times[r])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sim.analytic import analytic_iteration, memory_gib
 from sim.cluster import ClusterSpec
+from sim.costmodel import CostModel, roofline_for
 from sim.errors import SpecError
 from sim.flops import hardware_flops_per_token, model_flops_per_token
 from sim.model import ModelSpec
@@ -21,7 +22,8 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, fidelity: str =
     if fidelity not in FIDELITIES:
         raise SpecError("fidelity", f"must be one of {', '.join(FIDELITIES)}, got {fidelity!r}")
     validate(plan, model, cluster)
-    timing = analytic_iteration(model, cluster, plan)
+    cost = cost_model_for(cluster)
+    timing = analytic_iteration(model, cluster, plan, cost)
     iteration = timing.iteration_s
     tokens = plan.global_batch_size * plan.seq_len
     gpus = cluster.world_size
@@ -42,4 +44,13 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, fidelity: str =
         memory_capacity_gib=capacity, fits_in_memory=peak <= capacity,
         bubble_fraction=timing.bubble_fraction, num_microbatches=plan.num_microbatches,
         breakdown=timing.breakdown, communication=timing.communication,
-        memory_gib=mem, warnings=warnings)
+        memory_gib=mem, extrapolated=sorted(cost.extrapolated), warnings=warnings)
+
+
+def cost_model_for(cluster: ClusterSpec) -> CostModel:
+    """The cluster's profile DB when it names one, else the catalog roofline."""
+    if cluster.profile:
+        from sim.profiled import load_cost_model
+
+        return load_cost_model(cluster.profile, cluster.gpu)
+    return roofline_for(cluster.gpu)

@@ -1,46 +1,22 @@
-"""Compute time of one transformer layer from a roofline with efficiency curves.
+"""Compute time of one transformer layer for one micro-batch on one rank.
 
-A GEMM of ``M x K`` by ``K x N`` runs at ``peak * gemm_eff_max * prod(d / (d + d_half))``
-over its three dimensions, or at the memory roofline if that is slower; element-wise
-operations (norms, residual adds, activations, dropout, softmax) stream their bytes at
-``hbm_GBps * hbm_eff``. Backward costs twice the forward (two GEMMs of the same shape per
-forward GEMM; gradients of element-wise operations read and write twice as much), fused
-attention 2.5 times (FlashAttention-2 recomputes the scores in backward).
+The layer is composed from its building blocks, each timed by a :mod:`sim.costmodel`
+(roofline or profile): norms, QKV projection, rotary embedding, attention, output
+projection, dropout and residual adds, the MLP (or the router, experts and shared expert
+of an MoE layer) — at the shapes the plan's TP/CP/EP split gives one rank. With sequence
+parallelism the norms, dropouts and residual adds work on ``tokens / tp``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sim.hardware import DTYPE_BYTES, HardwareSpec
+from sim.costmodel import Cost, CostModel
 from sim.model import ModelSpec
 from sim.plan import Plan
 
-__all__ = ["gemm_efficiency", "gemm_time", "stream_time", "LayerTime", "layer_time",
-           "logits_time", "embedding_time", "BACKWARD_FACTOR", "FLASH_BACKWARD_FACTOR"]
-
-BACKWARD_FACTOR = 2.0
-FLASH_BACKWARD_FACTOR = 2.5
-
-
-def gemm_efficiency(hw: HardwareSpec, m: float, n: float, k: float) -> float:
-    """Fraction of peak a GEMM of this shape reaches (compute-bound part)."""
-    h = hw.gemm_dim_half
-    return hw.gemm_eff_max * (m / (m + h)) * (n / (n + h)) * (k / (k + h))
-
-
-def gemm_time(hw: HardwareSpec, dtype: str, m: float, n: float, k: float, batch: float = 1.0
-              ) -> float:
-    """Seconds for ``batch`` GEMMs of ``(m x k) @ (k x n)``: max of compute and memory."""
-    flops = 2.0 * m * n * k * batch
-    compute = flops / (hw.peak_tflops(dtype) * 1e12 * gemm_efficiency(hw, m, n, k))
-    bytes_moved = (m * k + k * n + m * n) * batch * DTYPE_BYTES[dtype]
-    return max(compute, stream_time(hw, bytes_moved))
-
-
-def stream_time(hw: HardwareSpec, bytes_moved: float) -> float:
-    """Seconds to stream ``bytes_moved`` through HBM."""
-    return bytes_moved / (hw.hbm_GBps * 1e9 * hw.hbm_eff)
+__all__ = ["LayerTime", "layer_time", "logits_time", "embedding_time", "optimizer_time",
+           "act_dtype"]
 
 
 @dataclass(frozen=True)
@@ -50,84 +26,95 @@ class LayerTime:
     forward: float
     backward: float
     attention_forward: float  # the attention core alone (what selective recompute re-runs)
+    attention_backward: float
 
 
-def _act_dtype(plan: Plan) -> str:
-    """Activations stay in 16 bits under fp8 training; GEMMs run in ``plan.dtype``."""
+def act_dtype(plan: Plan) -> str:
+    """Activations and attention stay in 16 bits under fp8 training; GEMMs use plan.dtype."""
     return "fp32" if plan.dtype == "fp32" else "bf16"
 
 
-def _attention_core(hw: HardwareSpec, m: ModelSpec, plan: Plan, tokens: float
-                    ) -> tuple[float, float]:
-    """(forward, backward) seconds of scores, softmax and weighted sum on one rank."""
-    heads = m.num_heads / plan.tp
-    q_len, kv_len, d = plan.seq_len / plan.cp, plan.seq_len, m.head_size
-    batch = heads * plan.micro_batch_size
-    if plan.attention == "flash":  # causal: the kernel skips the masked half
-        flops = 4.0 * batch * q_len * kv_len * d * 0.5
-        fwd = flops / (hw.peak_tflops(_act_dtype(plan)) * 1e12 * hw.attention_eff)
-        return fwd, FLASH_BACKWARD_FACTOR * fwd
-    dt = _act_dtype(plan)
-    scores = gemm_time(hw, dt, q_len, kv_len, d, batch) + gemm_time(hw, dt, q_len, d, kv_len,
-                                                                       batch)
-    per_elem = 4 + (5 if m.dropout else 0)  # scale+mask+softmax read/write, dropout
-    softmax = stream_time(hw, batch * q_len * kv_len * per_elem)
-    return scores + softmax, BACKWARD_FACTOR * (scores + softmax)
+def _tokens(plan: Plan) -> float:
+    return plan.seq_len / plan.cp * plan.micro_batch_size
 
 
-def _mlp_forward(hw: HardwareSpec, m: ModelSpec, plan: Plan, tokens: float, moe: bool) -> float:
-    dt, h, t = plan.dtype, m.hidden_size, plan.tp
+def _add(*costs: Cost) -> Cost:
+    return sum(c[0] for c in costs), sum(c[1] for c in costs)
+
+
+def _scale(c: Cost, k: float) -> Cost:
+    return c[0] * k, c[1] * k
+
+
+def _mlp(cm: CostModel, m: ModelSpec, plan: Plan, tokens: float, ffn: int) -> Cost:
+    """One MLP of width ``ffn`` split over TP: up (and gate), activation, down."""
     up = 2 if m.gated_mlp else 1
-    if not moe:
-        f = m.ffn_hidden_size
-        return gemm_time(hw, dt, tokens, up * f / t, h) + gemm_time(hw, dt, tokens, h, f / t)
-    local_experts = m.num_experts / plan.ep
-    per_expert = tokens * m.top_k * plan.ep / m.num_experts  # balanced routing
-    f = m.expert_ffn
-    experts = local_experts * (gemm_time(hw, dt, per_expert, up * f / t, h)
-                               + gemm_time(hw, dt, per_expert, h, f / t))
-    router = gemm_time(hw, dt, tokens, m.num_experts, h)
-    shared = 0.0
-    if m.shared_expert_ffn_hidden_size:
-        fs = m.shared_expert_ffn_hidden_size
-        shared = gemm_time(hw, dt, tokens, up * fs / t, h) + gemm_time(hw, dt, tokens, h, fs / t)
-    return experts + router + shared
+    act = "swiglu" if m.gated_mlp else "gelu"
+    return _add(cm.gemm(tokens, up * ffn / plan.tp, m.hidden_size, plan.dtype),
+                cm.elementwise(act, tokens, ffn / plan.tp, act_dtype(plan)),
+                cm.gemm(tokens, m.hidden_size, ffn / plan.tp, plan.dtype))
 
 
-def _elementwise_bytes(m: ModelSpec, plan: Plan, tokens: float, moe: bool) -> float:
-    """Bytes streamed by the element-wise operations of one layer's forward."""
-    e, h = DTYPE_BYTES[_act_dtype(plan)], m.hidden_size
-    replicated = tokens / (plan.tp if plan.sequence_parallel else 1)
-    per_token = 2 * 2 * h + 2 * 3 * h + (2 * 2.5 * h if m.dropout else 0)  # norms, adds
-    ffn = m.expert_ffn * m.top_k if moe else m.ffn_hidden_size
-    act = (3 * ffn if m.gated_mlp else 2 * ffn) / plan.tp
-    rope = 4 * (m.q_dim + m.kv_dim) / plan.tp if m.position_embedding == "rope" else 0
-    return (replicated * per_token + tokens * (act + rope)) * e
+def _moe(cm: CostModel, m: ModelSpec, plan: Plan, tokens: float) -> Cost:
+    """Router, the local experts under balanced routing, and the shared expert."""
+    per_expert = tokens * m.top_k * plan.ep / m.num_experts
+    experts = _scale(_mlp(cm, m, plan, per_expert, m.expert_ffn), m.num_experts / plan.ep)
+    router = cm.gemm(tokens, m.num_experts, m.hidden_size, plan.dtype)
+    shared = _mlp(cm, m, plan, tokens, m.shared_expert_ffn_hidden_size) \
+        if m.shared_expert_ffn_hidden_size else (0.0, 0.0)
+    return _add(experts, router, shared)
 
 
-def layer_time(hw: HardwareSpec, m: ModelSpec, plan: Plan, moe: bool = False) -> LayerTime:
+def _attention_block(cm: CostModel, m: ModelSpec, plan: Plan, tokens: float) -> Cost:
+    t, dt = plan.tp, plan.dtype
+    qkv = cm.gemm(tokens, (m.q_dim + 2 * m.kv_dim) / t, m.hidden_size, dt)
+    proj = cm.gemm(tokens, m.hidden_size, m.q_dim / t, dt)
+    rope = cm.elementwise("rope", tokens, (m.q_dim + m.kv_dim) / t, act_dtype(plan)) \
+        if m.position_embedding == "rope" else (0.0, 0.0)
+    return _add(qkv, proj, rope)
+
+
+def _attention_core(cm: CostModel, m: ModelSpec, plan: Plan) -> Cost:
+    return cm.attention(m.num_heads / plan.tp * plan.micro_batch_size, plan.seq_len / plan.cp,
+                        plan.seq_len, m.head_size, act_dtype(plan), plan.attention == "flash",
+                        m.dropout)
+
+
+def _pointwise(cm: CostModel, m: ModelSpec, plan: Plan, tokens: float) -> Cost:
+    """Two norms, two residual adds and (if the model has them) two dropouts."""
+    local = tokens / (plan.tp if plan.sequence_parallel else 1)
+    dt, h = act_dtype(plan), m.hidden_size
+    parts = [cm.elementwise("norm", local, h, dt), cm.elementwise("residual", local, h, dt)]
+    if m.dropout:
+        parts.append(cm.elementwise("dropout", local, h, dt))
+    return _scale(_add(*parts), 2)
+
+
+def layer_time(cm: CostModel, m: ModelSpec, plan: Plan, moe: bool = False) -> LayerTime:
     """Forward and backward seconds of one layer for one micro-batch on one rank."""
-    dt, h, t = plan.dtype, m.hidden_size, plan.tp
-    tokens = plan.seq_len / plan.cp * plan.micro_batch_size
-    qkv = gemm_time(hw, dt, tokens, (m.q_dim + 2 * m.kv_dim) / t, h)
-    proj = gemm_time(hw, dt, tokens, h, m.q_dim / t)
-    attn_f, attn_b = _attention_core(hw, m, plan, tokens)
-    mlp = _mlp_forward(hw, m, plan, tokens, moe)
-    elem = stream_time(hw, _elementwise_bytes(m, plan, tokens, moe))
-    linear = qkv + proj + mlp + elem
-    return LayerTime(linear + attn_f, BACKWARD_FACTOR * linear + attn_b, attn_f)
+    tokens = _tokens(plan)
+    mlp = _moe(cm, m, plan, tokens) if moe else _mlp(cm, m, plan, tokens, m.ffn_hidden_size)
+    core = _attention_core(cm, m, plan)
+    rest = _add(_attention_block(cm, m, plan, tokens), mlp, _pointwise(cm, m, plan, tokens))
+    return LayerTime(rest[0] + core[0], rest[1] + core[1], core[0], core[1])
 
 
-def logits_time(hw: HardwareSpec, m: ModelSpec, plan: Plan) -> float:
-    """Forward + backward of the output projection and the cross-entropy loss."""
-    tokens = plan.seq_len / plan.cp * plan.micro_batch_size
-    v = m.vocab_size / plan.tp
-    gemm = gemm_time(hw, plan.dtype, tokens, v, m.hidden_size)
-    loss = stream_time(hw, tokens * v * (2 + 4 + 4 + 2))  # logits, fp32 softmax, grad
-    return (1 + BACKWARD_FACTOR) * gemm + loss
+def logits_time(cm: CostModel, m: ModelSpec, plan: Plan) -> float:
+    """Forward + backward of the final norm, output projection and cross-entropy loss."""
+    tokens = _tokens(plan)
+    local = tokens / (plan.tp if plan.sequence_parallel else 1)
+    parts = _add(cm.elementwise("norm", local, m.hidden_size, act_dtype(plan)),
+                 cm.gemm(tokens, m.vocab_size / plan.tp, m.hidden_size, plan.dtype),
+                 cm.elementwise("loss", tokens, m.vocab_size / plan.tp, act_dtype(plan)))
+    return parts[0] + parts[1]
 
 
-def embedding_time(hw: HardwareSpec, m: ModelSpec, plan: Plan) -> float:
-    """Forward + backward of the input embedding lookup (memory-bound)."""
-    tokens = plan.seq_len / plan.cp * plan.micro_batch_size
-    return stream_time(hw, 3 * tokens * m.hidden_size * DTYPE_BYTES[_act_dtype(plan)])
+def embedding_time(cm: CostModel, m: ModelSpec, plan: Plan) -> float:
+    """Forward + backward of the input embedding lookup."""
+    fwd, bwd = cm.elementwise("embedding", _tokens(plan), m.hidden_size, act_dtype(plan))
+    return fwd + bwd
+
+
+def optimizer_time(cm: CostModel, params: float) -> float:
+    """One Adam step over ``params`` local parameters."""
+    return cm.optimizer(params)

@@ -4,6 +4,7 @@ import pytest
 
 from sim import Plan, load_cluster, load_model, simulate
 from sim.analytic import stage_costs
+from sim.costmodel import roofline_for
 from sim.result import BREAKDOWN_KINDS
 
 GPT3 = load_model("gpt3-175b")
@@ -55,7 +56,7 @@ def test_interleaving_shrinks_the_bubble():
 
 def test_pipeline_runs_at_the_slowest_stage():
     p = plan(layers_per_stage=(30, 22, 22, 22))
-    costs = stage_costs(GPT3, A100_16, p)
+    costs = stage_costs(GPT3, A100_16, p, roofline_for(A100_16.gpu))
     slowest = max(c.per_microbatch for c in costs)
     assert costs[0].per_microbatch == slowest
     r = simulate(GPT3, A100_16, p)
