@@ -64,8 +64,15 @@ class _Ctx:
         self.tokens = plan.seq_len / plan.cp * plan.micro_batch_size
 
     def coll(self, group: str, kind: str, size: float) -> float:
+        """Seconds of one collective: measured (profile fit) if the cost model has it,
+        else the alpha-beta link model with the plan's algorithm."""
+        fabric = self.fabric[group]
+        if fabric.span.size > 1 and size > 0:
+            measured = self.cost.collective(kind, fabric.span.size, fabric.span.nodes > 1, size)
+            if measured is not None:
+                return measured
         algo = self.p.algorithm("dp" if group == "edp" else group)
-        return collective_time(kind, self.fabric[group], size, algo)
+        return collective_time(kind, fabric, size, algo)
 
 
 def _tp_per_layer(x: _Ctx) -> float:

@@ -84,7 +84,7 @@ def _pointwise(cm: CostModel, m: ModelSpec, plan: Plan, tokens: float) -> Cost:
     """Two norms, two residual adds and (if the model has them) two dropouts."""
     local = tokens / (plan.tp if plan.sequence_parallel else 1)
     dt, h = act_dtype(plan), m.hidden_size
-    parts = [cm.elementwise("norm", local, h, dt), cm.elementwise("residual", local, h, dt)]
+    parts = [cm.elementwise(m.norm, local, h, dt), cm.elementwise("residual", local, h, dt)]
     if m.dropout:
         parts.append(cm.elementwise("dropout", local, h, dt))
     return _scale(_add(*parts), 2)
@@ -103,7 +103,7 @@ def logits_time(cm: CostModel, m: ModelSpec, plan: Plan) -> float:
     """Forward + backward of the final norm, output projection and cross-entropy loss."""
     tokens = _tokens(plan)
     local = tokens / (plan.tp if plan.sequence_parallel else 1)
-    parts = _add(cm.elementwise("norm", local, m.hidden_size, act_dtype(plan)),
+    parts = _add(cm.elementwise(m.norm, local, m.hidden_size, act_dtype(plan)),
                  cm.gemm(tokens, m.vocab_size / plan.tp, m.hidden_size, plan.dtype),
                  cm.elementwise("loss", tokens, m.vocab_size / plan.tp, act_dtype(plan)))
     return parts[0] + parts[1]
@@ -111,7 +111,7 @@ def logits_time(cm: CostModel, m: ModelSpec, plan: Plan) -> float:
 
 def embedding_time(cm: CostModel, m: ModelSpec, plan: Plan) -> float:
     """Forward + backward of the input embedding lookup."""
-    fwd, bwd = cm.elementwise("embedding", _tokens(plan), m.hidden_size, act_dtype(plan))
+    fwd, bwd = cm.embedding(_tokens(plan), m.hidden_size, m.vocab_size, act_dtype(plan))
     return fwd + bwd
 
 

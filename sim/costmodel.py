@@ -27,8 +27,8 @@ FLASH_BACKWARD_FACTOR = 2.5
 ADAM_BYTES_PER_PARAM = 32.0  # read fp32 master, m, v, grad; write master, m, v, 16-bit copy
 
 # Bytes streamed per element of the forward pass, per element-wise operation.
-_STREAM_ELEMS = {"norm": 2.0, "residual": 3.0, "dropout": 2.5, "rope": 4.0, "gelu": 2.0,
-                 "swiglu": 3.0, "embedding": 1.0, "loss": 2.0}
+_STREAM_ELEMS = {"layernorm": 2.0, "rmsnorm": 2.0, "residual": 3.0, "dropout": 2.5, "rope": 4.0,
+                 "gelu": 2.0, "swiglu": 3.0, "embedding": 1.0, "loss": 2.0}
 
 
 class CostModel(Protocol):
@@ -41,7 +41,12 @@ class CostModel(Protocol):
 
     def elementwise(self, op: str, tokens: float, width: float, dtype: str) -> Cost: ...
 
+    def embedding(self, tokens: float, hidden: float, vocab: float, dtype: str) -> Cost: ...
+
     def optimizer(self, numel: float) -> float: ...
+
+    def collective(self, kind: str, group_size: int, inter_node: bool, size_bytes: float
+                   ) -> float | None: ...
 
     @property
     def extrapolated(self) -> set[str]: ...
@@ -100,8 +105,16 @@ class Roofline:
         fwd = op_bytes(op, tokens, width, dtype) / self.mem_Bps
         return fwd, BACKWARD_FACTOR * fwd
 
+    def embedding(self, tokens: float, hidden: float, vocab: float, dtype: str) -> Cost:
+        return self.elementwise("embedding", tokens, hidden, dtype)
+
     def optimizer(self, numel: float) -> float:
         return numel * ADAM_BYTES_PER_PARAM / self.mem_Bps
+
+    def collective(self, kind: str, group_size: int, inter_node: bool, size_bytes: float
+                   ) -> float | None:
+        """No measurements: the caller uses the link model (:mod:`sim.alphabeta`)."""
+        return None
 
 
 def roofline_for(hw: HardwareSpec) -> Roofline:

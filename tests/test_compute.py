@@ -39,7 +39,7 @@ def test_skinny_gemm_is_memory_bound():
 def test_elementwise_bytes():
     assert op_bytes("residual", 10, 100, "bf16") == 3 * 10 * 100 * 2  # read 2, write 1
     assert op_bytes("swiglu", 10, 100, "fp32") == 3 * 10 * 100 * 4
-    assert RF.elementwise("norm", 10, 100, "bf16") == (4000 / RF.mem_Bps, 8000 / RF.mem_Bps)
+    assert RF.elementwise("rmsnorm", 10, 100, "bf16") == (4000 / RF.mem_Bps, 8000 / RF.mem_Bps)
 
 
 def test_flash_attention_counts_the_causal_half():
@@ -64,7 +64,7 @@ def test_layer_is_the_sum_of_its_blocks():
              RF.attention(16, t, t, 128, "bf16", True, False),
              RF.gemm(t, 2 * f / 2, h, "bf16"), RF.elementwise("swiglu", t, f / 2, "bf16"),
              RF.gemm(t, h, f / 2, "bf16")]
-    parts += [RF.elementwise("norm", t, h, "bf16"), RF.elementwise("residual", t, h, "bf16")] * 2
+    parts += [RF.elementwise("rmsnorm", t, h, "bf16"), RF.elementwise("residual", t, h, "bf16")] * 2
     lt = layer_time(RF, m, p)
     assert lt.forward == pytest.approx(sum(c[0] for c in parts))
     assert lt.backward == pytest.approx(sum(c[1] for c in parts))

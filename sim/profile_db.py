@@ -1,0 +1,102 @@
+"""Reading a profile DB (written by ``trainsim profile``) without torch or pandas.
+
+A DB is a folder with one sub-folder per device (``cpu-amd-epyc``, ``h200-sxm-141gb``),
+each holding ``meta.json`` and CSV tables with units in their column names:
+
+* ``compute.csv``: ``op, variant, dtype, grid, m, n, k, fwd_median_s, fwd_p10_s, fwd_p90_s,
+  bwd_median_s, bwd_p10_s, bwd_p90_s, repeats, threads``. Shapes per op: ``gemm`` (m, n, k) is
+  ``(m x k) @ (k x n)``; ``attention`` (batch*heads, seq, head_dim), causal; element-wise ops
+  (tokens, width); ``embedding`` (tokens, hidden, vocab); ``optimizer`` (numel).
+* ``comm.csv``: one row per (collective, backend, fabric, group_size, size_bytes) with
+  ``time_median_s`` and nccl-tests style ``algbw_GBps`` and ``busbw_GBps``.
+* ``comm_fit.csv``: ``alpha_s, beta_s_per_byte`` per (collective, backend, fabric,
+  group_size), fitted to the measured points of at least ``min_size_bytes``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sim.errors import SpecError
+from sim.io import read_text
+
+__all__ = ["ProfileDB", "load_profile_db", "resolve_device_dir", "COMPUTE_COLUMNS",
+           "COMM_COLUMNS", "FIT_COLUMNS", "SHAPE_DIMS"]
+
+COMPUTE_COLUMNS = ["op", "variant", "dtype", "grid", "m", "n", "k", "fwd_median_s",
+                   "fwd_p10_s", "fwd_p90_s", "bwd_median_s", "bwd_p10_s", "bwd_p90_s",
+                   "repeats", "threads"]
+COMM_COLUMNS = ["collective", "backend", "fabric", "group_size", "size_bytes",
+                "time_median_s", "time_p10_s", "time_p90_s", "algbw_GBps", "busbw_GBps",
+                "repeats"]
+FIT_COLUMNS = ["collective", "backend", "fabric", "group_size", "alpha_s", "beta_s_per_byte",
+               "min_size_bytes", "points", "max_rel_error"]
+# How many of (m, n, k) each op uses.
+SHAPE_DIMS = {"gemm": 3, "attention": 3, "embedding": 3, "optimizer": 1}
+
+Key = tuple[str, str, str]  # op, variant, dtype
+Point = tuple[float, ...]
+
+
+@dataclass
+class ProfileDB:
+    """One device's measurements, indexed for lookup."""
+
+    path: Path
+    meta: dict
+    compute: dict[Key, dict[str, dict[Point, tuple[float, float]]]] = field(
+        default_factory=dict)  # key -> grid -> shape -> (fwd_s, bwd_s)
+    comm_fit: dict[tuple[str, str, int], tuple[float, float]] = field(
+        default_factory=dict)  # (collective, fabric, group_size) -> (alpha_s, beta_s/B)
+
+    @property
+    def device(self) -> str:
+        return str(self.meta.get("device", self.path.name))
+
+
+def resolve_device_dir(path: str | Path, device_hint: str) -> Path:
+    """``path`` is a device folder (has meta.json) or a DB root holding ``device_hint``."""
+    p = Path(path)
+    if (p / "meta.json").is_file():
+        return p
+    if (p / device_hint / "meta.json").is_file():
+        return p / device_hint
+    found = sorted(d.name for d in p.iterdir() if (d / "meta.json").is_file()) \
+        if p.is_dir() else []
+    raise SpecError("profile", f"{path} is not a profile DB for {device_hint!r} "
+                    f"(devices there: {', '.join(found) or 'none'})")
+
+
+def _rows(path: Path, columns: list[str]) -> list[dict[str, str]]:
+    if not path.is_file():
+        return []
+    rows = list(csv.DictReader(read_text(path, "profile").splitlines()))
+    if rows and set(columns) - set(rows[0]):
+        missing = sorted(set(columns) - set(rows[0]))
+        raise SpecError("profile", f"{path} lacks columns {', '.join(missing)}")
+    return rows
+
+
+def _shape(row: dict[str, str]) -> Point:
+    dims = SHAPE_DIMS.get(row["op"], 2)
+    return tuple(float(row[c]) for c in ("m", "n", "k")[:dims])
+
+
+def load_profile_db(path: str | Path, device_hint: str) -> ProfileDB:
+    folder = resolve_device_dir(path, device_hint)
+    try:
+        meta = json.loads(read_text(folder / "meta.json", "profile"))
+    except json.JSONDecodeError as exc:
+        raise SpecError("profile", f"{folder / 'meta.json'} is not valid JSON: {exc}") from None
+    db = ProfileDB(folder, meta)
+    for row in _rows(folder / "compute.csv", COMPUTE_COLUMNS):
+        key = (row["op"], row["variant"], row["dtype"])
+        grid = db.compute.setdefault(key, {}).setdefault(row["grid"], {})
+        grid[_shape(row)] = (float(row["fwd_median_s"]), float(row["bwd_median_s"] or 0.0))
+    for row in _rows(folder / "comm_fit.csv", FIT_COLUMNS):
+        db.comm_fit[(row["collective"], row["fabric"], int(row["group_size"]))] = (
+            float(row["alpha_s"]), float(row["beta_s_per_byte"]))
+    return db

@@ -1,0 +1,179 @@
+"""The profile-backed cost model: measured times, interpolated in log space.
+
+For an operation and shape: an exact measurement if there is one; else multilinear
+interpolation of ``log(time)`` over ``log(shape)`` between the surrounding points of one
+profiled grid; else (outside every grid, or an operation the profile lacks) a
+:class:`~sim.costmodel.Roofline` whose rates are fitted to the profile's own measurements.
+Every fallback is recorded in :attr:`Profiled.extrapolated`, which the Result reports.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+import statistics
+from functools import cache
+from pathlib import Path
+
+from sim.costmodel import Cost, Roofline, op_bytes, op_flops, roofline_for
+from sim.hardware import HardwareSpec
+from sim.profile_db import Key, Point, ProfileDB, load_profile_db, resolve_device_dir
+
+__all__ = ["Profiled", "load_cost_model", "interpolate", "fit_roofline"]
+
+Table = dict[Point, tuple[float, float]]
+
+
+def _bracket(axis: list[float], v: float) -> list[tuple[float, float]] | None:
+    """(value, weight) pairs around ``v`` on a sorted axis, weights linear in log space."""
+    if v < axis[0] or v > axis[-1]:
+        return None
+    j = bisect.bisect_left(axis, v)
+    if axis[j] == v:
+        return [(v, 1.0)]
+    lo, hi = axis[j - 1], axis[j]
+    w = math.log(v / lo) / math.log(hi / lo)
+    return [(lo, 1.0 - w), (hi, w)]
+
+
+def _axes(table: Table) -> list[list[float]]:
+    dims = len(next(iter(table)))
+    return [sorted({p[i] for p in table}) for i in range(dims)]
+
+
+def interpolate(table: Table, query: Point, axes: list[list[float]] | None = None
+                ) -> tuple[float, float] | None:
+    """Multilinear interpolation of log(time) on the grid ``table``; None outside it or when
+    a corner of the surrounding cell was not measured."""
+    axes = axes or _axes(table)
+    brackets = [_bracket(ax, v) for ax, v in zip(axes, query, strict=True)]
+    if any(b is None for b in brackets):
+        return None
+    out = [0.0, 0.0]
+    for corner in itertools.product(*brackets):  # type: ignore[arg-type]
+        point = tuple(c[0] for c in corner)
+        if point not in table:
+            return None
+        weight = math.prod(c[1] for c in corner)
+        for i, t in enumerate(table[point]):
+            out[i] += weight * (math.log(t) if t > 0 else -math.inf)
+    return math.exp(out[0]), (math.exp(out[1]) if out[1] > -math.inf else 0.0)
+
+
+def _median_rate(pairs: list[tuple[float, float]], default: float) -> float:
+    """Median of work / time over measured (work, seconds) pairs."""
+    rates = [w / t for w, t in pairs if t > 0]
+    return statistics.median(rates) if rates else default
+
+
+def fit_roofline(db: ProfileDB, hw: HardwareSpec) -> Roofline:
+    """Catalog roofline with its rates replaced by those the profile measured: GEMM
+    FLOP/s (shape curve kept), fused-attention FLOP/s, and streaming bytes/s."""
+    base = roofline_for(hw)
+    gemm, attn, stream = dict(base.gemm_flops), dict(base.attention_flops), []
+    for (op, _, dtype), grids in db.compute.items():
+        points = [(s, t[0]) for g in grids.values() for s, t in g.items()]
+        if op == "gemm":
+            gemm[dtype] = _median_rate([(op_flops(*s) / base.gemm_efficiency(*s), t)
+                                        for s, t in points], gemm.get(dtype, 0.0))
+        elif op == "attention":
+            attn[dtype] = _median_rate([(2.0 * s[0] * s[1] ** 2 * s[2], t) for s, t in points],
+                                       attn.get(dtype, 0.0))
+        elif op not in ("embedding", "optimizer"):
+            stream += [(op_bytes(op, s[0], s[1], dtype), t) for s, t in points]
+    mem = _median_rate([p for p in stream if p[0] >= 1e6], base.mem_Bps)
+    return Roofline(gemm, base.gemm_dim_half, mem, attn)
+
+
+class Profiled:
+    """A :class:`~sim.costmodel.CostModel` reading one device's profile DB."""
+
+    def __init__(self, db: ProfileDB, fallback: Roofline) -> None:
+        self.db, self.fallback = db, fallback
+        self._extrapolated: set[str] = set()
+        self._axes = {(key, g): _axes(t) for key, grids in db.compute.items()
+                      for g, t in grids.items()}
+
+    @property
+    def extrapolated(self) -> set[str]:
+        return self._extrapolated
+
+    def _lookup(self, key: Key, shape: Point) -> tuple[float, float] | None:
+        grids = self.db.compute.get(key, {})
+        for table in grids.values():
+            if shape in table:
+                return table[shape]
+        for g in sorted(grids):
+            hit = interpolate(grids[g], shape, self._axes[(key, g)])
+            if hit is not None:
+                return hit
+        return None
+
+    def _note(self, what: str, shape: Point, dtype: str) -> None:
+        dims = "x".join(f"{v:g}" for v in shape)
+        self._extrapolated.add(f"{what} {dims} {dtype}")
+
+    def gemm(self, m: float, n: float, k: float, dtype: str) -> Cost:
+        hit = self._lookup(("gemm", "", dtype), (m, n, k))
+        if hit is None:
+            self._note("gemm", (m, n, k), dtype)
+            return self.fallback.gemm(m, n, k, dtype)
+        return hit
+
+    def attention(self, batch_heads: float, q_len: float, kv_len: float, head_dim: float,
+                  dtype: str, flash: bool, dropout: bool) -> Cost:
+        """Profiled causal SDPA at ``q_len``; a longer key range (context parallelism)
+        scales it by ``kv_len / q_len``."""
+        hit = self._lookup(("attention", "causal", dtype), (batch_heads, q_len, head_dim)) \
+            if flash else None
+        if hit is None:
+            self._note("attention" if flash else "attention(standard)",
+                       (batch_heads, q_len, head_dim), dtype)
+            return self.fallback.attention(batch_heads, q_len, kv_len, head_dim, dtype,
+                                           flash, dropout)
+        return hit[0] * kv_len / q_len, hit[1] * kv_len / q_len
+
+    def elementwise(self, op: str, tokens: float, width: float, dtype: str) -> Cost:
+        hit = self._lookup((op, "", dtype), (tokens, width))
+        if hit is None:
+            self._note(op, (tokens, width), dtype)
+            return self.fallback.elementwise(op, tokens, width, dtype)
+        return hit
+
+    def embedding(self, tokens: float, hidden: float, vocab: float, dtype: str) -> Cost:
+        hit = self._lookup(("embedding", "", dtype), (tokens, hidden, vocab))
+        if hit is None:
+            self._note("embedding", (tokens, hidden, vocab), dtype)
+            return self.fallback.embedding(tokens, hidden, vocab, dtype)
+        return hit
+
+    def optimizer(self, numel: float) -> float:
+        hit = self._lookup(("optimizer", "adam", "fp32"), (numel,))
+        if hit is None:
+            self._note("optimizer", (numel,), "fp32")
+            return self.fallback.optimizer(numel)
+        return hit[0]
+
+    def collective(self, kind: str, group_size: int, inter_node: bool, size_bytes: float
+                   ) -> float | None:
+        fabric = "inter" if inter_node else "intra"
+        fit = self.db.comm_fit.get((kind, fabric, group_size))
+        if fit is None:
+            self._extrapolated.add(f"{kind} x{group_size} {fabric}: no profile fit, link model")
+            return None
+        return fit[0] + fit[1] * size_bytes
+
+
+@cache
+def _load(folder: Path, stamp: tuple[float, ...], hw: HardwareSpec) -> tuple[ProfileDB, Roofline]:
+    db = load_profile_db(folder, hw.name)
+    return db, fit_roofline(db, hw)
+
+
+def load_cost_model(path: str | Path, hw: HardwareSpec) -> Profiled:
+    """A fresh cost model (its own extrapolation log) over a cached DB."""
+    folder = resolve_device_dir(path, hw.name).resolve()
+    stamp = tuple(f.stat().st_mtime for f in sorted(folder.glob("*")) if f.is_file())
+    db, fallback = _load(folder, stamp, hw)
+    return Profiled(db, fallback)
