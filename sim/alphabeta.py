@@ -16,13 +16,12 @@ from dataclasses import dataclass
 from sim.cluster import ClusterSpec
 from sim.placement import GroupSpan
 
-__all__ = ["Fabric", "fabric_for", "collective_time", "COLLECTIVES", "NIC_EFFICIENCY",
+__all__ = ["Fabric", "fabric_for", "collective_time", "NIC_EFFICIENCY", "PCIE_EFFICIENCY",
            "default_algorithm"]
-
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 # Achievable fraction of InfiniBand/RoCE line rate for large messages (nccl-tests inter-node
-# busbw is typically 90-95% of line rate); one constant, not a per-run knob.
+# busbw is typically 90-95% of line rate) and of a PCIe link; constants, not per-run knobs.
 NIC_EFFICIENCY = 0.92
+PCIE_EFFICIENCY = 0.80
 
 
 @dataclass(frozen=True)
@@ -34,22 +33,39 @@ class Fabric:
     intra_alpha_s: float
     inter_Bps: float
     inter_alpha_s: float
+    nvls_Bps: float = 0.0  # in-switch all-reduce bus bandwidth; 0 where there is none
+
+
+def _intra_link_Bps(cluster: ClusterSpec, span: GroupSpan) -> float:
+    """Node-fabric bandwidth one rank of the group can use: on an NVLink mesh only the links
+    to the group's other members on the node (a point-to-point link per peer)."""
+    raw = cluster.intra_GBps * 1e9
+    if cluster.intra_node.kind == "nvlink-mesh" and cluster.gpus_per_node > 1:
+        return raw * max(1, span.per_node - 1) / (cluster.gpus_per_node - 1)
+    return raw
 
 
 def fabric_for(cluster: ClusterSpec, span: GroupSpan) -> Fabric:
-    intra = cluster.intra_node.bandwidth_GBps * 1e9 * cluster.gpu.comm_eff
+    kind = cluster.intra_node.kind
+    link = _intra_link_Bps(cluster, span)
+    intra = link * (PCIE_EFFICIENCY if kind == "pcie" else cluster.gpu.comm_eff)
+    nvls = link * cluster.gpu.nvls_eff if kind == "nvswitch" else 0.0
     inter = cluster.nic_GBps_per_gpu * 1e9 * NIC_EFFICIENCY
     if span.cross_pod:
         inter /= cluster.inter_node.oversubscription
     return Fabric(span, intra, cluster.intra_node.latency_us * 1e-6, inter,
-                  (cluster.inter_node.latency_us + cluster.intra_node.latency_us) * 1e-6)
+                  (cluster.inter_node.latency_us + cluster.intra_node.latency_us) * 1e-6, nvls)
 
 
-def default_algorithm(collective: str, span: GroupSpan, size_bytes: float) -> str:
-    """NCCL-like choice: tree for small all-reduces across nodes, hierarchical when a node
-    holds several ranks of a multi-node group, ring otherwise; direct all-to-all."""
+def default_algorithm(collective: str, f: Fabric, size_bytes: float) -> str:
+    """NCCL-like choice: NVLS for all-reduces inside an NVSwitch node that has it, tree for
+    small all-reduces across nodes, hierarchical when a node holds several ranks of a
+    multi-node group, ring otherwise; direct all-to-all."""
+    span = f.span
     if collective == "all_to_all":
         return "direct"
+    if collective == "all_reduce" and span.nodes == 1 and f.nvls_Bps > 0:
+        return "nvls"
     if span.nodes > 1 and collective == "all_reduce" and size_bytes < 256 * 1024:
         return "tree"
     if span.nodes > 1 and span.per_node > 1:
@@ -70,9 +86,22 @@ def _flat_rates(f: Fabric) -> tuple[float, float]:
     return min(f.intra_Bps, f.inter_Bps * f.span.per_node), f.inter_alpha_s
 
 
-def _hierarchical(f: Fabric, size: float, passes: int) -> float:
+def _nvls(g: int, alpha: float, bw: float, size: float) -> float:
+    """In-switch all-reduce: each rank sends its buffer up once and receives the sum. Its
+    latency is taken as a ring's (nccl-tests: small all-reduces cost the same either way)."""
+    return 2 * (g - 1) * alpha + 2 * (g - 1) / g * size / bw
+
+
+def _hierarchical(f: Fabric, size: float, passes: int, nvls: bool = False) -> float:
+    """Intra-node phase (ring, or NVLS for an all-reduce), then the inter-node ring over each
+    rank's NIC share on ``size / per_node``."""
     g, k = f.span.per_node, f.span.nodes
-    intra = _ring(g, f.intra_alpha_s, f.intra_Bps, size, passes) if g > 1 else 0.0
+    if g == 1:
+        intra = 0.0
+    elif nvls:
+        intra = _nvls(g, f.intra_alpha_s, f.nvls_Bps, size)
+    else:
+        intra = _ring(g, f.intra_alpha_s, f.intra_Bps, size, passes)
     inter = _ring(k, f.inter_alpha_s, f.inter_Bps, size / g, passes) if k > 1 else 0.0
     return intra + inter
 
@@ -96,15 +125,18 @@ def collective_time(collective: str, f: Fabric, size_bytes: float, algorithm: st
             return f.inter_alpha_s + size_bytes / f.inter_Bps
         return f.intra_alpha_s + size_bytes / f.intra_Bps
     if algorithm == "auto":
-        algorithm = default_algorithm(collective, f.span, size_bytes)
+        algorithm = default_algorithm(collective, f, size_bytes)
     if collective == "all_to_all":
         return _all_to_all(f, size_bytes, algorithm)
     passes = 2 if collective == "all_reduce" else 1
-    if algorithm == "hierarchical":
-        return _hierarchical(f, size_bytes, passes)
+    nvls = algorithm == "nvls" and collective == "all_reduce" and f.nvls_Bps > 0
+    if algorithm == "hierarchical" or (nvls and f.span.nodes > 1):  # NVLS+tree across nodes
+        return _hierarchical(f, size_bytes, passes, nvls)
+    if nvls:
+        return _nvls(n, f.intra_alpha_s, f.nvls_Bps, size_bytes)
     bw, alpha = _flat_rates(f)
     if algorithm == "tree" and collective == "all_reduce":
         return 2 * math.ceil(math.log2(n)) * alpha + 2 * size_bytes / bw
     if algorithm == "halving-doubling":
         return passes * (math.ceil(math.log2(n)) * alpha + (n - 1) / n * size_bytes / bw)
-    return _ring(n, alpha, bw, size_bytes, passes)  # ring, nvls, and fallbacks (see README)
+    return _ring(n, alpha, bw, size_bytes, passes)  # ring; tree/nvls gathers run as rings

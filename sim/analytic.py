@@ -25,28 +25,36 @@ from sim.stages import StageLayers, pipeline_rank_layers
 __all__ = ["StageCost", "Timing", "stage_costs", "analytic_iteration", "memory_gib"]
 
 @dataclass(frozen=True)
+class _DPCost:
+    """Data-parallel seconds: per micro-batch (ZeRO-2/3) and once after the last backward."""
+
+    mb_exposed_s: float = 0.0
+    mb_overlapped_s: float = 0.0
+    tail_exposed_s: float = 0.0
+    tail_overlapped_s: float = 0.0
+
+
+@dataclass(frozen=True)
 class StageCost:
     """Seconds per micro-batch on one pipeline rank, and its once-per-iteration tail."""
 
-    compute: float
-    tp: float
-    cp_exposed: float
-    cp_overlapped: float
-    ep: float
-    pp: float
-    zero3_exposed: float
-    zero3_overlapped: float
-    dp_exposed: float  # after the last backward, once per iteration
-    dp_overlapped: float
-    optimizer: float
+    compute_s: float
+    tp_s: float
+    cp_exposed_s: float
+    cp_overlapped_s: float
+    ep_s: float
+    pp_s: float
+    dp: _DPCost
+    optimizer_s: float
 
     @property
-    def per_microbatch(self) -> float:
-        return self.compute + self.tp + self.cp_exposed + self.ep + self.pp + self.zero3_exposed
+    def per_microbatch_s(self) -> float:
+        return (self.compute_s + self.tp_s + self.cp_exposed_s + self.ep_s + self.pp_s
+                + self.dp.mb_exposed_s)
 
     @property
-    def tail(self) -> float:
-        return self.dp_exposed + self.optimizer
+    def tail_s(self) -> float:
+        return self.dp.tail_exposed_s + self.optimizer_s
 
 
 class _Ctx:
@@ -60,8 +68,8 @@ class _Ctx:
             for g in ("tp", "cp", "ep", "pp", "dp", "edp")}
         self.dense = cm.layer_time(cost, model, plan)
         self.moe = cm.layer_time(cost, model, plan, moe=True) if model.is_moe else self.dense
-        self.e = 4 if plan.dtype == "fp32" else 2
-        self.tokens = plan.seq_len / plan.cp * plan.micro_batch_size
+        self.e = plan.activation_bytes
+        self.tokens = plan.local_tokens
 
     def coll(self, group: str, kind: str, size: float) -> float:
         """Seconds of one collective: measured (profile fit) if the cost model has it,
@@ -97,7 +105,8 @@ def _cp_per_layer(x: _Ctx, layer: cm.LayerTime) -> tuple[float, float]:
     step = x.coll("cp", "send_recv", kv)
     passes = 4 if x.p.recompute == "full" else 3
     comm = (x.p.cp - 1) * step * passes
-    hide = layer.attention_forward + layer.attention_backward
+    forwards = 2 if x.p.recompute == "full" else 1
+    hide = forwards * layer.attention_forward + layer.attention_backward
     return max(0.0, comm - hide), min(comm, hide)
 
 
@@ -124,31 +133,42 @@ def _stage_compute(x: _Ctx, st: StageLayers) -> float:
     return t
 
 
-def _dp_costs(x: _Ctx, st: StageLayers, compute: float
-              ) -> tuple[float, float, float, float]:
-    """(zero3 exposed, zero3 overlapped) per micro-batch, (exposed, overlapped) tail."""
+def _hide(comm_s: float, window_s: float) -> tuple[float, float]:
+    """(exposed, overlapped) seconds of ``comm_s`` run beside ``window_s`` of compute."""
+    return max(0.0, comm_s - window_s), min(comm_s, window_s)
+
+
+def _dp_costs(x: _Ctx, st: StageLayers, compute_s: float) -> _DPCost:
+    """Gradient reduction and ZeRO weight gathers of one pipeline rank. Gradients and
+    gathered weights move in the training dtype (fp32 for fp32 training, else 16 bits)."""
     dense, expert = rank_params(x.m, x.p, st)
-    w = x.e  # gradients and gathered weights in the 16-bit (or fp32) training dtype
-    if x.p.zero_stage == 3:
-        per_mb = (2 * x.coll("dp", "all_gather", dense * w) + x.coll("dp", "reduce_scatter",
-                  dense * w) + 2 * x.coll("edp", "all_gather", expert * w)
-                  + x.coll("edp", "reduce_scatter", expert * w))
-        return max(0.0, per_mb - compute), min(per_mb, compute), 0.0, 0.0
-    if x.p.zero_stage == 0:
-        reduce = x.coll("dp", "all_reduce", dense * w) + x.coll("edp", "all_reduce", expert * w)
-        gather = 0.0
-    else:
-        reduce = x.coll("dp", "reduce_scatter", dense * w) + x.coll("edp", "reduce_scatter",
-                                                                     expert * w)
-        gather = x.coll("dp", "all_gather", dense * w) + x.coll("edp", "all_gather", expert * w)
-    window = (st.dense * x.dense.backward + st.moe * x.moe.backward) if \
-        x.p.overlap_grad_reduce else 0.0
-    return 0.0, 0.0, max(0.0, reduce - window) + gather, min(reduce, window)
+    dense_b, expert_b = dense * x.e, expert * x.e
+
+    def both(kind: str, scale: float = 1.0) -> float:
+        return x.coll("dp", kind, dense_b * scale) + x.coll("edp", kind, expert_b * scale)
+
+    backward_s = st.dense * x.dense.backward + st.moe * x.moe.backward
+    window_s = backward_s if x.p.overlap_grad_reduce else 0.0
+    if x.p.zero_stage == 3:  # gather per pass, reduce-scatter per micro-batch, prefetched
+        passes = 3 if x.p.recompute == "full" else 2
+        comm_s = passes * both("all_gather") + both("reduce_scatter")
+        first_layer_s = (passes * both("all_gather", 1 / st.total)
+                         + both("reduce_scatter", 1 / st.total))  # nothing to hide behind
+        exposed, overlapped = _hide(comm_s - first_layer_s, compute_s - first_layer_s)
+        return _DPCost(exposed + first_layer_s, overlapped)
+    if x.p.zero_stage == 2:  # sharded gradients: reduce-scatter every micro-batch
+        exposed, overlapped = _hide(both("reduce_scatter"), window_s)
+        return _DPCost(exposed, overlapped, both("all_gather"))
+    if x.p.zero_stage == 1:
+        exposed, overlapped = _hide(both("reduce_scatter"), window_s)
+        return _DPCost(tail_exposed_s=exposed + both("all_gather"), tail_overlapped_s=overlapped)
+    exposed, overlapped = _hide(both("all_reduce"), window_s)
+    return _DPCost(tail_exposed_s=exposed, tail_overlapped_s=overlapped)
 
 
 def _optimizer(x: _Ctx, st: StageLayers) -> float:
     dense, expert = rank_params(x.m, x.p, st)
-    shards = (x.p.dp, x.p.dp // x.p.ep) if x.p.zero_stage >= 1 else (1, 1)
+    shards = (x.p.dense_replicas, x.p.expert_replicas) if x.p.zero_stage >= 1 else (1, 1)
     params = dense / shards[0] + expert / shards[1]
     return cm.optimizer_time(x.cost, params)
 
@@ -165,10 +185,9 @@ def stage_costs(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostMo
     out = []
     for st in pipeline_rank_layers(plan, model):
         comp = _stage_compute(x, st)
-        z3e, z3o, dpe, dpo = _dp_costs(x, st, comp)
         out.append(StageCost(
             comp, st.total * tp_l, st.dense * cp_d[0] + st.moe * cp_e[0],
-            st.dense * cp_d[1] + st.moe * cp_e[1], st.moe * ep_l, p2p, z3e, z3o, dpe, dpo,
+            st.dense * cp_d[1] + st.moe * cp_e[1], st.moe * ep_l, p2p, _dp_costs(x, st, comp),
             _optimizer(x, st)))
     return out
 
@@ -191,23 +210,23 @@ def analytic_iteration(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost:
                        ) -> Timing:
     stages = stage_costs(model, cluster, plan, cost)
     m, v = plan.num_microbatches, plan.vpp
-    times = [s.per_microbatch for s in stages]
+    times = [s.per_microbatch_s for s in stages]
     slow = max(range(len(stages)), key=lambda r: times[r])
     pipe = m * times[slow] + (sum(times) - times[slow]) / v
-    tail_rank = max(range(len(stages)), key=lambda r: stages[r].tail)
+    tail_rank = max(range(len(stages)), key=lambda r: stages[r].tail_s)
     b, t = stages[slow], stages[tail_rank]
     breakdown = {
-        "compute": m * b.compute, "tp": m * b.tp, "cp": m * b.cp_exposed, "ep": m * b.ep,
-        "pp": m * b.pp, "dp": m * b.zero3_exposed + t.dp_exposed, "optimizer": t.optimizer,
-        "bubble": pipe - m * times[slow]}
+        "compute": m * b.compute_s, "tp": m * b.tp_s, "cp": m * b.cp_exposed_s,
+        "ep": m * b.ep_s, "pp": m * b.pp_s, "dp": m * b.dp.mb_exposed_s + t.dp.tail_exposed_s,
+        "optimizer": t.optimizer_s, "bubble": pipe - m * times[slow]}
     comm = {
-        "tp": {"exposed_s": m * b.tp, "overlapped_s": 0.0},
-        "cp": {"exposed_s": m * b.cp_exposed, "overlapped_s": m * b.cp_overlapped},
-        "ep": {"exposed_s": m * b.ep, "overlapped_s": 0.0},
-        "pp": {"exposed_s": m * b.pp, "overlapped_s": 0.0},
+        "tp": {"exposed_s": m * b.tp_s, "overlapped_s": 0.0},
+        "cp": {"exposed_s": m * b.cp_exposed_s, "overlapped_s": m * b.cp_overlapped_s},
+        "ep": {"exposed_s": m * b.ep_s, "overlapped_s": 0.0},
+        "pp": {"exposed_s": m * b.pp_s, "overlapped_s": 0.0},
         "dp": {"exposed_s": breakdown["dp"],
-               "overlapped_s": m * b.zero3_overlapped + t.dp_overlapped}}
-    return Timing(pipe + t.tail, pipe, breakdown, comm)
+               "overlapped_s": m * b.dp.mb_overlapped_s + t.dp.tail_overlapped_s}}
+    return Timing(pipe + t.tail_s, pipe, breakdown, comm)
 
 
 def memory_gib(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> list[dict[str, float]]:

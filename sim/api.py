@@ -27,15 +27,13 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, fidelity: str =
     iteration = timing.iteration_s
     tokens = plan.global_batch_size * plan.seq_len
     gpus = cluster.world_size
-    model_tf = model_flops_per_token(model, plan.seq_len) * tokens / iteration / gpus / 1e12
-    hw_tf = hardware_flops_per_token(model, plan.seq_len, plan.recompute) * tokens
-    hw_tf = hw_tf / iteration / gpus / 1e12
+    per_gpu_s = iteration * gpus * 1e12
+    model_tf = model_flops_per_token(model, plan.seq_len) * tokens / per_gpu_s
+    hw_tf = hardware_flops_per_token(model, plan.seq_len, plan.recompute) * tokens / per_gpu_s
     mem = memory_gib(model, cluster, plan)
     peak = max(r["total"] for r in mem)
     capacity = cluster.gpu.memory_gib
-    warnings = []
-    if peak > capacity:
-        warnings.append(f"peak memory {peak:.1f} GiB exceeds {capacity:.1f} GiB per device")
+    warnings = _warnings(plan, peak, capacity)
     return Result(
         fidelity=fidelity, model=model.name, cluster=cluster.name, gpus=gpus,
         iteration_time_s=iteration, tokens_per_s=tokens / iteration,
@@ -45,6 +43,16 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, fidelity: str =
         bubble_fraction=timing.bubble_fraction, num_microbatches=plan.num_microbatches,
         breakdown=timing.breakdown, communication=timing.communication,
         memory_gib=mem, extrapolated=sorted(cost.extrapolated), warnings=warnings)
+
+
+def _warnings(plan: Plan, peak_gib: float, capacity_gib: float) -> list[str]:
+    out = []
+    if peak_gib > capacity_gib:
+        out.append(f"peak memory {peak_gib:.1f} GiB exceeds {capacity_gib:.1f} GiB per device")
+    if plan.recompute == "selective" and plan.attention == "flash":
+        out.append("recompute=selective re-runs the attention core, but flash attention keeps "
+                   "no s x s scores: it costs time and saves no memory")
+    return out
 
 
 def cost_model_for(cluster: ClusterSpec) -> CostModel:

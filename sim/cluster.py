@@ -21,15 +21,18 @@ __all__ = ["IntraNode", "InterNode", "ClusterSpec", "load_cluster", "preset_name
            "INTRA_KINDS", "TOPOLOGIES"]
 
 INTRA_KINDS = ("nvswitch", "pcie", "nvlink-mesh", "loopback")
+PCIE_GBPS = 32.0  # PCIe Gen4 x16, per direction
 TOPOLOGIES = ("fat-tree", "rail-optimized", "torus2d", "torus3d", "dragonfly")
 
 
 @dataclass(frozen=True)
 class IntraNode:
-    """The fabric between devices of one node; bandwidth per device, per direction."""
+    """The fabric between devices of one node; bandwidth per device, per direction.
+    Without a bandwidth, NVSwitch and NVLink mesh take the device's NVLink rate and PCIe
+    takes 32 GB/s (Gen4 x16)."""
 
     kind: str = "nvswitch"
-    bandwidth_GBps: float = 450.0
+    bandwidth_GBps: float | None = None
     latency_us: float = 2.0
 
 
@@ -59,6 +62,10 @@ class ClusterSpec:
         _check_int("nodes", self.nodes)
         _check_int("gpus_per_node", self.gpus_per_node)
         _check_choice("intra_node.kind", self.intra_node.kind, INTRA_KINDS)
+        if self.intra_node.bandwidth_GBps is None:
+            default = PCIE_GBPS if self.intra_node.kind == "pcie" else self.gpu.nvlink_GBps
+            object.__setattr__(self, "intra_node",
+                               dataclasses.replace(self.intra_node, bandwidth_GBps=default))
         _check_positive("intra_node.bandwidth_GBps", self.intra_node.bandwidth_GBps)
         _check_nonneg("intra_node.latency_us", self.intra_node.latency_us)
         inter = self.inter_node
@@ -75,6 +82,11 @@ class ClusterSpec:
             raise SpecError("inter_node.pod_gpus", "must be 0 (whole cluster) or a positive "
                             f"multiple of gpus_per_node={self.gpus_per_node}, "
                             f"got {inter.pod_gpus!r}")
+
+    @property
+    def intra_GBps(self) -> float:
+        """Node-fabric bandwidth per device, per direction (always set after init)."""
+        return float(self.intra_node.bandwidth_GBps or 0.0)
 
     @property
     def world_size(self) -> int:
@@ -120,11 +132,11 @@ def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
 
 
 # Presets ------------------------------------------------------------------------------
-# (gpu, intra bandwidth GB/s per direction, intra latency us, NIC Gb/s, NICs per node)
+# (gpu, NVSwitch latency us, NIC Gb/s, NICs per node); NVLink rate from the catalog.
 _DGX = {
-    "dgx-a100": ("a100-sxm4-80gb", 300.0, 3.0, 200.0, 8),  # 8x HDR InfiniBand
-    "dgx-h100": ("h100-sxm5-80gb", 450.0, 2.0, 400.0, 8),  # 8x NDR ConnectX-7
-    "hgx-h200": ("h200-sxm-141gb", 450.0, 2.0, 400.0, 8),  # 8x NDR ConnectX-7
+    "dgx-a100": ("a100-sxm4-80gb", 3.0, 200.0, 8),  # 8x HDR InfiniBand
+    "dgx-h100": ("h100-sxm5-80gb", 2.0, 400.0, 8),  # 8x NDR ConnectX-7
+    "hgx-h200": ("h200-sxm-141gb", 2.0, 400.0, 8),  # 8x NDR ConnectX-7
 }
 
 
@@ -143,11 +155,11 @@ def _preset(name: str) -> ClusterSpec:
     n = int(count)
     if kind == "cpu":
         return ClusterSpec(name, nodes=1, gpus_per_node=n, gpu=get_hardware("cpu"),
-                           intra_node=IntraNode("loopback", 2.0, 30.0),
+                           intra_node=IntraNode("loopback", None, 30.0),
                            inter_node=InterNode(nic_Gbps=10.0, nics_per_node=1, latency_us=50.0))
-    gpu, intra_bw, intra_lat, nic, nics = _DGX[kind]
+    gpu, intra_lat, nic, nics = _DGX[kind]
     return ClusterSpec(name, nodes=n, gpus_per_node=8, gpu=get_hardware(gpu),
-                       intra_node=IntraNode("nvswitch", intra_bw, intra_lat),
+                       intra_node=IntraNode("nvswitch", None, intra_lat),
                        inter_node=InterNode("fat-tree", nic, nics, 1.0, 0, 2.0))
 
 

@@ -15,8 +15,7 @@ from sim.costmodel import Cost, CostModel
 from sim.model import ModelSpec
 from sim.plan import Plan
 
-__all__ = ["LayerTime", "layer_time", "logits_time", "embedding_time", "optimizer_time",
-           "act_dtype"]
+__all__ = ["LayerTime", "layer_time", "logits_time", "embedding_time", "optimizer_time"]
 
 
 @dataclass(frozen=True)
@@ -27,15 +26,6 @@ class LayerTime:
     backward: float
     attention_forward: float  # the attention core alone (what selective recompute re-runs)
     attention_backward: float
-
-
-def act_dtype(plan: Plan) -> str:
-    """Activations and attention stay in 16 bits under fp8 training; GEMMs use plan.dtype."""
-    return "fp32" if plan.dtype == "fp32" else "bf16"
-
-
-def _tokens(plan: Plan) -> float:
-    return plan.seq_len / plan.cp * plan.micro_batch_size
 
 
 def _add(*costs: Cost) -> Cost:
@@ -51,7 +41,7 @@ def _mlp(cm: CostModel, m: ModelSpec, plan: Plan, tokens: float, ffn: int) -> Co
     up = 2 if m.gated_mlp else 1
     act = "swiglu" if m.gated_mlp else "gelu"
     return _add(cm.gemm(tokens, up * ffn / plan.tp, m.hidden_size, plan.dtype),
-                cm.elementwise(act, tokens, ffn / plan.tp, act_dtype(plan)),
+                cm.elementwise(act, tokens, ffn / plan.tp, plan.activation_dtype),
                 cm.gemm(tokens, m.hidden_size, ffn / plan.tp, plan.dtype))
 
 
@@ -69,21 +59,21 @@ def _attention_block(cm: CostModel, m: ModelSpec, plan: Plan, tokens: float) -> 
     t, dt = plan.tp, plan.dtype
     qkv = cm.gemm(tokens, (m.q_dim + 2 * m.kv_dim) / t, m.hidden_size, dt)
     proj = cm.gemm(tokens, m.hidden_size, m.q_dim / t, dt)
-    rope = cm.elementwise("rope", tokens, (m.q_dim + m.kv_dim) / t, act_dtype(plan)) \
+    rope = cm.elementwise("rope", tokens, (m.q_dim + m.kv_dim) / t, plan.activation_dtype) \
         if m.position_embedding == "rope" else (0.0, 0.0)
     return _add(qkv, proj, rope)
 
 
 def _attention_core(cm: CostModel, m: ModelSpec, plan: Plan) -> Cost:
     return cm.attention(m.num_heads / plan.tp * plan.micro_batch_size, plan.seq_len / plan.cp,
-                        plan.seq_len, m.head_size, act_dtype(plan), plan.attention == "flash",
+                        plan.seq_len, m.head_size, plan.activation_dtype, plan.attention == "flash",
                         m.dropout)
 
 
 def _pointwise(cm: CostModel, m: ModelSpec, plan: Plan, tokens: float) -> Cost:
     """Two norms, two residual adds and (if the model has them) two dropouts."""
     local = tokens / (plan.tp if plan.sequence_parallel else 1)
-    dt, h = act_dtype(plan), m.hidden_size
+    dt, h = plan.activation_dtype, m.hidden_size
     parts = [cm.elementwise(m.norm, local, h, dt), cm.elementwise("residual", local, h, dt)]
     if m.dropout:
         parts.append(cm.elementwise("dropout", local, h, dt))
@@ -92,7 +82,7 @@ def _pointwise(cm: CostModel, m: ModelSpec, plan: Plan, tokens: float) -> Cost:
 
 def layer_time(cm: CostModel, m: ModelSpec, plan: Plan, moe: bool = False) -> LayerTime:
     """Forward and backward seconds of one layer for one micro-batch on one rank."""
-    tokens = _tokens(plan)
+    tokens = plan.local_tokens
     mlp = _moe(cm, m, plan, tokens) if moe else _mlp(cm, m, plan, tokens, m.ffn_hidden_size)
     core = _attention_core(cm, m, plan)
     rest = _add(_attention_block(cm, m, plan, tokens), mlp, _pointwise(cm, m, plan, tokens))
@@ -101,17 +91,17 @@ def layer_time(cm: CostModel, m: ModelSpec, plan: Plan, moe: bool = False) -> La
 
 def logits_time(cm: CostModel, m: ModelSpec, plan: Plan) -> float:
     """Forward + backward of the final norm, output projection and cross-entropy loss."""
-    tokens = _tokens(plan)
+    tokens = plan.local_tokens
     local = tokens / (plan.tp if plan.sequence_parallel else 1)
-    parts = _add(cm.elementwise(m.norm, local, m.hidden_size, act_dtype(plan)),
+    parts = _add(cm.elementwise(m.norm, local, m.hidden_size, plan.activation_dtype),
                  cm.gemm(tokens, m.vocab_size / plan.tp, m.hidden_size, plan.dtype),
-                 cm.elementwise("loss", tokens, m.vocab_size / plan.tp, act_dtype(plan)))
+                 cm.elementwise("loss", tokens, m.vocab_size / plan.tp, plan.activation_dtype))
     return parts[0] + parts[1]
 
 
 def embedding_time(cm: CostModel, m: ModelSpec, plan: Plan) -> float:
     """Forward + backward of the input embedding lookup."""
-    fwd, bwd = cm.embedding(_tokens(plan), m.hidden_size, m.vocab_size, act_dtype(plan))
+    fwd, bwd = cm.embedding(plan.local_tokens, m.hidden_size, m.vocab_size, plan.activation_dtype)
     return fwd + bwd
 
 

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import csv
 import math
+import platform
+import re
 from dataclasses import dataclass, fields
 from functools import cache
 from importlib import resources
 
 from sim.errors import SpecError
 
-__all__ = ["HardwareSpec", "DTYPES", "catalog", "get_hardware", "catalog_sources"]
+__all__ = ["HardwareSpec", "DTYPES", "catalog", "get_hardware", "catalog_sources",
+           "host_cpu_model", "cpu_device_name"]
 
 DTYPES = ("bf16", "fp16", "fp8", "fp32")
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "fp32": 4}
@@ -37,7 +40,8 @@ class HardwareSpec:
     gemm_dim_half: float  # GEMM dimension at which that fraction halves (per dimension)
     hbm_eff: float  # achievable fraction of HBM bandwidth
     attention_eff: float  # fused (flash) attention fraction of peak
-    comm_eff: float  # NCCL bus bandwidth / link bandwidth for large messages
+    comm_eff: float  # ring bus bandwidth / link bandwidth for large messages
+    nvls_eff: float  # NVLS (in-switch) all-reduce bus bandwidth / link bandwidth; 0: none
     reserved_gib: float  # memory taken by runtime, communication buffers, fragmentation
 
     def peak_tflops(self, dtype: str) -> float:
@@ -80,3 +84,22 @@ def get_hardware(name: str) -> HardwareSpec:
     if name not in cat:
         raise SpecError("gpu", f"unknown device {name!r} (catalog: {', '.join(sorted(cat))})")
     return cat[name]
+
+
+def host_cpu_model() -> str:
+    """This host's CPU model name (``/proc/cpuinfo``, else ``platform.processor()``)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def cpu_device_name(model: str | None = None) -> str:
+    """Profile-DB device name of a CPU: ``cpu-`` and a slug of its model name,
+    e.g. ``cpu_device_name("AMD EPYC") == "cpu-amd-epyc"``."""
+    slug = re.sub(r"[^a-z0-9]+", "-", (model or host_cpu_model()).lower()).strip("-")
+    return f"cpu-{slug or 'unknown'}"

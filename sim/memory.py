@@ -23,7 +23,8 @@ from sim.plan import Plan
 from sim.stages import StageLayers, pipeline_rank_layers
 
 __all__ = ["MemoryBreakdown", "layer_activation_bytes", "model_state_bytes_per_param",
-           "rank_memory", "rank_params", "peak_memory", "inflight_microbatches", "GIB"]
+           "rank_memory", "rank_params", "layer_rank_params", "peak_memory",
+           "inflight_microbatches", "GIB"]
 
 GIB = 1024**3
 
@@ -59,10 +60,6 @@ def model_state_bytes_per_param(dtype: str, zero_stage: int, shards: int
     return w, g, k
 
 
-def _act_bytes(plan: Plan) -> int:
-    return 4 if plan.dtype == "fp32" else 2
-
-
 def _attention_core_bytes(m: ModelSpec, plan: Plan, s: float, b: int) -> float:
     """What attention itself keeps: the s x s scores unless fused or recomputed."""
     heads = m.num_heads / plan.tp
@@ -82,14 +79,13 @@ def _mlp_inner_elems(m: ModelSpec, ffn: int) -> int:
 def layer_activation_bytes(m: ModelSpec, plan: Plan, moe: bool = False) -> float:
     """Bytes one layer keeps for backward, per micro-batch, on one rank (no recompute
     other than ``selective``; see :func:`_stored_layer_bytes` for ``full``)."""
-    s = plan.seq_len / plan.cp
+    s = plan.seq_len // plan.cp
     b = plan.micro_batch_size
     t = plan.tp
-    e = _act_bytes(plan)
+    e = plan.activation_bytes
     sbh = s * b * m.hidden_size
-    replicated = 4 * sbh * e + (2 * sbh if m.dropout else 0)  # norms, QKV/MLP inputs, masks
-    if plan.sequence_parallel:
-        replicated /= t
+    replicated = (4 * sbh * e + (2 * sbh if m.dropout else 0)  # norms, QKV/MLP inputs, masks
+                  ) / (t if plan.sequence_parallel else 1)
     tensors = 2 * m.q_dim + 2 * m.kv_dim  # Q, K, V and the output-projection input
     if moe:
         tensors += m.top_k * (_mlp_inner_elems(m, m.expert_ffn) + m.hidden_size)
@@ -102,34 +98,43 @@ def layer_activation_bytes(m: ModelSpec, plan: Plan, moe: bool = False) -> float
 
 def _stored_layer_bytes(m: ModelSpec, plan: Plan, moe: bool) -> float:
     if plan.recompute == "full":  # only the layer input is kept
-        sbh = plan.seq_len / plan.cp * plan.micro_batch_size * m.hidden_size
-        return _act_bytes(plan) * sbh / (plan.tp if plan.sequence_parallel else 1)
+        sbh = plan.local_tokens * m.hidden_size
+        return plan.activation_bytes * sbh / (plan.tp if plan.sequence_parallel else 1)
     return layer_activation_bytes(m, plan, moe)
 
 
 def inflight_microbatches(plan: Plan, rank: int) -> float:
-    """Micro-batches whose activations pipeline rank ``rank`` holds at its peak."""
+    """Micro-batches whose activations pipeline rank ``rank`` holds at its peak: all of
+    them under GPipe, ``pp - rank`` under 1F1B, Megatron-LM's warm-up count of virtual
+    chunks (in whole micro-batches through this rank's layers) when interleaved."""
     m = plan.num_microbatches
-    if plan.schedule == "gpipe" or plan.pp == 1:
-        return float(m) if plan.schedule == "gpipe" else 1.0
+    if plan.schedule == "gpipe":
+        return float(m)
     if plan.schedule == "1f1b":
         return float(min(plan.pp - rank, m))
     chunks = min(2 * (plan.pp - rank - 1) + (plan.vpp - 1) * plan.pp + 1, m * plan.vpp)
-    return chunks / plan.vpp  # in units of whole micro-batches through this rank's layers
+    return chunks / plan.vpp
+
+
+def layer_rank_params(m: ModelSpec, plan: Plan, moe: bool) -> tuple[float, float]:
+    """(dense, expert) parameters of one layer on one rank: matrices split over TP, norms
+    replicated, experts split over EP (and TP), router and shared-expert gate replicated."""
+    norms = layer_params(m) - attention_params(m) - mlp_params(m, m.ffn_hidden_size)
+    if not moe:
+        return (layer_params(m) - norms) / plan.tp + norms, 0.0
+    shared = m.shared_expert_ffn_hidden_size
+    shared_params = mlp_params(m, shared) / plan.tp + m.hidden_size if shared else 0.0
+    dense = attention_params(m) / plan.tp + shared_params + norms + m.hidden_size * m.num_experts
+    return dense, m.num_experts / plan.ep * mlp_params(m, m.expert_ffn) / plan.tp
 
 
 def rank_params(m: ModelSpec, plan: Plan, st: StageLayers) -> tuple[float, float]:
-    """(dense, expert) parameters on one rank; dense ones are sharded by ZeRO over dp,
-    expert ones over dp/ep."""
-    norms = layer_params(m) - attention_params(m) - mlp_params(m, m.ffn_hidden_size)
-    dense = st.dense * ((layer_params(m) - norms) / plan.tp + norms)
-    expert = 0.0
-    if st.moe:
-        shared = mlp_params(m, m.shared_expert_ffn_hidden_size) if \
-            m.shared_expert_ffn_hidden_size else 0
-        dense += st.moe * ((attention_params(m) + shared) / plan.tp + norms
-                           + m.hidden_size * m.num_experts)
-        expert = st.moe * m.num_experts / plan.ep * mlp_params(m, m.expert_ffn) / plan.tp
+    """(dense, expert) parameters on one rank; ZeRO shards dense ones over dp*cp ranks,
+    expert ones over (dp/ep)*cp."""
+    d_dense, _ = layer_rank_params(m, plan, False)
+    m_dense, m_expert = layer_rank_params(m, plan, True) if st.moe else (0.0, 0.0)
+    dense = st.dense * d_dense + st.moe * m_dense
+    expert = st.moe * m_expert
     vh = m.vocab_size * m.hidden_size / plan.tp
     if st.first:
         dense += vh + (m.max_seq_len * m.hidden_size if m.position_embedding == "learned" else 0)
@@ -139,22 +144,22 @@ def rank_params(m: ModelSpec, plan: Plan, st: StageLayers) -> tuple[float, float
 
 
 def _transient_bytes(m: ModelSpec, plan: Plan, st: StageLayers) -> float:
-    tokens = plan.seq_len / plan.cp * plan.micro_batch_size
+    tokens = plan.local_tokens
     out = 0.0
     if st.last:
         out += 6.0 * tokens * m.vocab_size / plan.tp  # logits in dtype and fp32 for the loss
     if plan.recompute == "full":
         out += layer_activation_bytes(m, plan, moe=st.moe > 0)
     if plan.zero_stage == 3:  # the current and the prefetched layer, gathered
-        out += 2 * 2 * layer_params(m, moe=st.moe > 0) / plan.tp
+        out += 2 * plan.activation_bytes * sum(layer_rank_params(m, plan, st.moe > 0))
     return out
 
 
 def rank_memory(m: ModelSpec, plan: Plan, st: StageLayers, rank: int, reserved_gib: float
                 ) -> MemoryBreakdown:
     dense, expert = rank_params(m, plan, st)
-    wd, gd, od = model_state_bytes_per_param(plan.dtype, plan.zero_stage, plan.dp)
-    we, ge, oe = model_state_bytes_per_param(plan.dtype, plan.zero_stage, plan.dp // plan.ep)
+    wd, gd, od = model_state_bytes_per_param(plan.dtype, plan.zero_stage, plan.dense_replicas)
+    we, ge, oe = model_state_bytes_per_param(plan.dtype, plan.zero_stage, plan.expert_replicas)
     per_mb = (st.dense * _stored_layer_bytes(m, plan, False)
               + st.moe * _stored_layer_bytes(m, plan, True))
     acts = per_mb * inflight_microbatches(plan, rank)

@@ -8,7 +8,9 @@ outer ``dp`` dimension, while expert weights are reduced over ``edp`` (the outer
 
 from __future__ import annotations
 
+import functools
 import itertools
+from collections import Counter
 from dataclasses import dataclass
 
 from sim.cluster import ClusterSpec
@@ -53,27 +55,60 @@ def _ranks(plan: Plan, dims: tuple[str, ...], base: int) -> list[int]:
     return [base + sum(c) for c in itertools.product(*ranges)]
 
 
-def _span(devices: list[int], cluster: ClusterSpec) -> GroupSpan:
-    per_node: dict[int, int] = {}
-    for d in devices:
-        per_node[d // cluster.gpus_per_node] = per_node.get(d // cluster.gpus_per_node, 0) + 1
-    pods = {d // cluster.pod_size for d in devices}
-    return GroupSpan(len(devices), max(per_node.values()), len(per_node), len(pods) > 1)
+def _span(devices: list[int], gpus_per_node: int, pod_size: int) -> GroupSpan:
+    per_node = Counter(d // gpus_per_node for d in devices)
+    cross_pod = min(devices) // pod_size != max(devices) // pod_size
+    return GroupSpan(len(devices), max(per_node.values()), len(per_node), cross_pod)
 
 
-def _bases(plan: Plan, dims: tuple[str, ...]) -> list[int]:
-    others = tuple(d for d in DIMS if d not in dims)
-    return _ranks(plan, others, 0)
+def _others(dims: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(d for d in DIMS if d not in dims)
+
+
+def _residues(plan: Plan, dims: tuple[str, ...], modulus: int) -> set[int]:
+    """First ranks of all groups spanning ``dims``, modulo ``modulus`` (a sum-set, so it
+    costs at most ``modulus`` per dimension instead of one entry per group)."""
+    sizes, strides = dim_sizes(plan), _strides(plan)
+    out = {0}
+    for d in _others(dims):
+        steps = {c * strides[d] % modulus for c in range(min(sizes[d], modulus))}
+        out = {(a + b) % modulus for a in out for b in steps}
+    return out
+
+
+def _worst(spans: list[GroupSpan]) -> GroupSpan:
+    return max(spans, key=lambda s: (s.cross_pod, s.nodes, -s.per_node))
+
+
+def _order_span(plan: Plan, dims: tuple[str, ...], g: int, pod: int, world: int
+                ) -> GroupSpan:
+    """With a rank order, groups differ only by their first rank ``b``, and how a group
+    falls on nodes depends only on ``b mod gpus_per_node``."""
+    offsets = _ranks(plan, dims, 0)
+    worst = _worst([_span([r + o for o in offsets], g, pod)
+                    for r in sorted(_residues(plan, dims, g))])
+    cross = pod < world and max(_residues(plan, dims, pod)) + offsets[-1] >= pod
+    return GroupSpan(worst.size, worst.per_node, worst.nodes, cross)
 
 
 def group_span(plan: Plan, cluster: ClusterSpec, group: str) -> GroupSpan:
-    """Span of the ``group`` groups. With a rank-order placement all groups of a kind are
-    alike up to translation, so group 0 is measured; with an explicit rank table every group
-    is measured and the one over the most nodes (fewest per node) is returned."""
-    dims = tuple(d for d in GROUP_DIMS[group] if dim_sizes(plan)[d] > 1) or ("tp",)[:0]
+    """The worst-placed group of kind ``group`` (most nodes, then fewest ranks per node).
+    An explicit rank table is checked group by group. Memoised on what it depends on, since
+    a search evaluates many plans with the same degrees and placement."""
+    layout = (plan.dp, plan.tp, plan.pp, plan.cp, plan.ep, plan.placement)
+    return _group_span(layout, cluster.gpus_per_node, cluster.pod_size, cluster.world_size,
+                       group)
+
+
+@functools.lru_cache(maxsize=4096)
+def _group_span(layout: tuple, gpus_per_node: int, pod_size: int, world_size: int, group: str
+                ) -> GroupSpan:
+    dp, tp, pp, cp, ep, placement = layout  # what placement depends on, as a Plan
+    plan = Plan(global_batch_size=dp, seq_len=2 * cp, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep,
+                placement=placement)
+    dims = tuple(d for d in GROUP_DIMS[group] if dim_sizes(plan)[d] > 1)
     if isinstance(plan.placement, str):
-        return _span(_ranks(plan, dims, 0), cluster)
+        return _order_span(plan, dims, gpus_per_node, pod_size, world_size)
     table = plan.placement
-    spans = [_span([table[r] for r in _ranks(plan, dims, b)], cluster)
-             for b in _bases(plan, dims)]
-    return max(spans, key=lambda s: (s.cross_pod, s.nodes, -s.per_node))
+    return _worst([_span([table[r] for r in _ranks(plan, dims, b)], gpus_per_node, pod_size)
+                   for b in _ranks(plan, _others(dims), 0)])

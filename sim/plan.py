@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sim.errors import SpecError, field_name
+from sim.flops import RECOMPUTE_MODES as RECOMPUTE
+from sim.hardware import DTYPE_BYTES, DTYPES
 
 if TYPE_CHECKING:
     from sim.cluster import ClusterSpec
@@ -22,13 +24,13 @@ __all__ = ["Plan", "validate", "load_plan", "save_plan", "SCHEMA_VERSION", "DEFA
 
 SCHEMA_VERSION = 1
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
-RECOMPUTE = ("none", "selective", "full")
-DTYPES = ("bf16", "fp16", "fp8", "fp32")
 ATTENTION = ("flash", "standard")
 DIMS = ("tp", "cp", "ep", "dp", "pp")
-GROUPS = ("tp", "cp", "ep", "dp", "pp")
-ALGORITHMS = ("auto", "ring", "tree", "hierarchical", "halving-doubling", "direct", "pairwise",
-              "nvls")
+_REDUCTIONS = ("auto", "ring", "tree", "hierarchical", "halving-doubling", "nvls")
+# Algorithms a group may be given: TP and DP reduce and gather, EP exchanges all-to-all,
+# PP and CP only send/receive between neighbours (nothing to choose).
+ALGORITHMS = {"tp": _REDUCTIONS, "dp": _REDUCTIONS, "ep": ("auto", "direct", "pairwise"),
+              "pp": ("auto",), "cp": ("auto",)}
 DEFAULT_PLACEMENT = "tp-cp-ep-dp-pp"  # innermost (fastest-varying rank) first, as Megatron-LM
 
 
@@ -71,6 +73,30 @@ class Plan:
     @property
     def num_microbatches(self) -> int:
         return self.global_batch_size // (self.dp * self.micro_batch_size)
+
+    @property
+    def activation_dtype(self) -> str:
+        """Activations (and attention) stay in 16 bits under fp8 training."""
+        return "fp32" if self.dtype == "fp32" else "bf16"
+
+    @property
+    def activation_bytes(self) -> int:
+        return DTYPE_BYTES[self.activation_dtype]
+
+    @property
+    def local_tokens(self) -> int:
+        """Tokens of one micro-batch on one context-parallel rank."""
+        return self.seq_len // self.cp * self.micro_batch_size
+
+    @property
+    def dense_replicas(self) -> int:
+        """Ranks holding the same dense weight shard (ZeRO shards over these): dp*cp."""
+        return self.dp * self.cp
+
+    @property
+    def expert_replicas(self) -> int:
+        """Ranks holding the same expert weight shard: (dp/ep)*cp."""
+        return self.dp // self.ep * self.cp
 
     @property
     def placement_order(self) -> tuple[str, ...]:
@@ -162,12 +188,12 @@ def _check_fields(plan: Plan) -> None:
                         "group's activations)")
     _check_lists(plan)
     for group, algo in plan.collectives:
-        if group not in GROUPS:
+        if group not in ALGORITHMS:
             raise SpecError("plan.collectives", f"unknown group {group!r} (groups: "
-                            f"{', '.join(GROUPS)})")
-        if algo not in ALGORITHMS:
-            raise SpecError(f"plan.collectives.{group}", f"unknown algorithm {algo!r} "
-                            f"(known: {', '.join(ALGORITHMS)})")
+                            f"{', '.join(ALGORITHMS)})")
+        if algo not in ALGORITHMS[group]:
+            raise SpecError(f"plan.collectives.{group}", f"{algo!r} is not an algorithm for "
+                            f"this group (choose from: {', '.join(ALGORITHMS[group])})")
 
 
 def _check_lists(plan: Plan) -> None:
@@ -242,6 +268,9 @@ def _check_model(plan: Plan, m: ModelSpec) -> None:
     if m.is_moe and m.num_experts % plan.ep:
         raise SpecError("plan.ep", f"must divide model.num_experts: {m.num_experts} % {plan.ep} "
                         f"= {m.num_experts % plan.ep} != 0")
+    if plan.ep > 1 and plan.tp > 1 and not plan.sequence_parallel:
+        raise SpecError("plan.sequence_parallel", "must be true when ep > 1 and tp > 1 "
+                        "(Megatron-LM's rule for expert with tensor parallelism)")
     if m.position_embedding == "learned" and plan.seq_len > m.max_seq_len:
         raise SpecError("plan.seq_len", f"{plan.seq_len} exceeds the model's learned position "
                         f"table of {m.max_seq_len}")
@@ -255,8 +284,7 @@ def _check_layers(plan: Plan, m: ModelSpec) -> None:
             raise SpecError("plan.pp", f"pp*vpp = {plan.pp}*{plan.vpp} = {stages} must divide "
                             f"model.num_layers = {m.num_layers} (or give layers_per_stage)")
         return
-    if len(lps) != stages or any(isinstance(n, bool) or not isinstance(n, int) or n < 1
-                                 for n in lps):
+    if len(lps) != stages:
         raise SpecError("plan.layers_per_stage", f"must list pp*vpp = {stages} positive "
                         f"integers, got {list(lps)}")
     if sum(lps) != m.num_layers:
@@ -269,6 +297,10 @@ def _check_cluster(plan: Plan, c: ClusterSpec) -> None:
         raise SpecError("plan.dp*tp*pp*cp", f"{plan.dp}*{plan.tp}*{plan.pp}*{plan.cp} = "
                         f"{plan.world_size} != {c.world_size} GPUs of cluster {c.name!r}")
     c.gpu.peak_tflops(plan.dtype)  # raises for a dtype the device lacks
+    nvls = [g for g, a in plan.collectives if a == "nvls"]
+    if nvls and (c.intra_node.kind != "nvswitch" or not c.gpu.nvls_eff):
+        raise SpecError(f"plan.collectives.{nvls[0]}", f"nvls needs NVSwitch in-switch "
+                        f"reduction, which {c.gpu.name} on {c.intra_node.kind} does not have")
 
 
 # Files ------------------------------------------------------------------------------------

@@ -16,7 +16,6 @@ class StageLayers:
 
     dense: int
     moe: int
-    chunks: int  # virtual pipeline chunks (vpp)
     first: bool  # holds the input embedding
     last: bool  # holds the output layer and loss
 
@@ -51,5 +50,5 @@ def pipeline_rank_layers(plan: Plan, model: ModelSpec) -> list[StageLayers]:
             else:
                 dense[k % plan.pp] += 1
         start += n
-    return [StageLayers(dense[r], moe[r], plan.vpp, r == 0, r == plan.pp - 1)
+    return [StageLayers(dense[r], moe[r], r == 0, r == plan.pp - 1)
             for r in range(plan.pp)]

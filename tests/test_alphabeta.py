@@ -63,10 +63,42 @@ def test_trivial_groups_cost_nothing():
 
 
 def test_default_algorithms():
-    assert default_algorithm("all_reduce", GroupSpan(8, 8, 1, False), GIB) == "ring"
-    assert default_algorithm("all_reduce", GroupSpan(16, 8, 2, False), GIB) == "hierarchical"
-    assert default_algorithm("all_reduce", GroupSpan(16, 1, 16, False), 1024) == "tree"
-    assert default_algorithm("all_to_all", GroupSpan(16, 1, 16, False), GIB) == "direct"
+    assert default_algorithm("all_reduce", fab(8, 8, 1), GIB) == "ring"  # A100: no NVLS
+    assert default_algorithm("all_reduce", fab(16, 8, 2), GIB) == "hierarchical"
+    assert default_algorithm("all_reduce", fab(16, 1, 16), 1024) == "tree"
+    assert default_algorithm("all_to_all", fab(16, 1, 16), GIB) == "direct"
+    h100 = fabric_for(load_cluster("dgx-h100:1"), GroupSpan(8, 8, 1, False))
+    assert default_algorithm("all_reduce", h100, GIB) == "nvls"
+    assert default_algorithm("all_gather", h100, GIB) == "ring"
+
+
+def test_nvls_all_reduce():
+    f = fabric_for(load_cluster("dgx-h100:1"), GroupSpan(8, 8, 1, False))
+    assert collective_time("all_reduce", f, GIB, "nvls") == pytest.approx(
+        2 * 7 * 2e-6 + 2 * 7 / 8 * GIB / (450e9 * 1.06))
+    ring = collective_time("all_reduce", f, GIB, "ring")
+    assert ring == pytest.approx(2 * (7 * 2e-6 + 7 / 8 * GIB / (450e9 * 0.80)))
+
+
+def test_nvlink_mesh_uses_only_links_to_group_members():
+    import dataclasses
+
+    c = load_cluster("dgx-a100:1")
+    mesh = dataclasses.replace(c, intra_node=dataclasses.replace(c.intra_node,
+                                                                  kind="nvlink-mesh"))
+    two = fabric_for(mesh, GroupSpan(2, 2, 1, False))
+    eight = fabric_for(mesh, GroupSpan(8, 8, 1, False))
+    assert two.intra_Bps == pytest.approx(eight.intra_Bps / 7)
+
+
+def test_pcie_default_bandwidth(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('nodes = 1\ngpus_per_node = 8\ngpu = "a100-sxm4-80gb"\n'
+                    '[intra_node]\nkind = "pcie"\n')
+    c = load_cluster(str(path))
+    assert c.intra_GBps == 32.0
+    f = fabric_for(c, GroupSpan(8, 8, 1, False))
+    assert f.intra_Bps == pytest.approx(32e9 * 0.8) and f.nvls_Bps == 0
 
 
 def test_oversubscription_slows_cross_pod_groups():

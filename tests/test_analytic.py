@@ -57,12 +57,12 @@ def test_interleaving_shrinks_the_bubble():
 def test_pipeline_runs_at_the_slowest_stage():
     p = plan(layers_per_stage=(30, 22, 22, 22))
     costs = stage_costs(GPT3, A100_16, p, roofline_for(A100_16.gpu))
-    slowest = max(c.per_microbatch for c in costs)
-    assert costs[0].per_microbatch == slowest
+    slowest = max(c.per_microbatch_s for c in costs)
+    assert costs[0].per_microbatch_s == slowest
     r = simulate(GPT3, A100_16, p)
     m = p.num_microbatches
     assert r.breakdown["bubble"] == pytest.approx(
-        sum(c.per_microbatch for c in costs) - slowest)
+        sum(c.per_microbatch_s for c in costs) - slowest)
     assert r.iteration_time_s > m * slowest
 
 

@@ -107,7 +107,7 @@ BAD_PLANS = {
     "placement-table": ({"placement": [0, 1]}, [], ["plan.placement", "permutation"]),
     "collectives-string": ({"collectives": "ring"}, [], ["plan.collectives", "object"]),
     "collectives-algorithm": ({"collectives": {"tp": "warp"}}, [],
-                              ["plan.collectives.tp", "unknown algorithm", "'warp'"]),
+                              ["plan.collectives.tp", "not an algorithm", "'warp'"]),
     "gbs-not-multiple": ({"global_batch_size": 1000}, [],
                          ["plan.global_batch_size", "dp*micro_batch_size = 16*1 = 16"]),
     "ep-not-dividing-dp": ({"ep": 3}, [], ["plan.ep", "must divide dp", "16 % 3"]),

@@ -26,7 +26,7 @@ def test_gemm_efficiency_formula():
 
 
 def test_large_gemm_near_measured_cublas_rate():
-    # measured cuBLASLt FP16 8192^3 on A100: 253.7 TFLOP/s (shared/data microbenchmarks)
+    # measured cuBLASLt FP16 8192^3 on A100: 253.7 TFLOP/s (experiments/data microbenchmarks)
     t = RF.gemm(8192, 8192, 8192, "fp16")[0]
     assert 2 * 8192**3 / t / 1e12 == pytest.approx(253.7, rel=0.05)
 

@@ -27,7 +27,7 @@ def test_every_number_has_a_source():
 
 
 def test_values_match_shared_hardware_specs():
-    # shared/data/hardware_specs.csv: dense BF16, HBM GB/s, NVLink per direction
+    # experiments/data/hardware_specs.csv: dense BF16, HBM GB/s, NVLink per direction
     a, h, h2 = (get_hardware(n) for n in REQUIRED[:3])
     assert (a.bf16_tflops, a.hbm_GBps, a.nvlink_GBps) == (312, 2039, 300)
     assert (h.bf16_tflops, h.hbm_GBps, h.nvlink_GBps) == (989.4, 3350, 450)

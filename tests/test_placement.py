@@ -27,7 +27,7 @@ def test_dp_innermost_splits_tp_across_nodes():
 
 
 def test_expert_groups():
-    p = Plan(global_batch_size=64, seq_len=2048, dp=16, ep=4, tp=2, pp=4)
+    p = Plan(global_batch_size=64, seq_len=2048, dp=16, ep=4, tp=2, pp=4, sequence_parallel=True)
     assert group_span(p, C, "ep") == GroupSpan(4, 4, 1, False)  # stride 2 inside a node
     assert group_span(p, C, "dp").size == 16
     assert group_span(p, C, "edp") == GroupSpan(4, 1, 4, False)  # stride 8
@@ -77,3 +77,15 @@ def test_moe_layer_step_and_dense_layers():
 def test_trivial_groups(group):
     p = Plan(global_batch_size=8, seq_len=128)
     assert group_span(p, load_cluster("cpu:1"), group).size == 1
+
+
+def test_groups_that_do_not_align_with_nodes_are_found():
+    # 24 ranks, dp innermost: tp pairs are (r, r+3); the pair (6, 9) straddles nodes 0 and 1
+    c = load_cluster("dgx-a100:3")
+    p = Plan(global_batch_size=24, seq_len=2048, tp=2, dp=3, pp=4, placement="dp-tp-cp-ep-pp")
+    assert group_span(p, c, "tp") == GroupSpan(2, 1, 2, False)
+    table = tuple(range(24))  # the same layout as an explicit table agrees
+    explicit = Plan(global_batch_size=24, seq_len=2048, tp=2, dp=3, pp=4,
+                    placement=tuple(table[(r % 2) * 3 + (r // 2) % 3 + (r // 6) * 6]
+                                    for r in range(24)))
+    assert group_span(explicit, c, "tp") == GroupSpan(2, 1, 2, False)

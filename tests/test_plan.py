@@ -50,7 +50,9 @@ def test_world_size_error_shows_arithmetic():
     (dict(cp=3), "multiple of 2\\*cp = 6"),
     (dict(placement="tp-dp-pp"), "placement: must order each of"),
     (dict(placement=(0, 0)), "permutation"),
-    (dict(collectives=(("dp", "magic"),)), "unknown algorithm 'magic'"),
+    (dict(collectives=(("dp", "magic"),)), "'magic' is not an algorithm for this group"),
+    (dict(collectives=(("pp", "ring"),)), "choose from: auto"),
+    (dict(collectives=(("ep", "tree"),)), "choose from: auto, direct, pairwise"),
     (dict(collectives=(("xx", "ring"),)), "unknown group 'xx'"),
 ])
 def test_plan_rules(kw, match):
@@ -97,3 +99,18 @@ def test_load_plan_errors(tmp_path):
     (tmp_path / "bad.json").write_text("{nope")
     with pytest.raises(SpecError, match="not valid JSON"):
         load_plan(tmp_path / "bad.json")
+
+
+def test_expert_with_tensor_parallel_needs_sequence_parallel():
+    m = load_zoo("mixtral-8x7b")
+    with pytest.raises(SpecError, match="sequence_parallel: must be true when ep > 1"):
+        validate(Plan(global_batch_size=64, seq_len=4096, dp=8, ep=8, tp=2), m)
+    validate(Plan(global_batch_size=64, seq_len=4096, dp=8, ep=8, tp=2,
+                  sequence_parallel=True), m)
+
+
+def test_nvls_needs_hopper_nvswitch():
+    p = Plan(global_batch_size=64, seq_len=2048, dp=8, collectives=(("dp", "nvls"),))
+    validate(p, GPT3, load_cluster("dgx-h100:1"))
+    with pytest.raises(SpecError, match="nvls needs NVSwitch in-switch reduction"):
+        validate(p, GPT3, load_cluster("dgx-a100:1"))
