@@ -10,11 +10,12 @@ import dataclasses
 import math
 import tomllib
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from sim.errors import SpecError, field_name
-from sim.hardware import HardwareSpec, get_hardware
+from sim.hardware import HardwareSpec, cpu_device_name, get_hardware
 from sim.io import read_text
 
 __all__ = ["IntraNode", "InterNode", "ClusterSpec", "load_cluster", "preset_names",
@@ -156,11 +157,19 @@ def _preset(name: str) -> ClusterSpec:
     if kind == "cpu":
         return ClusterSpec(name, nodes=1, gpus_per_node=n, gpu=get_hardware("cpu"),
                            intra_node=IntraNode("loopback", None, 30.0),
-                           inter_node=InterNode(nic_Gbps=10.0, nics_per_node=1, latency_us=50.0))
+                           inter_node=InterNode(nic_Gbps=10.0, nics_per_node=1, latency_us=50.0),
+                           profile=shipped_cpu_profile())
     gpu, intra_lat, nic, nics = _DGX[kind]
     return ClusterSpec(name, nodes=n, gpus_per_node=8, gpu=get_hardware(gpu),
                        intra_node=IntraNode("nvswitch", None, intra_lat),
                        inter_node=InterNode("fat-tree", nic, nics, 1.0, 0, 2.0))
+
+
+def shipped_cpu_profile() -> str | None:
+    """The profile DB trainsim ships for this host's CPU model, if there is one
+    (``sim/data/profiles/cpu-<model>``); measured one thread per rank with gloo."""
+    folder = Path(str(resources.files("sim").joinpath("data", "profiles"))) / cpu_device_name()
+    return str(folder) if (folder / "meta.json").is_file() else None
 
 
 def _table(data: dict[str, Any], key: str, cls: type) -> Any:
@@ -178,7 +187,8 @@ def _table(data: dict[str, Any], key: str, cls: type) -> Any:
 _TOP_KEYS = {"name", "nodes", "gpus_per_node", "gpu", "intra_node", "inter_node", "profile"}
 
 
-def cluster_from_dict(data: dict[str, Any], name: str) -> ClusterSpec:
+def cluster_from_dict(data: dict[str, Any], name: str, base: Path | None = None) -> ClusterSpec:
+    """A cluster from a TOML table; a relative ``profile`` path is taken from ``base``."""
     unknown = sorted(set(data) - _TOP_KEYS)
     if unknown:
         raise SpecError(field_name(unknown[0]),
@@ -191,6 +201,8 @@ def cluster_from_dict(data: dict[str, Any], name: str) -> ClusterSpec:
     profile = data.get("profile")
     if profile is not None and not isinstance(profile, str):
         raise SpecError("profile", f"must be a path string, got {profile!r}")
+    if profile is not None and base is not None and not Path(profile).is_absolute():
+        profile = str(base / profile)
     return ClusterSpec(str(data.get("name", name)), data["nodes"], data["gpus_per_node"],
                        get_hardware(data["gpu"]), _table(data, "intra_node", IntraNode),
                        _table(data, "inter_node", InterNode), profile)
@@ -204,5 +216,5 @@ def load_cluster(ref: str) -> ClusterSpec:
             data = tomllib.loads(read_text(path, "cluster"))
         except tomllib.TOMLDecodeError as exc:
             raise SpecError(f"cluster[{path.name}]", f"not valid TOML: {exc}") from None
-        return cluster_from_dict(data, path.stem)
+        return cluster_from_dict(data, path.stem, path.parent)
     return _preset(ref)

@@ -27,10 +27,21 @@ def read_text(path: Path, what: str) -> str:
         raise SpecError(what, f"cannot read {path}: {exc.strerror}") from None
 
 
+def _file_mode() -> int:
+    """What ``open()`` would give a new file under the current umask (mkstemp gives 0600)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+_MODE = _file_mode()
+
+
 def _stage(path: Path, text: str) -> str:
     """Write ``text`` to a fsynced temporary file beside ``path``; return its name."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
+        os.fchmod(fd, _MODE)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()

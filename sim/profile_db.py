@@ -10,7 +10,8 @@ each holding ``meta.json`` and CSV tables with units in their column names:
 * ``comm.csv``: one row per (collective, backend, fabric, group_size, size_bytes) with
   ``time_median_s`` and nccl-tests style ``algbw_GBps`` and ``busbw_GBps``.
 * ``comm_fit.csv``: ``alpha_s, beta_s_per_byte`` per (collective, backend, fabric,
-  group_size), fitted to the measured points of at least ``min_size_bytes``.
+  group_size) and size range ``min_size_bytes``..``max_size_bytes`` (piecewise: transports
+  change protocol with message size), fitted to ``comm.csv``.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from pathlib import Path
 from sim.errors import SpecError
 from sim.io import read_text
 
-__all__ = ["ProfileDB", "load_profile_db", "resolve_device_dir", "COMPUTE_COLUMNS",
-           "COMM_COLUMNS", "FIT_COLUMNS", "SHAPE_DIMS"]
+__all__ = ["ProfileDB", "load_profile_db", "resolve_device_dir", "segment_time",
+           "COMPUTE_COLUMNS", "COMM_COLUMNS", "FIT_COLUMNS", "SHAPE_DIMS"]
 
 COMPUTE_COLUMNS = ["op", "variant", "dtype", "grid", "m", "n", "k", "fwd_median_s",
                    "fwd_p10_s", "fwd_p90_s", "bwd_median_s", "bwd_p10_s", "bwd_p90_s",
@@ -32,8 +33,8 @@ COMPUTE_COLUMNS = ["op", "variant", "dtype", "grid", "m", "n", "k", "fwd_median_
 COMM_COLUMNS = ["collective", "backend", "fabric", "group_size", "size_bytes",
                 "time_median_s", "time_p10_s", "time_p90_s", "algbw_GBps", "busbw_GBps",
                 "repeats"]
-FIT_COLUMNS = ["collective", "backend", "fabric", "group_size", "alpha_s", "beta_s_per_byte",
-               "min_size_bytes", "points", "max_rel_error"]
+FIT_COLUMNS = ["collective", "backend", "fabric", "group_size", "min_size_bytes",
+               "max_size_bytes", "alpha_s", "beta_s_per_byte", "points", "max_rel_error"]
 # How many of (m, n, k) each op uses.
 SHAPE_DIMS = {"gemm": 3, "attention": 3, "embedding": 3, "optimizer": 1}
 
@@ -49,8 +50,8 @@ class ProfileDB:
     meta: dict
     compute: dict[Key, dict[str, dict[Point, tuple[float, float]]]] = field(
         default_factory=dict)  # key -> grid -> shape -> (fwd_s, bwd_s)
-    comm_fit: dict[tuple[str, str, int], tuple[float, float]] = field(
-        default_factory=dict)  # (collective, fabric, group_size) -> (alpha_s, beta_s/B)
+    comm_fit: dict[tuple[str, str, int], list[tuple[float, float, float]]] = field(
+        default_factory=dict)  # (collective, fabric, group_size) -> [(min B, alpha, beta)]
 
     @property
     def device(self) -> str:
@@ -97,6 +98,20 @@ def load_profile_db(path: str | Path, device_hint: str) -> ProfileDB:
         grid = db.compute.setdefault(key, {}).setdefault(row["grid"], {})
         grid[_shape(row)] = (float(row["fwd_median_s"]), float(row["bwd_median_s"] or 0.0))
     for row in _rows(folder / "comm_fit.csv", FIT_COLUMNS):
-        db.comm_fit[(row["collective"], row["fabric"], int(row["group_size"]))] = (
-            float(row["alpha_s"]), float(row["beta_s_per_byte"]))
+        coll = (row["collective"], row["fabric"], int(row["group_size"]))
+        db.comm_fit.setdefault(coll, []).append((float(row["min_size_bytes"]),
+                                                float(row["alpha_s"]),
+                                                float(row["beta_s_per_byte"])))
+    for segments in db.comm_fit.values():
+        segments.sort()
     return db
+
+
+def segment_time(segments: list[tuple[float, float, float]], size_bytes: float) -> float:
+    """alpha + beta * size on the size range holding ``size_bytes`` (the first range below
+    the smallest, the last above the largest)."""
+    chosen = segments[0]
+    for seg in segments:
+        if seg[0] <= size_bytes:
+            chosen = seg
+    return chosen[1] + chosen[2] * size_bytes

@@ -17,8 +17,15 @@ from functools import cache
 from pathlib import Path
 
 from sim.costmodel import Cost, Roofline, op_bytes, op_flops, roofline_for
-from sim.hardware import HardwareSpec
-from sim.profile_db import Key, Point, ProfileDB, load_profile_db, resolve_device_dir
+from sim.hardware import HardwareSpec, cpu_device_name
+from sim.profile_db import (
+    Key,
+    Point,
+    ProfileDB,
+    load_profile_db,
+    resolve_device_dir,
+    segment_time,
+)
 
 __all__ = ["Profiled", "load_cost_model", "interpolate", "fit_roofline"]
 
@@ -158,22 +165,24 @@ class Profiled:
     def collective(self, kind: str, group_size: int, inter_node: bool, size_bytes: float
                    ) -> float | None:
         fabric = "inter" if inter_node else "intra"
-        fit = self.db.comm_fit.get((kind, fabric, group_size))
-        if fit is None:
+        segments = self.db.comm_fit.get((kind, fabric, group_size))
+        if segments is None:
             self._extrapolated.add(f"{kind} x{group_size} {fabric}: no profile fit, link model")
             return None
-        return fit[0] + fit[1] * size_bytes
+        return segment_time(segments, size_bytes)
 
 
 @cache
 def _load(folder: Path, stamp: tuple[float, ...], hw: HardwareSpec) -> tuple[ProfileDB, Roofline]:
-    db = load_profile_db(folder, hw.name)
+    db = load_profile_db(folder, folder.name)
     return db, fit_roofline(db, hw)
 
 
 def load_cost_model(path: str | Path, hw: HardwareSpec) -> Profiled:
-    """A fresh cost model (its own extrapolation log) over a cached DB."""
-    folder = resolve_device_dir(path, hw.name).resolve()
+    """A fresh cost model (its own extrapolation log) over a cached DB. In a DB root the
+    device folder is the catalog name, or ``cpu-<model>`` of this host for ``cpu``."""
+    hint = cpu_device_name() if hw.name == "cpu" else hw.name
+    folder = resolve_device_dir(path, hint).resolve()
     stamp = tuple(f.stat().st_mtime for f in sorted(folder.glob("*")) if f.is_file())
     db, fallback = _load(folder, stamp, hw)
     return Profiled(db, fallback)

@@ -28,6 +28,9 @@ def format_result(r: Result) -> str:
     ]
     lines += [f"    {k:<10} {r.breakdown[k]:10.4g} s  {_pct(r.breakdown[k], it)}"
               for k in BREAKDOWN_KINDS if r.breakdown.get(k)]
+    if r.extrapolated:
+        lines.append(f"  {len(r.extrapolated)} operations outside the profile, timed by its "
+                     f"fitted roofline (see --json 'extrapolated')")
     lines += [f"  warning: {w}" for w in r.warnings]
     return "\n".join(lines)
 

@@ -572,8 +572,9 @@ def test_version(capsys):
 # Every option each (sub)command must document; kept by hand so that dropping or hiding an
 # option fails here, and checked against the parser so that a new one must be added.
 HELP_OPTIONS: dict[tuple[str, ...], list[str]] = {
-    (): ["--version", "simulate", "plan", "models", "hardware", "cluster", "demo"],
-    ("simulate",): ["--model", "--cluster", "--plan", "--fidelity", "--json", "--out"],
+    (): ["--version", "simulate", "plan", "models", "hardware", "cluster", "demo", "profile"],
+    ("simulate",): ["--model", "--cluster", "--plan", "--fidelity", "--profile", "--json",
+                    "--out"],
     ("plan",): ["new", "check"],
     ("plan", "new"): ["--global-batch-size", "--seq-len", "--micro-batch-size", "--dp", "--tp",
                       "--pp", "--cp", "--ep", "--vpp", "--zero-stage", "--schedule",
@@ -584,6 +585,13 @@ HELP_OPTIONS: dict[tuple[str, ...], list[str]] = {
     ("hardware",): ["--sources"],
     ("cluster",): ["--cluster", "--json"],
     ("demo",): ["--out"],
+    ("profile",): ["compute", "comm", "show", "import-trace"],
+    ("profile", "compute"): ["--model", "--device", "--threads", "--dtype", "--tp",
+                             "--micro-batch", "--seq-len", "--db", "--force"],
+    ("profile", "comm"): ["--nproc", "--collectives", "--min-bytes", "--max-bytes", "--rounds",
+                          "--timeout", "--db"],
+    ("profile", "show"): ["--db"],
+    ("profile", "import-trace"): ["trace", "--top", "--json"],
 }
 
 

@@ -47,10 +47,14 @@ def _write_run(out: Path, result: Any, model: Any, cluster: Any, plan: Any) -> N
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    import dataclasses
+
     from sim import load_cluster, load_model, load_plan, simulate
     from sim.report import format_result
 
     model, cluster = load_model(args.model), load_cluster(args.cluster)
+    if args.profile:
+        cluster = dataclasses.replace(cluster, profile=args.profile)
     plan = load_plan(args.plan)
     result = simulate(model, cluster, plan, fidelity=args.fidelity)
     if args.out:
@@ -163,6 +167,8 @@ def _add_simulate(sub: Any) -> None:
     p.add_argument("--plan", required=True, help="plan JSON (make one with: trainsim plan new)")
     p.add_argument("--fidelity", default="analytic", choices=["analytic"],
                    help="simulator tier (default: analytic, closed form)")
+    p.add_argument("--profile", metavar="DIR", help="profile DB to time operations from "
+                   "(overrides the cluster's; a DB root or one device folder)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--out", metavar="DIR", help="also write inputs.json, result.json and "
                    "summary.txt to this run folder")
@@ -226,7 +232,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_simulate(sub)
     _add_plan(sub)
     _add_catalogs(sub)
+    from trainsim.profile_cli import add_profile_parser
+
+    add_profile_parser(sub, _Parser)
     return parser
+
+
+def _run_errors() -> tuple[type[BaseException], ...]:
+    """Failures of a measurement run (reported in one line, exit 1), if it was loaded."""
+    comm = sys.modules.get("profiler.comm")
+    return (comm.ProfileRunError,) if comm else ()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -237,6 +252,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args))
     except SpecError as exc:
         return _fail(str(exc))
+    except _run_errors() as exc:
+        print(f"trainsim: error: {exc}", file=sys.stderr)
+        return 1
     except BrokenPipeError:  # the reader (e.g. `| head`) has what it wanted
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the flush at exit
         return 0

@@ -1,0 +1,135 @@
+"""One rank of ``trainsim profile comm`` (started by torchrun; rank 0 writes the results).
+
+Sizes follow the simulator's convention: the full buffer of an all-reduce or broadcast,
+the output of an all-gather, the input of a reduce-scatter, what one rank sends in an
+all-to-all or a send/recv. Each sample is the slowest rank's time; send/recv is half of a
+ping-pong between ranks 0 and 1. As in nccl-tests, a sample is the average of several
+back-to-back iterations (enough to last ``--sample-s``); the row reports the median sample.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
+               "send_recv")
+BUS_FACTOR = {  # nccl-tests: busbw = algbw * factor(n)
+    "all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0, "send_recv": lambda n: 1.0}
+
+
+def _ping_pong(buf: torch.Tensor, rank: int) -> None:
+    if rank == 0:
+        dist.send(buf, 1)
+        dist.recv(buf, 1)
+    elif rank == 1:
+        dist.recv(buf, 0)
+        dist.send(buf, 0)
+
+
+# torch >= 2.11 names them *_single; older releases only have *_into_tensor / *_tensor.
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def _op(kind: str, size_bytes: int, world: int, rank: int, device: torch.device
+        ) -> Callable[[], object]:
+    n = max(world, size_bytes // 4 // world * world)  # float32 elements, divisible by world
+    full = torch.ones(n, device=device)
+    part = torch.ones(n // world, device=device)
+    ops: dict[str, Callable[[], object]] = {
+        "all_reduce": lambda: dist.all_reduce(full),
+        "all_gather": lambda: _all_gather(full, part),
+        "reduce_scatter": lambda: _reduce_scatter(part, full),
+        "all_to_all": lambda: dist.all_to_all_single(torch.empty_like(full), full),
+        "broadcast": lambda: dist.broadcast(full, 0),
+        "send_recv": lambda: _ping_pong(full, rank)}
+    return ops[kind]
+
+
+def _sample(fn: Callable[[], object], device: torch.device, number: int) -> float:
+    """Seconds per iteration over ``number`` back-to-back iterations, slowest rank."""
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(number):
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    elapsed = torch.tensor([(time.perf_counter() - t0) / number], dtype=torch.float64)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    return float(elapsed.item())
+
+
+def _measure(fns: dict[int, Callable[[], object]], device: torch.device, rounds: int,
+             sample_s: float) -> dict[int, list[float]]:
+    """Samples per size, taken in ``rounds`` passes over all sizes so that slow phases of
+    the machine spread over every size instead of bending the curve at a few."""
+    number = {}
+    for size, fn in fns.items():
+        first = max(_sample(fn, device, 1), _sample(fn, device, 1))  # warm-up
+        number[size] = max(1, min(200, round(sample_s / max(first, 1e-7))))
+    samples: dict[int, list[float]] = {size: [] for size in fns}
+    for _ in range(rounds):
+        for size, fn in fns.items():
+            samples[size].append(_sample(fn, device, number[size]))
+    return samples
+
+
+def _row(kind: str, size: int, samples: list[float], world: int, fabric: str, backend: str
+         ) -> dict[str, Any]:
+    t = statistics.median(samples) / (2 if kind == "send_recv" else 1)
+    s = sorted(samples)
+    half = 2 if kind == "send_recv" else 1
+    algbw = size / t / 1e9
+    return {"collective": kind, "backend": backend, "fabric": fabric, "group_size": world,
+            "size_bytes": size, "time_median_s": t, "time_p10_s": s[len(s) // 10] / half,
+            "time_p90_s": s[min(len(s) - 1, 9 * len(s) // 10)] / half, "algbw_GBps": algbw,
+            "busbw_GBps": algbw * BUS_FACTOR[kind](world), "repeats": len(samples)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--sizes", required=True, help="comma-separated bytes")
+    ap.add_argument("--collectives", default=",".join(COLLECTIVES))
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--sample-s", type=float, default=0.05)
+    args = ap.parse_args()
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    device = torch.device(f"cuda:{local}" if backend == "nccl" else "cpu")
+    if backend == "nccl":
+        torch.cuda.set_device(device)
+    elif hasattr(os, "sched_setaffinity") and local < (os.cpu_count() or 1):
+        os.sched_setaffinity(0, {local})  # one core per rank, as in a training run
+    dist.init_process_group(backend)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    same_host = int(os.environ.get("LOCAL_WORLD_SIZE", world)) == world
+    fabric = "intra" if same_host else "inter"
+    rows: list[dict[str, Any]] = []
+    sizes = [int(s) for s in args.sizes.split(",")]
+    for kind in args.collectives.split(","):
+        fns = {size: _op(kind, size, world, rank, device) for size in sizes}
+        for size, samples in _measure(fns, device, args.rounds, args.sample_s).items():
+            rows.append(_row(kind, size, samples, world, fabric, backend))
+            if rank == 0:
+                print(f"{kind} {size} B: {rows[-1]['time_median_s'] * 1e6:.1f} us", flush=True)
+        del fns
+    if rank == 0:
+        with open(args.out, "w") as f:
+            json.dump(rows, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""``trainsim profile compute``: time every op of a grid, merge the results into the DB."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from profiler.db import device_dir, merge_rows, read_table, update_meta
+from profiler.device import device_name, environment
+from profiler.ops import OpSpec, build_op
+from profiler.timing import time_op
+
+__all__ = ["measure", "run_compute_profile", "FLUSH_EVERY_S"]
+
+FLUSH_EVERY_S = 20.0  # a killed run loses at most this much work
+
+
+def measure(spec: OpSpec, device: str) -> dict[str, Any]:
+    """One DB row: median and spread of forward and backward seconds."""
+    fwd, bwd = build_op(spec, device)
+    f = time_op(fwd, device)
+    b = time_op(bwd, device) if spec.op != "optimizer" else None
+    row: dict[str, Any] = {"op": spec.op, "variant": spec.variant, "dtype": spec.dtype,
+                           "grid": spec.grid, "m": spec.m, "n": spec.n, "k": spec.k,
+                           "fwd_median_s": f.median_s, "fwd_p10_s": f.p10_s,
+                           "fwd_p90_s": f.p90_s, "repeats": f.repeats,
+                           "threads": torch.get_num_threads() if device == "cpu" else 0}
+    for name, value in (("median", "median_s"), ("p10", "p10_s"), ("p90", "p90_s")):
+        row[f"bwd_{name}_s"] = getattr(b, value) if b else 0.0
+    return row
+
+
+def _key(values: Iterable[object]) -> tuple[str, ...]:
+    return tuple(str(v) for v in values)
+
+
+def _done(folder: Path) -> set[tuple[str, ...]]:
+    """Keys of the shapes already measured."""
+    df = read_table(folder, "compute")
+    return {_key(r) for r in df[["op", "variant", "dtype", "grid", "m", "n", "k"]]
+            .itertuples(index=False)}
+
+
+def run_compute_profile(specs: Iterable[OpSpec], device: str, root: str | Path,
+                        threads: int | None, force: bool = False, progress: bool = True
+                        ) -> tuple[Path, int]:
+    """Measure ``specs`` (skipping those already in the DB unless ``force``); returns the
+    device folder and the number of rows written."""
+    if device == "cpu" and threads:
+        torch.set_num_threads(threads)
+    name = device_name(device)
+    folder = device_dir(root, name)
+    folder.mkdir(parents=True, exist_ok=True)
+    done = set() if force else _done(folder)
+    todo = [s for s in specs if _key(s.key) not in done]
+    rows: list[dict[str, Any]] = []
+    written, last = 0, time.monotonic()
+    for spec in tqdm(todo, desc=f"profile {name}", unit="op", disable=not progress):
+        rows.append(measure(spec, device))
+        if time.monotonic() - last > FLUSH_EVERY_S:
+            merge_rows(folder, "compute", rows)
+            written, rows, last = written + len(rows), [], time.monotonic()
+    if rows:
+        merge_rows(folder, "compute", rows)
+        written += len(rows)
+    update_meta(folder, name, environment(device, threads),
+                {"kind": "compute", "device": device, "rows": written})
+    return folder, written

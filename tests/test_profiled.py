@@ -1,0 +1,123 @@
+"""The profile-backed cost model: lookups, log-space interpolation, fitted fallback."""
+
+import csv
+import dataclasses
+import json
+import statistics
+
+import pytest
+
+from sim import Plan, load_cluster, load_model, simulate
+from sim.errors import SpecError
+from sim.hardware import get_hardware
+from sim.profile_db import COMPUTE_COLUMNS, FIT_COLUMNS, segment_time
+from sim.profiled import interpolate, load_cost_model
+
+CPU = get_hardware("cpu")
+RATE = 5e10  # FLOP/s of the synthetic device
+
+
+def _write_db(folder, rows, fits=()):
+    folder.mkdir(parents=True)
+    (folder / "meta.json").write_text(json.dumps({"schema_version": 1, "device": folder.name}))
+    with (folder / "compute.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, COMPUTE_COLUMNS)
+        w.writeheader()
+        for r in rows:
+            w.writerow({c: r.get(c, 0) for c in COMPUTE_COLUMNS})
+    with (folder / "comm_fit.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, FIT_COLUMNS)
+        w.writeheader()
+        w.writerows(fits)
+
+
+def _gemm_rows(grid="g"):
+    return [dict(op="gemm", variant="", dtype="fp32", grid=grid, m=m, n=n, k=k,
+                 fwd_median_s=2 * m * n * k / RATE, bwd_median_s=4 * m * n * k / RATE)
+            for m in (64, 256) for n in (64, 256) for k in (64, 256)]
+
+
+@pytest.fixture
+def db(tmp_path):
+    folder = tmp_path / "dev"
+    fits = [dict(collective="all_reduce", backend="gloo", fabric="intra", group_size=2,
+                 min_size_bytes=1024, max_size_bytes=65536, alpha_s=1e-3, beta_s_per_byte=1e-9,
+                 points=3, max_rel_error=0.01),
+            dict(collective="all_reduce", backend="gloo", fabric="intra", group_size=2,
+                 min_size_bytes=262144, max_size_bytes=2**30, alpha_s=2e-3,
+                 beta_s_per_byte=2e-9, points=5, max_rel_error=0.02)]
+    _write_db(folder, _gemm_rows() + [dict(op="optimizer", variant="adam", dtype="fp32", grid="g",
+                                           m=1000, fwd_median_s=1e-3)], fits)
+    return folder
+
+
+def test_power_laws_interpolate_exactly_in_log_space():
+    table = {(m, n): (m * n * 1e-9, 2 * m * n * 1e-9) for m in (10.0, 100.0) for n in (1.0, 8.0)}
+    fwd, bwd = interpolate(table, (31.6227766, 2.0))
+    assert fwd == pytest.approx(31.6227766 * 2 * 1e-9) and bwd == pytest.approx(2 * fwd)
+    assert interpolate(table, (5.0, 2.0)) is None  # outside the grid
+
+
+def test_exact_interpolated_and_extrapolated_gemms(db):
+    cm = load_cost_model(db, CPU)
+    assert cm.gemm(64, 256, 64, "fp32") == (2 * 64 * 256 * 64 / RATE, 4 * 64 * 256 * 64 / RATE)
+    fwd, _ = cm.gemm(128, 128, 128, "fp32")  # inside: power law, so exact
+    assert fwd == pytest.approx(2 * 128**3 / RATE)
+    assert not cm.extrapolated
+    big = cm.gemm(1024, 1024, 1024, "fp32")[0]  # outside: roofline fitted to the profile
+    assert "gemm 1024x1024x1024 fp32" in cm.extrapolated
+    # the fitted roofline reproduces the profiled points in the median
+    ratios = sorted(cm.fallback.gemm(r["m"], r["n"], r["k"], "fp32")[0] / r["fwd_median_s"]
+                    for r in _gemm_rows())
+    assert statistics.median(ratios) == pytest.approx(1.0)
+    rate = cm.fallback.gemm_flops["fp32"]
+    assert big == pytest.approx(2 * 1024**3 / (rate * cm.fallback.gemm_efficiency(
+        1024, 1024, 1024)))
+
+
+def test_missing_ops_fall_back_and_are_reported(db):
+    cm = load_cost_model(db, CPU)
+    cm.elementwise("rmsnorm", 128, 256, "fp32")
+    cm.attention(4, 128, 128, 64, "fp32", True, False)
+    assert {"rmsnorm 128x256 fp32", "attention 4x128x64 fp32"} <= cm.extrapolated
+    assert cm.optimizer(1000) == 1e-3
+
+
+def test_measured_collectives_by_size_range(db):
+    cm = load_cost_model(db, CPU)
+    assert cm.collective("all_reduce", 2, False, 4096) == pytest.approx(1e-3 + 4096e-9)
+    assert cm.collective("all_reduce", 2, False, 2**20) == pytest.approx(2e-3 + 2**21 * 1e-9)
+    assert cm.collective("all_gather", 2, False, 4096) is None
+    assert "all_gather x2 intra: no profile fit, link model" in cm.extrapolated
+    assert segment_time([(1024, 1.0, 0.0)], 10) == 1.0  # below the first range
+
+
+def test_simulate_reads_the_clusters_profile(db):
+    c = dataclasses.replace(load_cluster("cpu:2"), profile=str(db))
+    r = simulate(load_model("tiny"), c, Plan(global_batch_size=4, seq_len=128, dp=2,
+                                             dtype="fp32"))
+    assert r.extrapolated and all(isinstance(e, str) for e in r.extrapolated)
+    assert r.communication["dp"]["exposed_s"] + r.communication["dp"]["overlapped_s"] > 0
+
+
+def test_db_root_or_device_folder(db, tmp_path):
+    assert load_cost_model(tmp_path, get_hardware("cpu").__class__(**{
+        **dataclasses.asdict(CPU), "name": "dev"})).db.device == "dev"
+    with pytest.raises(SpecError, match="not a profile DB for 'cpu-.*devices there: dev"):
+        load_cost_model(tmp_path, CPU)
+
+
+def test_shipped_cpu_profile_is_used_by_the_cpu_preset():
+    c = load_cluster("cpu:2")
+    if c.profile is None:
+        pytest.skip("no profile shipped for this host's CPU model")
+    r = simulate(load_model("tiny"), c, Plan(global_batch_size=8, seq_len=256, dp=2,
+                                             dtype="fp32"))
+    assert r.iteration_time_s > 0
+
+
+def test_toml_profile_path_is_relative_to_the_file(db, tmp_path):
+    (tmp_path / "c.toml").write_text('nodes = 1\ngpus_per_node = 2\ngpu = "cpu"\n'
+                                     'profile = "dev"\n[intra_node]\nkind = "loopback"\n')
+    c = load_cluster(str(tmp_path / "c.toml"))
+    assert c.profile == str(tmp_path / "dev")
