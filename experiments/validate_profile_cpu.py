@@ -4,8 +4,8 @@ Run: ``.venv/bin/python experiments/validate_profile_cpu.py [--db DIR]``. For ea
 layer shapes (widths, heads, sequence lengths and micro-batches that are not grid points),
 the script measures forward + backward of a real torch layer (``profiler/layer.py``, one
 thread, fp32, median of 7 after warm-up) and predicts it from the profile DB's preset grid
-through the simulator's cost model (interpolated, never extrapolated: any extrapolation is
-reported). The DB defaults to the one trainsim ships for this CPU; if it lacks the preset
+through the simulator's cost model, restricted to the preset grid (interpolated, never
+extrapolated: any extrapolation is reported). The DB defaults to the one trainsim ships for this CPU; if it lacks the preset
 grid, run ``trainsim profile compute --device cpu --db DIR`` first.
 """
 
@@ -66,7 +66,7 @@ def table(db: str) -> pd.DataFrame:
     for name, h, heads, kv, ffn, seq, mb, style in SHAPES:
         m = ModelSpec(name, 1, h, heads, ffn, 1000, num_kv_heads=kv, max_seq_len=seq,
                       **style)  # type: ignore[arg-type]
-        cost = load_cost_model(db, get_hardware("cpu"))
+        cost = load_cost_model(db, get_hardware("cpu"), grid="preset-cpu")
         lt = layer_time(cost, m, Plan(global_batch_size=mb, seq_len=seq, micro_batch_size=mb,
                                       dtype="fp32"))
         measured = measure_layer(m, seq, mb)

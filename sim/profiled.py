@@ -96,10 +96,13 @@ def fit_roofline(db: ProfileDB, hw: HardwareSpec) -> Roofline:
 class Profiled:
     """A :class:`~sim.costmodel.CostModel` reading one device's profile DB."""
 
-    def __init__(self, db: ProfileDB, fallback: Roofline) -> None:
+    def __init__(self, db: ProfileDB, fallback: Roofline, grid: str | None = None) -> None:
+        """``grid`` restricts lookups to one profiled grid (e.g. ``preset-cpu``)."""
         self.db, self.fallback = db, fallback
         self._extrapolated: set[str] = set()
-        self._axes = {(key, g): _axes(t) for key, grids in db.compute.items()
+        self._compute = {key: {g: t for g, t in grids.items() if grid in (None, g)}
+                         for key, grids in db.compute.items()}
+        self._axes = {(key, g): _axes(t) for key, grids in self._compute.items()
                       for g, t in grids.items()}
 
     @property
@@ -107,7 +110,7 @@ class Profiled:
         return self._extrapolated
 
     def _lookup(self, key: Key, shape: Point) -> tuple[float, float] | None:
-        grids = self.db.compute.get(key, {})
+        grids = self._compute.get(key, {})
         for table in grids.values():
             if shape in table:
                 return table[shape]
@@ -178,11 +181,11 @@ def _load(folder: Path, stamp: tuple[float, ...], hw: HardwareSpec) -> tuple[Pro
     return db, fit_roofline(db, hw)
 
 
-def load_cost_model(path: str | Path, hw: HardwareSpec) -> Profiled:
+def load_cost_model(path: str | Path, hw: HardwareSpec, grid: str | None = None) -> Profiled:
     """A fresh cost model (its own extrapolation log) over a cached DB. In a DB root the
     device folder is the catalog name, or ``cpu-<model>`` of this host for ``cpu``."""
     hint = cpu_device_name() if hw.name == "cpu" else hw.name
     folder = resolve_device_dir(path, hint).resolve()
     stamp = tuple(f.stat().st_mtime for f in sorted(folder.glob("*")) if f.is_file())
     db, fallback = _load(folder, stamp, hw)
-    return Profiled(db, fallback)
+    return Profiled(db, fallback, grid)
