@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 
 from sim.cluster import ClusterSpec
+from sim.des_collectives import CHUNK_BYTES, tree_load_factor
 from sim.placement import GroupSpan
 
 __all__ = ["Fabric", "fabric_for", "collective_time", "NIC_EFFICIENCY", "PCIE_EFFICIENCY",
@@ -79,11 +80,31 @@ def _ring(n: int, alpha: float, bw: float, size: float, passes: int) -> float:
 
 
 def _flat_rates(f: Fabric) -> tuple[float, float]:
-    """Bandwidth and per-step latency of one ring over the whole group: NCCL runs one ring
-    per NIC, so the ``per_node`` ranks' NIC shares add up."""
+    """Bandwidth and per-step latency of a ring (or chain) over the whole group. Across
+    nodes NCCL runs one ring per local rank, each leaving the node through that rank's NIC
+    with ``1/g`` of the data, while inside the node each rank forwards ``g-1`` rings' share:
+    the busier of the two sets the pace."""
     if f.span.nodes == 1:
         return f.intra_Bps, f.intra_alpha_s
-    return min(f.intra_Bps, f.inter_Bps * f.span.per_node), f.inter_alpha_s
+    g = f.span.per_node
+    inside = f.intra_Bps * g / (g - 1) if g > 1 else math.inf
+    return min(inside, f.inter_Bps * g), f.inter_alpha_s
+
+
+def _halving_doubling(f: Fabric, collective: str, size: float) -> float:
+    """Step r exchanges ``size / 2^(r+1)`` with partner ``i xor 2^r``: inside the node while
+    ``2^r`` < ranks per node, else across (a ring unless the group is a power of two)."""
+    n, g = f.span.size, f.span.per_node
+    rounds = int(math.log2(n))
+    passes = 2 if collective == "all_reduce" else 1
+    if 2**rounds != n:
+        bw, alpha = _flat_rates(f)
+        return _ring(n, alpha, bw, size, passes)
+    def step(r: int) -> float:
+        inside = 2**r < g
+        return ((f.intra_alpha_s if inside else f.inter_alpha_s)
+                + size / 2 ** (r + 1) / (f.intra_Bps if inside else f.inter_Bps))
+    return passes * sum(step(r) for r in range(rounds))
 
 
 def _nvls(g: int, alpha: float, bw: float, size: float) -> float:
@@ -92,9 +113,19 @@ def _nvls(g: int, alpha: float, bw: float, size: float) -> float:
     return 2 * (g - 1) * alpha + 2 * (g - 1) / g * size / bw
 
 
-def _hierarchical(f: Fabric, size: float, passes: int, nvls: bool = False) -> float:
-    """Intra-node phase (ring, or NVLS for an all-reduce), then the inter-node ring over each
-    rank's NIC share on ``size / per_node``."""
+def _tree(n: int, alpha: float, bw: float, size: float) -> float:
+    """Double binary tree all-reduce, pipelined in ``CHUNK_BYTES`` chunks: each tree moves
+    half the data up and down its ``ceil(log2 n)`` levels; the busiest rank sends
+    ``tree_load_factor(n)`` buffers (2 for large groups)."""
+    depth = math.ceil(math.log2(n))
+    return (2 * depth * (alpha + min(size / 2, CHUNK_BYTES) / bw)
+            + tree_load_factor(n) * size / bw)
+
+
+def _hierarchical(f: Fabric, size: float, passes: int, nvls: bool = False, tree: bool = False
+                  ) -> float:
+    """Intra-node phase (ring, or NVLS for an all-reduce), then across nodes a ring (or a
+    double binary tree) over each rank's NIC share on ``size / per_node``."""
     g, k = f.span.per_node, f.span.nodes
     if g == 1:
         intra = 0.0
@@ -102,16 +133,23 @@ def _hierarchical(f: Fabric, size: float, passes: int, nvls: bool = False) -> fl
         intra = _nvls(g, f.intra_alpha_s, f.nvls_Bps, size)
     else:
         intra = _ring(g, f.intra_alpha_s, f.intra_Bps, size, passes)
-    inter = _ring(k, f.inter_alpha_s, f.inter_Bps, size / g, passes) if k > 1 else 0.0
-    return intra + inter
+    if k == 1:
+        return intra
+    if tree and passes == 2:
+        return intra + _tree(k, f.inter_alpha_s, f.inter_Bps, size / g)
+    return intra + _ring(k, f.inter_alpha_s, f.inter_Bps, size / g, passes)
 
 
 def _all_to_all(f: Fabric, size: float, algorithm: str) -> float:
+    """Direct: every pair at once, intra- and inter-node parts in parallel. Pairwise: n-1
+    steps, rank i to rank i+k; across nodes every step has a rank whose peer is on
+    another node, so each step runs at the NIC's pace."""
     n, g = f.span.size, f.span.per_node
-    bw_time = max((g - 1) / n * size / f.intra_Bps, (n - g) / n * size / f.inter_Bps)
-    alpha = f.inter_alpha_s if f.span.nodes > 1 else f.intra_alpha_s
-    steps = 1 if algorithm == "direct" else n - 1
-    return steps * alpha + bw_time
+    multi = f.span.nodes > 1
+    alpha = f.inter_alpha_s if multi else f.intra_alpha_s
+    if algorithm == "pairwise":
+        return (n - 1) * (alpha + size / n / (f.inter_Bps if multi else f.intra_Bps))
+    return alpha + max((g - 1) / n * size / f.intra_Bps, (n - g) / n * size / f.inter_Bps)
 
 
 def collective_time(collective: str, f: Fabric, size_bytes: float, algorithm: str = "auto"
@@ -126,17 +164,24 @@ def collective_time(collective: str, f: Fabric, size_bytes: float, algorithm: st
         return f.intra_alpha_s + size_bytes / f.intra_Bps
     if algorithm == "auto":
         algorithm = default_algorithm(collective, f, size_bytes)
+    if collective == "broadcast":  # pipelined chains from the root, one per channel
+        bw, alpha = _flat_rates(f)
+        channels = f.span.per_node if f.span.nodes > 1 else 1
+        fill = (n - 2) * min(size_bytes / channels, CHUNK_BYTES) * channels / bw
+        return (n - 1) * alpha + fill + size_bytes / bw
     if collective == "all_to_all":
         return _all_to_all(f, size_bytes, algorithm)
     passes = 2 if collective == "all_reduce" else 1
     nvls = algorithm == "nvls" and collective == "all_reduce" and f.nvls_Bps > 0
-    if algorithm == "hierarchical" or (nvls and f.span.nodes > 1):  # NVLS+tree across nodes
-        return _hierarchical(f, size_bytes, passes, nvls)
+    tree = algorithm == "tree" and collective == "all_reduce"
+    layered = f.span.nodes > 1 and f.span.per_node > 1
+    if algorithm == "hierarchical" or (nvls and f.span.nodes > 1) or (tree and layered):
+        return _hierarchical(f, size_bytes, passes, nvls, tree)
     if nvls:
         return _nvls(n, f.intra_alpha_s, f.nvls_Bps, size_bytes)
     bw, alpha = _flat_rates(f)
-    if algorithm == "tree" and collective == "all_reduce":
-        return 2 * math.ceil(math.log2(n)) * alpha + 2 * size_bytes / bw
+    if tree:
+        return _tree(n, alpha, bw, size_bytes)
     if algorithm == "halving-doubling":
-        return passes * (math.ceil(math.log2(n)) * alpha + (n - 1) / n * size_bytes / bw)
+        return _halving_doubling(f, collective, size_bytes)
     return _ring(n, alpha, bw, size_bytes, passes)  # ring; tree/nvls gathers run as rings

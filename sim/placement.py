@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from sim.cluster import ClusterSpec
 from sim.plan import DIMS, Plan
 
-__all__ = ["GroupSpan", "GROUP_DIMS", "group_span", "dim_sizes"]
+__all__ = ["GroupSpan", "GROUP_DIMS", "group_span", "dim_sizes", "rank_coords", "groups_of"]
 
 # Parallel group -> the placement dimensions it spans.
 GROUP_DIMS = {
@@ -112,3 +112,20 @@ def _group_span(layout: tuple, gpus_per_node: int, pod_size: int, world_size: in
     table = plan.placement
     return _worst([_span([table[r] for r in _ranks(plan, dims, b)], gpus_per_node, pod_size)
                    for b in _ranks(plan, _others(dims), 0)])
+
+
+def rank_coords(plan: Plan) -> tuple[dict[str, int], dict[str, int]]:
+    """(sizes, strides) of the placement dimensions: rank = sum(coord[d] * stride[d])."""
+    return dim_sizes(plan), _strides(plan)
+
+
+def groups_of(plan: Plan, group: str, fixed: dict[str, int]) -> list[list[int]]:
+    """Logical ranks of every group of kind ``group`` whose coordinates in the dimensions of
+    ``fixed`` are as given (e.g. one pipeline stage), each in group order; the group
+    containing the lowest rank first."""
+    strides = _strides(plan)
+    dims = GROUP_DIMS[group]
+    base0 = sum(fixed[d] * strides[d] for d in fixed)
+    free = tuple(d for d in DIMS if d not in dims and d not in fixed)
+    offsets = _ranks(plan, dims, 0)
+    return [[b + o for o in offsets] for b in _ranks(plan, free, base0)]

@@ -42,10 +42,21 @@ def test_hierarchical_all_reduce_two_nodes():
 
 def test_tree_and_halving_doubling():
     f = fab(16, 1, 16)
+    chunk = 4 * 2**20  # pipelining unit: each of the 2*depth levels adds one chunk
     assert collective_time("all_reduce", f, GIB, "tree") == pytest.approx(
-        2 * 4 * A_E + 2 * GIB / B_E)
+        2 * 4 * (A_E + chunk / B_E) + 2 * GIB / B_E)
+    # halving: 4 exchanges of 1/2, 1/4, 1/8, 1/16 of the buffer; doubling mirrors it
     assert collective_time("all_reduce", f, GIB, "halving-doubling") == pytest.approx(
         2 * (4 * A_E + 15 / 16 * GIB / B_E))
+    mixed = fab(16, 8, 2)  # first 3 exchanges inside the node, the last across
+    assert collective_time("reduce_scatter", mixed, GIB, "halving-doubling") == pytest.approx(
+        3 * A_I + (1 / 2 + 1 / 4 + 1 / 8) * GIB / B_I + A_E + GIB / 16 / B_E)
+
+
+def test_multi_node_ring_uses_every_nic():
+    # 2 nodes x 8: 8 rings, each leaving a node through a different NIC
+    t = collective_time("all_gather", fab(16, 8, 2), GIB, "ring")
+    assert t == pytest.approx(15 * A_E + 15 / 16 * GIB / min(B_I * 8 / 7, B_E * 8))
 
 
 def test_all_to_all_direct_across_nodes():

@@ -1,0 +1,189 @@
+"""Collective algorithms as flows over the topology (the discrete-event tier).
+
+Each algorithm is a plain function from a group (device ids, in group order) and a size
+to a list of :class:`Phase`: flows that start together, plus the latency of the steps the
+phase stands for. Pipelined algorithms (ring, tree, chain broadcast) are one phase whose
+flows carry everything a link carries over the whole collective — the limit of fine
+chunking — plus one step latency per step (and, for trees and chains, the pipeline fill
+of ``chunk_bytes``), so on an idle network a ring all-reduce takes exactly
+``2(n-1)·α + 2(n-1)/n · bytes / bandwidth``.
+
+``size_bytes`` follows the analytic tier: the full buffer (all-gather output,
+reduce-scatter input, what one rank sends in an all-to-all).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+__all__ = ["Phase", "FlowSpec", "expand", "tree_load_factor", "ALGORITHMS", "CHUNK_BYTES"]
+
+CHUNK_BYTES = 4 * 1024 * 1024  # pipelining unit of trees and chains (NCCL-like buffer)
+
+
+@dataclass(frozen=True)
+class FlowSpec:
+    src: int  # index into the group
+    dst: int
+    size_bytes: float
+    to_switch: bool = False  # NVLS: device -> its node switch (dst unused) or back
+    from_switch: bool = False
+
+
+@dataclass
+class Phase:
+    flows: list[FlowSpec] = field(default_factory=list)
+    steps: int = 1  # sequential steps the phase stands for (each pays the hop latency)
+    fill_bytes: float = 0.0  # bytes crossing a hop before the pipeline is full
+
+
+def _ring(n: int, size: float, passes: int, nodes: list[list[int]] | None = None
+          ) -> list[Phase]:
+    """Pipelined ring. Across nodes holding ``g`` ranks each, ``g`` rings (NCCL's channels)
+    each carry ``1/g`` of the data, and ring ``c`` leaves every node from its ``c``-th
+    rank, so every rank's NIC carries one ring."""
+    steps = passes * (n - 1)
+    orders = _channels(n, nodes)
+    return [Phase([FlowSpec(a, b, steps / n * size / len(orders))
+                   for order in orders for a, b in zip(order, order[1:] + order[:1],
+                                                       strict=True)], steps)]
+
+
+def _channels(n: int, nodes: list[list[int]] | None) -> list[list[int]]:
+    """Rank orders of the rings: one plain ring, or one per local rank across nodes."""
+    if not nodes or len(nodes) == 1 or len({len(x) for x in nodes}) != 1:
+        return [list(range(n))]
+    g = len(nodes[0])
+    return [[members[(i + c) % g] for members in nodes for i in range(g)] for c in range(g)]
+
+
+def _tree_edges(n: int, shift: int) -> list[tuple[int, int]]:
+    """(child, parent) edges of a binary heap over the ranks rotated by ``shift``."""
+    order = [(i + shift) % n for i in range(n)]
+    return [(order[i], order[(i - 1) // 2]) for i in range(1, n)]
+
+
+def tree_load_factor(n: int) -> float:
+    """Most bytes one rank sends in a double-binary-tree all-reduce, per byte of buffer
+    (2 for large groups: interior in one tree, leaf in the other)."""
+    sent = [0.0] * n
+    for shift in (0, n // 2):
+        for child, parent in _tree_edges(n, shift):
+            sent[child] += 0.5
+            sent[parent] += 0.5
+    return max(sent)
+
+
+def _double_tree(n: int, size: float) -> list[Phase]:
+    """Two binary trees (the second rotated by half the group), each reducing half of the
+    data up and broadcasting it down, pipelined."""
+    flows = []
+    for shift in (0, n // 2):
+        for child, parent in _tree_edges(n, shift):
+            flows += [FlowSpec(child, parent, size / 2), FlowSpec(parent, child, size / 2)]
+    depth = math.ceil(math.log2(n))
+    return [Phase(flows, 2 * depth, min(size / 2, CHUNK_BYTES) * 2 * depth)]
+
+
+def _halving_doubling(n: int, size: float, kind: str) -> list[Phase]:
+    """Recursive halving (reduce-scatter: exchange half the data with partner i xor 2^r)
+    and/or doubling (all-gather, the mirror image); a ring unless n is a power of two."""
+    rounds = int(math.log2(n))
+    if 2**rounds != n:
+        return _ring(n, size, 2 if kind == "all_reduce" else 1)
+    def step(r: int) -> Phase:
+        return Phase([FlowSpec(i, i ^ (1 << r), size / 2 ** (r + 1)) for i in range(n)])
+    halving = [step(r) for r in range(rounds)] if kind != "all_gather" else []
+    doubling = [step(r) for r in reversed(range(rounds))] if kind != "reduce_scatter" else []
+    return halving + doubling
+
+
+def _nvls(n: int, size: float) -> list[Phase]:
+    """Up to the switch, which reduces, and back; the latency is charged as a ring's (one
+    device-switch link is half a hop)."""
+    part = (n - 1) / n * size
+    return [Phase([FlowSpec(i, i, part, to_switch=True) for i in range(n)], 2 * (n - 1)),
+            Phase([FlowSpec(i, i, part, from_switch=True) for i in range(n)], 2 * (n - 1))]
+
+
+def _all_to_all(n: int, size: float, pairwise: bool) -> list[Phase]:
+    if not pairwise:
+        return [Phase([FlowSpec(i, j, size / n) for i in range(n) for j in range(n) if i != j])]
+    return [Phase([FlowSpec(i, (i + k) % n, size / n) for i in range(n)]) for k in range(1, n)]
+
+
+def _chain(n: int, size: float, nodes: list[list[int]] | None = None) -> list[Phase]:
+    """Pipelined chain from rank 0 (one chain per channel across nodes, as rings)."""
+    orders = _channels(n, nodes)
+    share = size / len(orders)
+    return [Phase([FlowSpec(o[i], o[i + 1], share) for o in orders for i in range(n - 1)],
+                  n - 1, min(share, CHUNK_BYTES) * (n - 2))]
+
+
+def _hierarchical(nodes: list[list[int]], size: float, passes: int, nvls: bool,
+                  tree: bool = False) -> list[Phase]:
+    """Reduce-scatter inside each node, all-reduce (or gather) across nodes among ranks of
+    the same local index (a ring, or with ``tree`` a double binary tree), all-gather inside
+    each node (indices into the group)."""
+    g, k = len(nodes[0]), len(nodes)
+    if nvls and passes == 2:
+        inside = [_nvls(g, size)[0], _nvls(g, size)[1]]
+        intra_rs, intra_ag = [inside[0]], [inside[1]]
+    else:
+        intra_rs = _ring(g, size, 1) if passes == 2 else []
+        intra_ag = _ring(g, size, 1)
+    phases: list[Phase] = []
+    for ph in intra_rs:
+        phases.append(_map(ph, nodes))
+    if k == 1:
+        cross = Phase()
+    elif tree and passes == 2:
+        cross = _double_tree(k, size / g)[0]
+    else:
+        cross = _ring(k, size / g, passes)[0]
+    phases.append(Phase([FlowSpec(nodes[f.src][i], nodes[f.dst][i], f.size_bytes)
+                         for i in range(g) for f in cross.flows], cross.steps,
+                        cross.fill_bytes))
+    for ph in intra_ag:
+        phases.append(_map(ph, nodes))
+    return [p for p in phases if p.flows]
+
+
+def _map(phase: Phase, nodes: list[list[int]]) -> Phase:
+    """One node-local phase (indices 0..g-1) applied in every node of the group."""
+    flows = [FlowSpec(members[f.src], members[f.dst], f.size_bytes, f.to_switch, f.from_switch)
+             for members in nodes for f in phase.flows]
+    return Phase(flows, phase.steps, phase.fill_bytes)
+
+
+ALGORITHMS = ("ring", "tree", "hierarchical", "halving-doubling", "nvls", "direct",
+              "pairwise")
+
+
+def expand(kind: str, algorithm: str, n: int, size: float,
+           nodes: list[list[int]] | None = None) -> list[Phase]:
+    """Phases of one collective on a group of ``n`` ranks (``nodes``: the group's indices
+    per node, needed by hierarchical and multi-node NVLS)."""
+    if n == 1 or size <= 0:
+        return []
+    if kind == "send_recv":
+        return [Phase([FlowSpec(0, 1, size)])]
+    if kind == "broadcast":
+        return _chain(n, size, nodes)
+    if kind == "all_to_all":
+        return _all_to_all(n, size, algorithm == "pairwise")
+    passes = 2 if kind == "all_reduce" else 1
+    multi_node = nodes is not None and len(nodes) > 1
+    layered = multi_node and nodes is not None and len(nodes[0]) > 1
+    if algorithm == "hierarchical" or (algorithm in ("nvls", "tree") and layered):
+        if nodes and len({len(x) for x in nodes}) == 1:
+            return _hierarchical(nodes, size, passes, algorithm == "nvls", algorithm == "tree")
+        return _ring(n, size, passes)  # uneven nodes: flat ring
+    if algorithm == "nvls" and passes == 2 and not multi_node:
+        return _nvls(n, size)
+    if algorithm == "tree" and passes == 2:
+        return _double_tree(n, size)
+    if algorithm == "halving-doubling":
+        return _halving_doubling(n, size, kind)
+    return _ring(n, size, passes, nodes)
