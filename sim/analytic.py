@@ -150,7 +150,7 @@ def _dp_costs(x: _Ctx, st: StageLayers, compute_s: float) -> _DPCost:
     backward_s = st.dense * x.dense.backward + st.moe * x.moe.backward
     window_s = backward_s if x.p.overlap_grad_reduce else 0.0
     if x.p.zero_stage == 3:  # gather per pass, reduce-scatter per micro-batch, prefetched
-        passes = 3 if x.p.recompute == "full" else 2
+        passes = 2  # forward, backward (a recomputed forward reuses the backward's gather)
         comm_s = passes * both("all_gather") + both("reduce_scatter")
         first_layer_s = (passes * both("all_gather", 1 / st.total)
                          + both("reduce_scatter", 1 / st.total))  # nothing to hide behind

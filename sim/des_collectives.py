@@ -169,6 +169,8 @@ def expand(kind: str, algorithm: str, n: int, size: float,
         return []
     if kind == "send_recv":
         return [Phase([FlowSpec(0, 1, size)])]
+    if kind == "p2p":  # pairs (0->1, 2->3, ...) sending at once: a pipeline boundary
+        return [Phase([FlowSpec(i, i + 1, size) for i in range(0, n, 2)])]
     if kind == "broadcast":
         return _chain(n, size, nodes)
     if kind == "all_to_all":

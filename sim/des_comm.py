@@ -1,11 +1,11 @@
 """Running collectives on the flow network, with or without symmetry reduction.
 
-Reduced: a group's flows stand for those of every concurrent copy of the group (the same
-collective on the other groups of its kind on the same pipeline stage). Each phase's links
-are loaded by all copies' flows; flows whose paths look alike (same links' capacities and
-loads) form a class and one flow per class is simulated, its weight on each link the
-number of flows there that it stands for. Full: every flow of the group itself, weight 1
-(the copies are run by their own processes).
+Reduced: each flow of the group stands for the same flow in every concurrent copy of the
+group (the same collective on the other groups of its kind on the stage). It becomes one
+aggregate flow over the union of the copies' paths, with weight on each link the number of
+copies whose flow crosses it: its rate is what each copy's flow gets, limited by the most
+loaded link of any copy, and any other traffic on any copy's links competes with it.
+Full: every flow of the group itself, weight 1 (the copies are run by their own processes).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ class CommEngine:
         self.env, self.topo, self.net = env, topo, net
         g = topo.cluster.gpu
         self.nvls_weight = g.comm_eff / g.nvls_eff if g.nvls_eff else 1.0
-        self._loads: dict[tuple, dict[int, int]] = {}
+        self._shapes: dict[tuple, list[tuple[Path, tuple[float, ...]]]] = {}
 
     def path(self, devices: list[int], f: FlowSpec) -> Path:
         d = devices[f.src]
@@ -39,42 +39,31 @@ class CommEngine:
             return (self.topo.lid(("sw", self.topo.node_of(d)), d),)
         return self.topo.route(d, devices[f.dst])
 
-    def _load(self, key: tuple, phase: Phase, copies: list[list[int]]) -> dict[int, int]:
-        """Flows per link of ``phase`` over every copy of the group (cached)."""
-        if key not in self._loads:
-            load: dict[int, int] = {}
-            for devices in copies:
-                for f in phase.flows:
-                    for link in self.path(devices, f):
-                        load[link] = load.get(link, 0) + 1
-            self._loads[key] = load
-        return self._loads[key]
+    def _aggregate(self, copies: list[list[int]], f: FlowSpec) -> tuple[Path, tuple[float, ...]]:
+        """Union of the copies' paths for flow ``f``, weighted by copies per link."""
+        count: dict[int, int] = {}
+        for devices in copies:
+            for link in self.path(devices, f):
+                count[link] = count.get(link, 0) + 1
+        links = tuple(sorted(count))
+        scale = self.nvls_weight if f.to_switch or f.from_switch else 1.0
+        return links, tuple(scale * count[link] for link in links)
 
     def _flows(self, devices: list[int], phase: Phase, copies: list[list[int]] | None,
                key: tuple) -> list[tuple[Path, float, tuple[float, ...]]]:
-        """(path, bytes, weights) of the flows to simulate for one phase."""
-        extra = self.nvls_weight
-        paths = [(self.path(devices, f), f) for f in phase.flows]
-        if copies is None:
-            return [(p, f.size_bytes, tuple(extra if f.to_switch or f.from_switch else 1.0
-                                             for _ in p)) for p, f in paths]
-        load = self._load(key, phase, copies)
-        classes: dict[tuple, tuple[Path, FlowSpec]] = {}
-        for p, f in paths:
-            sig = (f.size_bytes, f.to_switch or f.from_switch,
-                   tuple((self.topo.cap[link], load[link]) for link in p))
-            classes.setdefault(sig, (p, f))
-        chosen = list(classes.values())
-        on_link: dict[int, int] = {}
-        for p, _ in chosen:
-            for link in p:
-                on_link[link] = on_link.get(link, 0) + 1
-        out = []
-        for p, f in chosen:
-            scale = extra if f.to_switch or f.from_switch else 1.0
-            out.append((p, f.size_bytes, tuple(scale * load[link] / on_link[link]
-                                               for link in p)))
-        return out
+        """(path, bytes, weights) of the flows to simulate for one phase (cached shapes)."""
+        if key not in self._shapes:
+            if copies is None:
+                shapes = []
+                for f in phase.flows:
+                    p = self.path(devices, f)
+                    w = self.nvls_weight if f.to_switch or f.from_switch else 1.0
+                    shapes.append((p, (w,) * len(p)))
+            else:
+                shapes = [self._aggregate(copies, f) for f in phase.flows]
+            self._shapes[key] = shapes
+        return [(p, f.size_bytes, w) for (p, w), f in zip(self._shapes[key], phase.flows,
+                                                          strict=True)]
 
     def run(self, kind: str, algorithm: str, devices: list[int], size_bytes: float,
             copies: list[list[int]] | None = None) -> Generator[Any, Any, None]:
@@ -86,9 +75,12 @@ class CommEngine:
         for i, phase in enumerate(phases):
             key = (kind, algorithm, tuple(devices), len(phases), i, id(copies))
             flows = self._flows(devices, phase, copies, key)
-            yield simpy.AllOf(self.env, [self.net.transfer(p, b, w) for p, b, w in flows])
-            hop = max(self.topo.path_latency(p) for p, _, _ in flows)
-            slowest = min(self.topo.cap[link] for p, _, _ in flows for link in p)
+            lats = [self.topo.path_latency(self.path(devices, f)) for f in phase.flows]
+            yield simpy.AllOf(self.env, [self.net.transfer(p, b, w, lat)
+                                         for (p, b, w), lat in zip(flows, lats, strict=True)])
+            hop = max(lats)
+            slowest = min(self.topo.cap[link] for f in phase.flows
+                          for link in self.path(devices, f))
             extra = (phase.steps - 1) * hop + phase.fill_bytes / slowest
             if extra > 0:
                 yield self.env.timeout(extra)

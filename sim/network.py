@@ -75,18 +75,21 @@ class Network:
         self.events = 0
 
     def transfer(self, links: tuple[int, ...], size_bytes: float,
-                 weights: tuple[float, ...] | None = None) -> simpy.Event:
-        """An event that succeeds when ``size_bytes`` have crossed ``links``."""
+                 weights: tuple[float, ...] | None = None, latency_s: float | None = None
+                 ) -> simpy.Event:
+        """An event that succeeds when ``size_bytes`` have crossed ``links``, after the
+        path's latency (default: the sum over ``links``)."""
         done = self.env.event()
         w = weights or (1.0,) * len(links)
         if not links or size_bytes <= 0:
             done.succeed()
             return done
-        self.env.process(self._start(Flow(links, w, float(size_bytes), done)))
+        lat = sum(self.lat[i] for i in links) if latency_s is None else latency_s
+        self.env.process(self._start(Flow(links, w, float(size_bytes), done), lat))
         return done
 
-    def _start(self, flow: Flow) -> object:
-        yield self.env.timeout(sum(self.lat[i] for i in flow.links))
+    def _start(self, flow: Flow, latency_s: float) -> object:
+        yield self.env.timeout(latency_s)
         self._advance()
         self.flows.append(flow)
         self._rerate()

@@ -1,0 +1,589 @@
+"""The discrete-event tier: one training iteration simulated in SimPy.
+
+A *unit* is one tensor-parallel group at one pipeline stage (its ranks run in lock step).
+Each unit runs its stage's schedule (:mod:`sim.schedule`): per micro-batch and virtual
+stage, per layer, compute (from the cost model) and the layer's collectives — TP
+all-reduces or all-gather/reduce-scatter, the context-parallel K/V ring beside the
+attention, expert all-to-alls — then sends activations (or gradients) to the next unit as
+flows on the network. Gradients are reduced in buckets on a separate data-parallel stream
+while backward goes on; ZeRO-3 prefetches each layer's weights; the optimizer step ends it.
+
+Reduction (default): one unit per stage; every collective's flows stand for those of the
+groups of its kind that run at the same time on that stage (see :mod:`sim.des_comm`), and
+a collective whose links nothing else uses (TP inside a node, typically) is simulated once
+per shape and then replayed as a delay. ``reduce=False`` simulates every unit and every
+flow; on symmetric cases both give the same iteration time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+from typing import Any
+
+import simpy
+
+from sim import compute as cm
+from sim.alphabeta import default_algorithm, fabric_for
+from sim.cluster import ClusterSpec
+from sim.costmodel import CostModel
+from sim.des_comm import CommEngine
+from sim.memory import layer_rank_params, rank_params
+from sim.model import ModelSpec
+from sim.network import Network
+from sim.placement import group_span, groups_of, rank_coords
+from sim.plan import Plan
+from sim.schedule import stage_ops
+from sim.stages import StageLayers, virtual_stage_layers
+from sim.topology import Topology, build_topology
+
+__all__ = ["simulate_des", "DESOutcome", "CATEGORIES"]
+
+CATEGORIES = ("compute", "tp", "cp", "ep", "pp", "dp", "optimizer", "bubble")
+Proc = Generator[Any, Any, Any]
+
+
+@dataclass(frozen=True)
+class Unit:
+    stage: int
+    dp: int  # data-parallel index (expert-parallel index is dp % ep)
+    cp: int
+    rank0: int  # logical rank of its first tensor-parallel rank
+
+
+@dataclass
+class DESOutcome:
+    iteration_s: float
+    pipeline_s: float
+    breakdown: dict[str, float]
+    communication: dict[str, dict[str, float]]
+    links: list[dict[str, Any]]
+    timeline: list[dict[str, Any]]
+    events: int
+    units: int
+
+
+@dataclass
+class _Acct:
+    spent: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0.0))
+    comm_total: dict[str, float] = field(default_factory=lambda: dict.fromkeys(
+        ("tp", "cp", "ep", "pp", "dp"), 0.0))
+    end: float = 0.0
+    pipeline_end: float = 0.0
+
+
+class _Step:
+    """One simulated iteration."""
+
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel,
+                 topo: Topology, reduce: bool, record: bool) -> None:
+        self.m, self.c, self.p, self.cost, self.topo = model, cluster, plan, cost, topo
+        self.reduce, self.record = reduce, record
+        self.env = simpy.Environment()
+        self.net = Network(self.env, topo.cap, topo.lat)
+        self.comm = CommEngine(self.env, topo, self.net)
+        self.sizes, self.strides = rank_coords(plan)
+        self.dense_t = cm.layer_time(cost, model, plan)
+        self.moe_t = cm.layer_time(cost, model, plan, moe=True) if model.is_moe else self.dense_t
+        self.vs_layers = self._virtual_layers()
+        self.units = self._units()
+        self.acct = {u: _Acct() for u in self.units}
+        self.timeline: list[dict[str, Any]] = []
+        self._events: dict[tuple, simpy.Event] = {}
+        self._meetings: dict[tuple, list[Any]] = {}
+        self._memo: dict[tuple, float] = {}
+        self._copies: dict[tuple, list[list[int]]] = {}
+        self._dp_stream = {u: simpy.Resource(self.env, 1) for u in self.units}
+        self._dp_jobs: dict[Unit, list[simpy.Process]] = {u: [] for u in self.units}
+        self._pending: dict[Unit, list[float]] = {}
+        self._seq: dict[Unit, int] = {}
+        self._p2p_copies: dict[tuple[int, int], list[list[int]]] = {}
+        self._tp_index = {self.dev(r): self._tp_coord(r) for r in range(plan.world_size)}
+        self.exclusive = self._exclusive_kinds()
+        self.bucket_params = max(40e6, 1e6 * plan.dp)  # Megatron-LM's DDP bucket size
+
+    # Layout -------------------------------------------------------------------------------
+    def dev(self, rank: int) -> int:
+        pl = self.p.placement
+        return rank if isinstance(pl, str) else pl[rank]
+
+    def _virtual_layers(self) -> list[list[bool]]:
+        """Per virtual stage, each layer's MoE flag."""
+        out, start = [], 0
+        m = self.m
+        for n in virtual_stage_layers(self.p, m):
+            out.append([m.is_moe and (i + 1) % m.moe_layer_step == 0
+                        and i not in m.mlp_only_layers for i in range(start, start + n)])
+            start += n
+        return out
+
+    def _rank0(self, stage: int, dp: int, cp: int) -> int:
+        s, ep = self.strides, self.p.ep
+        return (stage * s["pp"] + cp * s["cp"] + (dp % ep) * s["ep"] + (dp // ep) * s["dp"])
+
+    def _units(self) -> list[Unit]:
+        p = self.p
+        dps, cps = (range(1), range(1)) if self.reduce else (range(p.dp), range(p.cp))
+        return [Unit(s, d, c, self._rank0(s, d, c)) for s in range(p.pp) for d in dps
+                for c in cps]
+
+    def _tp_devices(self, rank0: int) -> list[int]:
+        return [self.dev(rank0 + t * self.strides["tp"]) for t in range(self.p.tp)]
+
+    def _exclusive_kinds(self) -> set[str]:
+        """Kinds whose groups stay inside a node while no other kind puts two ranks on one
+        node: their links carry nothing else, so one simulation per shape is exact."""
+        spans = {k: group_span(self.p, self.c, k) for k in ("tp", "cp", "ep", "dp", "pp")}
+        out = set()
+        for k, span in spans.items():
+            others = [s for o, s in spans.items() if o != k and s.size > 1]
+            if span.nodes == 1 and all(s.per_node == 1 for s in others):
+                out.add(k)
+        return out
+
+    # Groups and collectives ---------------------------------------------------------------
+    def _group(self, kind: str, unit: Unit, t: int) -> list[int]:
+        """Devices of the ``kind`` group of the unit's ``t``-th TP rank."""
+        base = unit.rank0 + t * self.strides["tp"]
+        for ranks in groups_of(self.p, kind, {"pp": unit.stage}):
+            if base in ranks:
+                return [self.dev(r) for r in ranks]
+        raise AssertionError(f"no {kind} group holds rank {base}")
+
+    def _all_copies(self, kind: str, stage: int, devices: list[int]) -> list[list[int]]:
+        """Groups of ``kind`` on the stage that the reduced simulation does not run itself:
+        for TP the other units' groups; for the other kinds, those of the same TP index
+        (each unit runs the groups of all its TP ranks)."""
+        tp_index = self._tp_index.get(devices[0], 0)
+        key = (kind, stage, tp_index)
+        if key not in self._copies:
+            groups = groups_of(self.p, kind, {"pp": stage})
+            self._copies[key] = [[self.dev(r) for r in g] for g in groups
+                                 if kind == "tp" or self._tp_coord(g[0]) == tp_index]
+        return self._copies[key]
+
+    def _tp_coord(self, rank: int) -> int:
+        return rank // self.strides["tp"] % self.p.tp
+
+    def _algorithm(self, kind: str, coll: str, size: float) -> str:
+        chosen = self.p.algorithm("dp" if kind == "edp" else kind)
+        if chosen != "auto":
+            return chosen
+        span = group_span(self.p, self.c, kind)
+        return default_algorithm(coll, fabric_for(self.c, span), size)
+
+    def memo_time(self, kind: str, coll: str, algorithm: str, devices: list[int],
+                  size: float, copies: list[list[int]] | None) -> float:
+        """Seconds of a collective run alone on the network (for kinds whose links carry
+        nothing else), simulated once per shape."""
+        key = (kind, coll, algorithm, tuple(devices), size)
+        if key not in self._memo:
+            env = simpy.Environment()
+            engine = CommEngine(env, self.topo, Network(env, self.topo.cap, self.topo.lat))
+            env.process(engine.run(coll, algorithm, devices, size, copies))
+            env.run()
+            self._memo[key] = env.now
+        return self._memo[key]
+
+    def _run(self, kind: str, coll: str, algorithm: str, devices: list[int], size: float,
+             stage: int) -> simpy.Event:
+        copies = self._all_copies(kind, stage, devices) if self.reduce else None
+        if kind in self.exclusive:
+            return self.env.timeout(self.memo_time(kind, coll, algorithm, devices, size,
+                                                   copies))
+        return self.env.process(self.comm.run(coll, algorithm, devices, size, copies))
+
+    def _groups(self, unit: Unit, kind: str) -> list[list[int]]:
+        """The groups this unit takes part in: its TP group, or for other kinds the group of
+        each of its TP ranks (they may share links with its TP group, so even a reduced
+        simulation runs them all)."""
+        if kind == "tp":
+            return [self._tp_devices(unit.rank0)]
+        return [self._group(kind, unit, t) for t in range(self.p.tp)]
+
+    def collective(self, unit: Unit, kind: str, coll: str, size: float, tag: tuple
+                   ) -> simpy.Event:
+        """Event: the unit's part of a collective over its ``kind`` groups is done (in full
+        mode once every member unit has arrived)."""
+        if size <= 0 or self._group_size(kind) == 1:
+            return self.env.timeout(0)
+        algorithm = self._algorithm(kind, coll, size)
+        members = 1 if self.reduce or kind == "tp" else self._group_size(kind)
+        done = [self._meet((kind, coll, tuple(g), tag), members,
+                           lambda g=g: self._run(kind, coll, algorithm, g, size, unit.stage))
+                for g in self._groups(unit, kind)]
+        return simpy.AllOf(self.env, done)
+
+    def _group_size(self, kind: str) -> int:
+        return {"tp": self.p.tp, "cp": self.p.cp, "ep": self.p.ep,
+                "dp": self.p.dp * self.p.cp, "edp": self.p.dp // self.p.ep * self.p.cp}[kind]
+
+    def _meet(self, key: tuple, members: int, start: Callable[[], simpy.Event]) -> simpy.Event:
+        entry = self._meetings.setdefault(key, [0, self.env.event()])
+        entry[0] += 1
+        if entry[0] == members:
+            started = start()
+            started.callbacks.append(lambda _e, done=entry[1]: done.succeed())
+        return entry[1]
+
+    # Accounting ---------------------------------------------------------------------------
+    def _add(self, u: Unit, what: str, seconds: float) -> None:
+        self.acct[u].spent[what] += seconds
+
+    def _log(self, u: Unit, stream: str, name: str, start: float) -> None:
+        if self.record and self.env.now > start:
+            self.timeline.append({"unit": u, "device": self.dev(u.rank0), "stream": stream,
+                                  "name": name, "start": start, "end": self.env.now})
+
+    def _wait(self, u: Unit, what: str, event: simpy.Event, name: str = "") -> Proc:
+        t0 = self.env.now
+        value = yield event
+        self._add(u, what, self.env.now - t0)
+        self._log(u, "compute" if what == "compute" else what, name or what, t0)
+        return value
+
+    def _compute(self, u: Unit, seconds: float, name: str) -> Proc:
+        yield from self._wait(u, "compute", self.env.timeout(seconds), name)
+
+    def _blocking(self, u: Unit, kind: str, coll: str, size: float, tag: tuple) -> Proc:
+        t0 = self.env.now
+        yield from self._wait(u, kind, self.collective(u, kind, coll, size, tag),
+                              f"{kind} {coll}")
+        self.acct[u].comm_total[kind] += self.env.now - t0
+
+    # Per-layer work ----------------------------------------------------------------------
+    @property
+    def _act(self) -> float:
+        return float(self.p.activation_bytes)
+
+    def _tp_ops(self) -> list[str]:
+        """One TP pass over a layer: 2 all-reduces, or 2 all-gathers + 2 reduce-scatters."""
+        if self.p.tp == 1:
+            return []
+        return ["all_gather", "reduce_scatter"] * 2 if self.p.sequence_parallel else \
+            ["all_reduce"] * 2
+
+    def _tp_bytes(self) -> float:
+        return self.p.local_tokens * self.m.hidden_size * self._act
+
+    def _ep_bytes(self) -> float:
+        tokens = self.p.local_tokens / (self.p.tp if self.p.sequence_parallel else 1)
+        return tokens * self.m.top_k * self.m.hidden_size * self._act
+
+    def _cp_bytes(self) -> float:
+        """Ring all-gather size of one pass: every rank's K and V chunk."""
+        return self.p.cp * 2 * self.p.local_tokens * self.m.kv_dim / self.p.tp * self._act
+
+    def _comm_passes(self, u: Unit, moe: bool, passes: int, tag: tuple) -> Proc:
+        """``passes`` forward-shaped TP passes and, for an MoE layer, expert all-to-alls."""
+        for i in range(passes):
+            for j, coll in enumerate(self._tp_ops()):
+                yield from self._blocking(u, "tp", coll, self._tp_bytes(), tag + (i, j))
+            if moe and self.p.ep > 1:
+                for j in range(2):
+                    yield from self._blocking(u, "ep", "all_to_all", self._ep_bytes(),
+                                              tag + (i, "ep", j))
+
+    def _with_cp(self, u: Unit, seconds: float, cp_bytes: float, tag: tuple, name: str
+                 ) -> Proc:
+        """Compute beside the context-parallel K/V ring; the ring's excess is exposed."""
+        if self.p.cp == 1:
+            yield from self._compute(u, seconds, name)
+            return
+        t0 = self.env.now
+        ring = self.collective(u, "cp", "all_gather", cp_bytes, tag)
+        yield from self._compute(u, seconds, name)
+        yield from self._wait(u, "cp", ring, "cp ring")
+        self.acct[u].comm_total["cp"] += self.env.now - t0
+
+    def _fast(self, layers: list[bool], backward: bool) -> tuple[float, float, float] | None:
+        """(compute, tp, ep) seconds of a whole chunk when nothing in it interacts with
+        other traffic (TP and EP memoised, no CP, no ZeRO-3)."""
+        p = self.p
+        solo_tp = p.tp == 1 or "tp" in self.exclusive
+        solo_ep = p.ep == 1 or "ep" in self.exclusive
+        if p.cp > 1 or p.zero_stage == 3 or not (solo_tp and solo_ep):
+            return None
+        tp1 = sum(self._solo("tp", c, self._tp_bytes()) for c in self._tp_ops())
+        ep1 = 2 * self._solo("ep", "all_to_all", self._ep_bytes()) if p.ep > 1 else 0.0
+        compute = tp = ep = 0.0
+        for moe in layers:
+            lt = self.moe_t if moe else self.dense_t
+            passes = (2 if p.recompute == "full" else 1) if backward else 1
+            compute += (lt.backward + self._recompute(lt)) if backward else lt.forward
+            tp += passes * tp1
+            ep += passes * ep1 if moe else 0.0
+        return compute, tp, ep
+
+    def _solo(self, kind: str, coll: str, size: float) -> float:
+        algorithm = self._algorithm(kind, coll, size)
+        group = self._tp_devices(self.units[0].rank0) if kind == "tp" else \
+            self._group(kind, self.units[0], 0)
+        copies = self._all_copies(kind, 0, group) if self.reduce else None
+        return self.memo_time(kind, coll, algorithm, group, size, copies)
+
+    def _recompute(self, lt: cm.LayerTime) -> float:
+        return {"full": lt.forward, "selective": lt.attention_forward}.get(self.p.recompute,
+                                                                           0.0)
+
+    # Forward and backward of one chunk -----------------------------------------------------
+    def _extras(self, vs: int) -> tuple[float, float]:
+        """(forward, backward) seconds of the embedding (first virtual stage) and the output
+        layer and loss (last)."""
+        fwd = bwd = 0.0
+        if vs == 0:
+            f, b = self.cost.embedding(self.p.local_tokens, self.m.hidden_size,
+                                       self.m.vocab_size, self.p.activation_dtype)
+            fwd, bwd = fwd + f, bwd + b
+        if vs == len(self.vs_layers) - 1:
+            total = cm.logits_time(self.cost, self.m, self.p)
+            fwd, bwd = fwd + total / 3, bwd + 2 * total / 3
+        return fwd, bwd
+
+    def forward(self, u: Unit, vs: int, mb: int) -> Proc:
+        layers = self.vs_layers[vs]
+        fwd_extra, _ = self._extras(vs)
+        fast = self._fast(layers, backward=False)
+        if fast:
+            compute, tp, ep = fast
+            yield from self._compute(u, compute + fwd_extra, f"F{mb} v{vs}")
+            yield from self._replay(u, tp, ep)
+            return
+        yield from self._compute(u, fwd_extra, f"F{mb} v{vs} extra")
+        gather = self._z3_gather(u, layers, 0, ("F", mb, vs))
+        for i, moe in enumerate(layers):
+            lt = self.moe_t if moe else self.dense_t
+            if gather is not None:
+                yield from self._wait(u, "dp", gather, "zero3 gather")
+                gather = self._z3_gather(u, layers, i + 1, ("F", mb, vs))
+            yield from self._with_cp(u, lt.forward, self._cp_bytes(), ("Fcp", mb, vs, i),
+                                     f"F{mb} v{vs} L{i}")
+            yield from self._comm_passes(u, moe, 1, ("F", mb, vs, i))
+
+    def backward(self, u: Unit, vs: int, mb: int) -> Proc:
+        layers = self.vs_layers[vs]
+        _, bwd_extra = self._extras(vs)
+        reduce_now = self._reduces_after(mb)
+        fast = None if reduce_now else self._fast(layers, backward=True)
+        if fast:
+            compute, tp, ep = fast
+            yield from self._compute(u, compute + bwd_extra, f"B{mb} v{vs}")
+            yield from self._replay(u, tp, ep)
+            return
+        passes = 2 if self.p.recompute == "full" else 1
+        gather = self._z3_gather(u, layers, len(layers) - 1, ("B", mb, vs))
+        for i in reversed(range(len(layers))):
+            moe = layers[i]
+            lt = self.moe_t if moe else self.dense_t
+            if gather is not None:
+                yield from self._wait(u, "dp", gather, "zero3 gather")
+                gather = self._z3_gather(u, layers, i - 1, ("B", mb, vs))
+            seconds = lt.backward + self._recompute(lt)
+            yield from self._with_cp(u, seconds, 2 * self._cp_bytes(), ("Bcp", mb, vs, i),
+                                     f"B{mb} v{vs} L{i}")
+            yield from self._comm_passes(u, moe, passes, ("B", mb, vs, i))
+            if self.p.zero_stage == 3:
+                self._z3_reduce(u, moe, ("B", mb, vs, i))
+            elif reduce_now:
+                self._grad_ready(u, *layer_rank_params(self.m, self.p, moe), ("B", mb, vs))
+        yield from self._compute(u, bwd_extra, f"B{mb} v{vs} extra")
+        if reduce_now and self.p.zero_stage < 3:
+            self._grad_ready(u, self._extra_params(vs), 0.0, ("B", mb, vs))
+            self._flush(u, ("B", mb, vs))
+
+    def _replay(self, u: Unit, tp: float, ep: float) -> Proc:
+        """Memoised TP and EP collectives of a whole chunk, as one delay each."""
+        if tp > 0:
+            yield from self._wait(u, "tp", self.env.timeout(tp), "tp (memoised)")
+            self.acct[u].comm_total["tp"] += tp
+        if ep > 0:
+            yield from self._wait(u, "ep", self.env.timeout(ep), "ep (memoised)")
+            self.acct[u].comm_total["ep"] += ep
+
+    def _extra_params(self, vs: int) -> float:
+        """Embedding and output-layer parameters held by a virtual stage."""
+        m, out = self.m, 0.0
+        vh = m.vocab_size * m.hidden_size / self.p.tp
+        if vs == 0:
+            out += vh + (m.max_seq_len * m.hidden_size
+                         if m.position_embedding == "learned" else 0)
+        if vs == len(self.vs_layers) - 1 and (not m.tied_embeddings or vs != 0):
+            out += vh
+        return out
+
+    # Data parallelism --------------------------------------------------------------------
+    def _reduces_after(self, mb: int) -> bool:
+        """Whether gradients are reduced during this micro-batch's backward."""
+        p = self.p
+        if p.zero_stage == 2:
+            return True
+        return p.overlap_grad_reduce and mb == p.num_microbatches - 1
+
+    def _grad_ready(self, u: Unit, dense: float, expert: float, tag: tuple) -> None:
+        pending = self._pending.setdefault(u, [0.0, 0.0])
+        pending[0] += dense
+        pending[1] += expert
+        if pending[0] + pending[1] >= self.bucket_params:
+            self._flush(u, tag)
+
+    def _flush(self, u: Unit, tag: tuple) -> None:
+        dense, expert = self._pending.get(u, [0.0, 0.0])
+        self._pending[u] = [0.0, 0.0]
+        if dense + expert <= 0:
+            return
+        coll = "all_reduce" if self.p.zero_stage == 0 else "reduce_scatter"
+        seq = self._seq[u] = self._seq.get(u, 0) + 1
+        job = self.env.process(self._dp_job(u, coll, dense, expert, tag + (seq,)))
+        self._dp_jobs[u].append(job)
+
+    def _dp_job(self, u: Unit, coll: str, dense: float, expert: float, tag: tuple) -> Proc:
+        with self._dp_stream[u].request() as turn:
+            yield turn
+            t0 = self.env.now
+            yield simpy.AllOf(self.env, [
+                self.collective(u, "dp", coll, dense * self._act, tag + ("dense",)),
+                self.collective(u, "edp", coll, expert * self._act, tag + ("expert",))])
+            self.acct[u].comm_total["dp"] += self.env.now - t0
+            self._log(u, "dp", f"dp {coll}", t0)
+
+    def _z3_gather(self, u: Unit, layers: list[bool], i: int, tag: tuple
+                   ) -> simpy.Event | None:
+        if self.p.zero_stage != 3 or not 0 <= i < len(layers):
+            return None
+        dense, expert = layer_rank_params(self.m, self.p, layers[i])
+        return simpy.AllOf(self.env, [
+            self.collective(u, "dp", "all_gather", dense * self._act, tag + (i, "gd")),
+            self.collective(u, "edp", "all_gather", expert * self._act, tag + (i, "ge"))])
+
+    def _z3_reduce(self, u: Unit, moe: bool, tag: tuple) -> None:
+        dense, expert = layer_rank_params(self.m, self.p, moe)
+        job = self.env.process(self._dp_job(u, "reduce_scatter", dense, expert, tag))
+        self._dp_jobs[u].append(job)
+
+    def finish(self, u: Unit, stage: StageLayers) -> Proc:
+        """Remaining gradient reduction, the optimizer step, ZeRO-1/2's weight gather."""
+        p = self.p
+        if not p.overlap_grad_reduce and p.zero_stage < 2:
+            dense, expert = rank_params(self.m, p, stage)
+            self._pending[u] = [dense, expert]
+            self._flush(u, ("tail",))
+        if self._dp_jobs[u]:
+            yield from self._wait(u, "dp", simpy.AllOf(self.env, self._dp_jobs[u]), "dp wait")
+        dense, expert = rank_params(self.m, p, stage)
+        shards = (p.dense_replicas, p.expert_replicas) if p.zero_stage >= 1 else (1, 1)
+        seconds = cm.optimizer_time(self.cost, dense / shards[0] + expert / shards[1])
+        yield from self._wait(u, "optimizer", self.env.timeout(seconds), "optimizer")
+        if p.zero_stage in (1, 2):
+            t0 = self.env.now
+            yield from self._wait(u, "dp", simpy.AllOf(self.env, [
+                self.collective(u, "dp", "all_gather", dense * self._act, ("zero-ag", "d")),
+                self.collective(u, "edp", "all_gather", expert * self._act,
+                                ("zero-ag", "e"))]), "zero gather")
+            self.acct[u].comm_total["dp"] += self.env.now - t0
+
+    # Pipeline ----------------------------------------------------------------------------
+    def _event(self, key: tuple) -> simpy.Event:
+        if key not in self._events:
+            self._events[key] = self.env.event()
+        return self._events[key]
+
+    def _receive(self, u: Unit, key: tuple) -> Proc:
+        """Wait for an activation or gradient: waiting for the sender's compute is bubble,
+        waiting for the transfer is pipeline communication."""
+        t0 = self.env.now
+        sent_at = yield self._event(key)
+        self._add(u, "bubble", max(0.0, min(sent_at, self.env.now) - t0))
+        self._add(u, "pp", self.env.now - max(t0, sent_at))
+        self._log(u, "pp", "recv", t0)
+
+    def _peer(self, u: Unit, vs: int) -> Unit:
+        stage = vs % self.p.pp
+        return Unit(stage, u.dp, u.cp, self._rank0(stage, u.dp, u.cp))
+
+    def _pairs(self, a: Unit, b: Unit) -> list[int]:
+        """Devices (sender, receiver, sender, receiver, ...) of a stage boundary: each TP
+        rank sends its 1/tp share of the activation (Megatron's scatter/gather)."""
+        out = []
+        for x, y in zip(self._tp_devices(a.rank0), self._tp_devices(b.rank0), strict=True):
+            out += [x, y]
+        return out
+
+    def _boundary_copies(self, a: Unit, b: Unit) -> list[list[int]]:
+        key = (a.stage, b.stage)
+        if key not in self._p2p_copies:
+            p = self.p
+            self._p2p_copies[key] = [
+                self._pairs(Unit(a.stage, d, c, self._rank0(a.stage, d, c)),
+                            Unit(b.stage, d, c, self._rank0(b.stage, d, c)))
+                for d in range(p.dp) for c in range(p.cp)]
+        return self._p2p_copies[key]
+
+    def send(self, u: Unit, key: tuple, vs_to: int) -> None:
+        self.env.process(self._transfer(u, self._peer(u, vs_to), key))
+
+    def _transfer(self, u: Unit, v: Unit, key: tuple) -> Proc:
+        sent_at = self.env.now
+        size = self.p.local_tokens * self.m.hidden_size * self._act / self.p.tp
+        copies = self._boundary_copies(u, v) if self.reduce else None
+        yield self.env.process(self.comm.run("p2p", "ring", self._pairs(u, v), size, copies))
+        self.acct[u].comm_total["pp"] += self.env.now - sent_at
+        self._event((v,) + key).succeed(sent_at)
+
+    def unit(self, u: Unit, stage: StageLayers) -> Proc:
+        last = len(self.vs_layers) - 1
+        for kind, mb, chunk in stage_ops(self.p, u.stage):
+            vs = chunk * self.p.pp + u.stage
+            if kind == "F":
+                if vs > 0:
+                    yield from self._receive(u, (u, "F", mb, vs))
+                yield from self.forward(u, vs, mb)
+                if vs < last:
+                    self.send(u, ("F", mb, vs + 1), vs + 1)
+            else:
+                if vs < last:
+                    yield from self._receive(u, (u, "B", mb, vs))
+                yield from self.backward(u, vs, mb)
+                if vs > 0:
+                    self.send(u, ("B", mb, vs - 1), vs - 1)
+        self.acct[u].pipeline_end = self.env.now
+        yield from self.finish(u, stage)
+        self.acct[u].end = self.env.now
+
+
+def _links(step: _Step, seconds: float, top: int = 10) -> list[dict[str, Any]]:
+    """The busiest links: utilisation = bytes / (capacity x iteration)."""
+    t = step.topo
+    rows = [{"link": f"{t.links[i][0]}->{t.links[i][1]}", "bytes": b,
+             "utilization": b / (t.cap[i] * seconds), "busy_fraction": busy / seconds}
+            for i, (b, busy) in enumerate(zip(step.net.stats.bytes, step.net.stats.busy_s,
+                                              strict=True)) if b > 0]
+    return sorted(rows, key=lambda r: (-r["utilization"], r["link"]))[:top]
+
+
+def _communication(a: _Acct) -> dict[str, dict[str, float]]:
+    out = {}
+    for kind in ("tp", "cp", "ep", "pp", "dp"):
+        exposed = a.spent[kind]
+        out[kind] = {"exposed_s": exposed,
+                     "overlapped_s": max(0.0, a.comm_total[kind] - exposed)}
+    return out
+
+
+def simulate_des(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel,
+                 reduce: bool = True, record: bool = False,
+                 topology: Topology | None = None) -> DESOutcome:
+    """Simulate one iteration; ``record`` keeps the per-unit timeline (for traces)."""
+    from sim.stages import pipeline_rank_layers
+
+    step = _Step(model, cluster, plan, cost, topology or build_topology(cluster), reduce,
+                 record)
+    stages = pipeline_rank_layers(plan, model)
+    for u in step.units:
+        step.env.process(step.unit(u, stages[u.stage]))
+    step.env.run()
+    critical = max(step.units, key=lambda u: (step.acct[u].end, -u.stage))
+    a = step.acct[critical]
+    breakdown = dict(a.spent)
+    return DESOutcome(a.end, a.pipeline_end, breakdown, _communication(a),
+                      _links(step, a.end), step.timeline,
+                      step.net.events + len(step._memo), len(step.units))
