@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Any
+
 from sim.analytic import analytic_iteration, memory_gib
 from sim.cluster import ClusterSpec
 from sim.costmodel import CostModel, roofline_for
@@ -11,38 +14,81 @@ from sim.model import ModelSpec
 from sim.plan import Plan, validate
 from sim.result import Result
 
-__all__ = ["simulate", "FIDELITIES"]
+__all__ = ["simulate", "FIDELITIES", "TierTiming"]
 
-FIDELITIES = ("analytic",)
+FIDELITIES = ("analytic", "des")
 
 
-def simulate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, fidelity: str = "analytic"
-             ) -> Result:
-    """Predict one training iteration of ``model`` on ``cluster`` under ``plan``."""
+@dataclass
+class TierTiming:
+    """What a tier predicts, before the derived figures are added."""
+
+    iteration_s: float
+    pipeline_s: float
+    breakdown: dict[str, float]
+    communication: dict[str, dict[str, float]]
+    links: list[dict[str, Any]] = field(default_factory=list)
+    simulation: dict[str, Any] = field(default_factory=dict)
+    timeline: list[dict[str, Any]] = field(default_factory=list)
+
+
+def simulate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, fidelity: str = "analytic",
+             *, reduce: bool = True, trace: str | None = None) -> Result:
+    """Predict one training iteration of ``model`` on ``cluster`` under ``plan``. The DES
+    tier can run without symmetry reduction (``reduce=False``) and write a Chrome trace."""
     if fidelity not in FIDELITIES:
         raise SpecError("fidelity", f"must be one of {', '.join(FIDELITIES)}, got {fidelity!r}")
     validate(plan, model, cluster)
     cost = cost_model_for(cluster)
-    timing = analytic_iteration(model, cluster, plan, cost)
-    iteration = timing.iteration_s
+    timing = _des(model, cluster, plan, cost, reduce, trace) if fidelity == "des" else \
+        _analytic(model, cluster, plan, cost)
+    return _result(model, cluster, plan, fidelity, timing, cost)
+
+
+def _analytic(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel) -> TierTiming:
+    t = analytic_iteration(model, cluster, plan, cost)
+    return TierTiming(t.iteration_s, t.pipeline_s, t.breakdown, t.communication)
+
+
+def _des(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel, reduce: bool,
+         trace: str | None) -> TierTiming:
+    import time
+
+    from sim.des import simulate_des
+
+    t0 = time.perf_counter()
+    out = simulate_des(model, cluster, plan, cost, reduce=reduce, record=trace is not None)
+    wall = time.perf_counter() - t0
+    if trace:
+        from sim.trace import write_chrome_trace
+
+        write_chrome_trace(trace, out.timeline, cluster)
+    info = {"reduced": reduce, "units": out.units, "events": out.events, "wall_s": wall}
+    return TierTiming(out.iteration_s, out.pipeline_s, out.breakdown, out.communication,
+                  out.links, info)
+
+
+def _result(model: ModelSpec, cluster: ClusterSpec, plan: Plan, fidelity: str, t: TierTiming,
+            cost: CostModel) -> Result:
     tokens = plan.global_batch_size * plan.seq_len
     gpus = cluster.world_size
-    per_gpu_s = iteration * gpus * 1e12
+    per_gpu_s = t.iteration_s * gpus * 1e12
     model_tf = model_flops_per_token(model, plan.seq_len) * tokens / per_gpu_s
     hw_tf = hardware_flops_per_token(model, plan.seq_len, plan.recompute) * tokens / per_gpu_s
     mem = memory_gib(model, cluster, plan)
     peak = max(r["total"] for r in mem)
     capacity = cluster.gpu.memory_gib
-    warnings = _warnings(plan, peak, capacity)
     return Result(
         fidelity=fidelity, model=model.name, cluster=cluster.name, gpus=gpus,
-        iteration_time_s=iteration, tokens_per_s=tokens / iteration,
+        iteration_time_s=t.iteration_s, tokens_per_s=tokens / t.iteration_s,
         model_tflops_per_gpu=model_tf, hardware_tflops_per_gpu=hw_tf,
         mfu=model_tf / cluster.gpu.peak_tflops(plan.dtype), peak_memory_gib=peak,
         memory_capacity_gib=capacity, fits_in_memory=peak <= capacity,
-        bubble_fraction=timing.bubble_fraction, num_microbatches=plan.num_microbatches,
-        breakdown=timing.breakdown, communication=timing.communication,
-        memory_gib=mem, extrapolated=sorted(cost.extrapolated), warnings=warnings)
+        bubble_fraction=t.breakdown["bubble"] / t.pipeline_s if t.pipeline_s else 0.0,
+        num_microbatches=plan.num_microbatches, breakdown=t.breakdown,
+        communication=t.communication, memory_gib=mem,
+        extrapolated=sorted(cost.extrapolated), warnings=_warnings(plan, peak, capacity),
+        links=t.links, simulation=t.simulation)
 
 
 def _warnings(plan: Plan, peak_gib: float, capacity_gib: float) -> list[str]:

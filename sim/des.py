@@ -91,7 +91,7 @@ class _Step:
         self.timeline: list[dict[str, Any]] = []
         self._events: dict[tuple, simpy.Event] = {}
         self._meetings: dict[tuple, list[Any]] = {}
-        self._memo: dict[tuple, float] = {}
+        self._memo: dict[tuple, tuple[float, list[tuple[int, float, float]]]] = {}
         self._copies: dict[tuple, list[list[int]]] = {}
         self._dp_stream = {u: simpy.Resource(self.env, 1) for u in self.units}
         self._dp_jobs: dict[Unit, list[simpy.Process]] = {u: [] for u in self.units}
@@ -173,17 +173,25 @@ class _Step:
         return default_algorithm(coll, fabric_for(self.c, span), size)
 
     def memo_time(self, kind: str, coll: str, algorithm: str, devices: list[int],
-                  size: float, copies: list[list[int]] | None) -> float:
+                  size: float, copies: list[list[int]] | None, times: float = 1) -> float:
         """Seconds of a collective run alone on the network (for kinds whose links carry
-        nothing else), simulated once per shape."""
+        nothing else), simulated once per shape; each of the ``times`` replays adds its
+        link traffic to this simulation's statistics."""
         key = (kind, coll, algorithm, tuple(devices), size)
         if key not in self._memo:
             env = simpy.Environment()
-            engine = CommEngine(env, self.topo, Network(env, self.topo.cap, self.topo.lat))
-            env.process(engine.run(coll, algorithm, devices, size, copies))
+            net = Network(env, self.topo.cap, self.topo.lat)
+            env.process(CommEngine(env, self.topo, net).run(coll, algorithm, devices, size,
+                                                            copies))
             env.run()
-            self._memo[key] = env.now
-        return self._memo[key]
+            used = [i for i, b in enumerate(net.stats.bytes) if b > 0]
+            self._memo[key] = (env.now, [(i, net.stats.bytes[i], net.stats.busy_s[i])
+                                         for i in used])
+        seconds, links = self._memo[key]
+        for i, b, busy in links:
+            self.net.stats.bytes[i] += times * b
+            self.net.stats.busy_s[i] += times * busy
+        return seconds
 
     def _run(self, kind: str, coll: str, algorithm: str, devices: list[int], size: float,
              stage: int) -> simpy.Event:
@@ -304,23 +312,26 @@ class _Step:
         solo_ep = p.ep == 1 or "ep" in self.exclusive
         if p.cp > 1 or p.zero_stage == 3 or not (solo_tp and solo_ep):
             return None
-        tp1 = sum(self._solo("tp", c, self._tp_bytes()) for c in self._tp_ops())
-        ep1 = 2 * self._solo("ep", "all_to_all", self._ep_bytes()) if p.ep > 1 else 0.0
-        compute = tp = ep = 0.0
-        for moe in layers:
-            lt = self.moe_t if moe else self.dense_t
-            passes = (2 if p.recompute == "full" else 1) if backward else 1
-            compute += (lt.backward + self._recompute(lt)) if backward else lt.forward
-            tp += passes * tp1
-            ep += passes * ep1 if moe else 0.0
-        return compute, tp, ep
+        passes = (2 if p.recompute == "full" else 1) if backward else 1
+        moe_layers = sum(layers)
+        tp1 = sum(self._solo("tp", c, self._tp_bytes(), passes * len(layers))
+                  for c in self._tp_ops())
+        ep1 = 2 * self._solo("ep", "all_to_all", self._ep_bytes(), 2 * passes * moe_layers) \
+            if p.ep > 1 and moe_layers else 0.0
+        compute = sum((lt.backward + self._recompute(lt)) if backward else lt.forward
+                      for lt in (self.moe_t if moe else self.dense_t for moe in layers))
+        return compute, passes * len(layers) * tp1, passes * moe_layers * ep1
 
-    def _solo(self, kind: str, coll: str, size: float) -> float:
+    def _solo(self, kind: str, coll: str, size: float, times: float) -> float:
+        """A memoised collective's seconds; it is replayed ``times`` (all TP groups of the
+        unit, or for other kinds the groups of all its TP ranks, are credited)."""
         algorithm = self._algorithm(kind, coll, size)
-        group = self._tp_devices(self.units[0].rank0) if kind == "tp" else \
-            self._group(kind, self.units[0], 0)
-        copies = self._all_copies(kind, 0, group) if self.reduce else None
-        return self.memo_time(kind, coll, algorithm, group, size, copies)
+        total = 0.0
+        for group in self._groups(self.units[0], kind):
+            copies = self._all_copies(kind, 0, group) if self.reduce else None
+            total = max(total, self.memo_time(kind, coll, algorithm, group, size, copies,
+                                              times))
+        return total
 
     def _recompute(self, lt: cm.LayerTime) -> float:
         return {"full": lt.forward, "selective": lt.attention_forward}.get(self.p.recompute,
@@ -527,6 +538,10 @@ class _Step:
         copies = self._boundary_copies(u, v) if self.reduce else None
         yield self.env.process(self.comm.run("p2p", "ring", self._pairs(u, v), size, copies))
         self.acct[u].comm_total["pp"] += self.env.now - sent_at
+        if self.record:
+            self.timeline.append({"unit": u, "device": self.dev(u.rank0), "stream": "send",
+                                  "name": f"send {key[0]}{key[1]}", "start": sent_at,
+                                  "end": self.env.now, "to_device": self.dev(v.rank0)})
         self._event((v,) + key).succeed(sent_at)
 
     def unit(self, u: Unit, stage: StageLayers) -> Proc:

@@ -13,7 +13,7 @@ time are recorded.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import simpy
 

@@ -32,6 +32,8 @@ class Result:
     memory_gib: list[dict[str, float]]  # per pipeline rank
     extrapolated: list[str] = field(default_factory=list)  # operations outside a profile
     warnings: list[str] = field(default_factory=list)
+    links: list[dict[str, Any]] = field(default_factory=list)  # busiest links (DES)
+    simulation: dict[str, Any] = field(default_factory=dict)  # DES events, units, reduced
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}

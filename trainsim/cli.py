@@ -49,14 +49,17 @@ def _write_run(out: Path, result: Any, model: Any, cluster: Any, plan: Any) -> N
 def cmd_simulate(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from sim import load_cluster, load_model, load_plan, simulate
+    from sim import SpecError, load_cluster, load_model, load_plan, simulate
     from sim.report import format_result
 
     model, cluster = load_model(args.model), load_cluster(args.cluster)
     if args.profile:
         cluster = dataclasses.replace(cluster, profile=args.profile)
     plan = load_plan(args.plan)
-    result = simulate(model, cluster, plan, fidelity=args.fidelity)
+    if args.fidelity != "des" and (args.trace or args.no_reduce):
+        raise SpecError("--trace/--no-reduce", "need --fidelity des")
+    result = simulate(model, cluster, plan, fidelity=args.fidelity, reduce=not args.no_reduce,
+                      trace=args.trace)
     if args.out:
         _write_run(Path(args.out), result, model, cluster, plan)
     print(json.dumps(result.to_dict(), indent=2) if args.json else format_result(result))
@@ -147,6 +150,35 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_topology(args: argparse.Namespace) -> int:
+    from sim.cluster import load_cluster
+    from sim.topology import bisection_Bps, build_topology
+
+    cluster = load_cluster(args.cluster)
+    topo = build_topology(cluster)
+    kinds: dict[str, int] = {}
+    for v in topo.graph.nodes:
+        kind = "device" if isinstance(v, int) else str(v[0])
+        kinds[kind] = kinds.get(kind, 0) + 1
+    print(f"{cluster.name}: {cluster.inter_node.topology}, {topo.graph.number_of_nodes()} "
+          f"vertices ({', '.join(f'{n} {k}' for k, n in sorted(kinds.items()))}), "
+          f"{topo.graph.number_of_edges() // 2} links")
+    if cluster.nodes > 1 and not args.no_bisection:
+        print(f"bisection bandwidth: {bisection_Bps(topo) / 1e9:,.0f} GB/s per direction")
+    if args.png:
+        from sim.plots import draw_topology
+
+        print(f"wrote {draw_topology(topo, Path(args.png))}")
+    return 0
+
+
+def cmd_plot_timeline(args: argparse.Namespace) -> int:
+    from sim.plots import plot_timeline
+
+    print(f"wrote {plot_timeline(Path(args.trace), Path(args.out))}")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from trainsim.demo import run_demo
 
@@ -165,8 +197,13 @@ def _add_simulate(sub: Any) -> None:
     p.add_argument("--model", required=True, help=_MODEL_HELP)
     p.add_argument("--cluster", required=True, help=_CLUSTER_HELP)
     p.add_argument("--plan", required=True, help="plan JSON (make one with: trainsim plan new)")
-    p.add_argument("--fidelity", default="analytic", choices=["analytic"],
-                   help="simulator tier (default: analytic, closed form)")
+    p.add_argument("--fidelity", default="analytic", choices=["analytic", "des"],
+                   help="simulator tier: analytic (closed form, default) or des (SimPy "
+                   "discrete-event, flow-level network)")
+    p.add_argument("--trace", metavar="FILE", help="des: write a Chrome trace JSON "
+                   "(pid = node, tid = device stream; open in Perfetto)")
+    p.add_argument("--no-reduce", action="store_true", help="des: simulate every rank and "
+                   "flow instead of one representative per symmetric set (slow)")
     p.add_argument("--profile", metavar="DIR", help="profile DB to time operations from "
                    "(overrides the cluster's; a DB root or one device folder)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -218,6 +255,19 @@ def _add_catalogs(sub: Any) -> None:
     p.add_argument("--cluster", help=_CLUSTER_HELP)
     p.add_argument("--json", action="store_true", help="print the resolved cluster as JSON")
     p.set_defaults(func=cmd_cluster)
+    p = sub.add_parser("topology", help="summarise (and draw) a cluster's network graph")
+    p.add_argument("--cluster", required=True, help=_CLUSTER_HELP)
+    p.add_argument("--png", metavar="FILE", help="draw the graph to this PNG")
+    p.add_argument("--no-bisection", action="store_true",
+                   help="skip the max-flow bisection bandwidth (slow on large clusters)")
+    p.set_defaults(func=cmd_topology)
+    p = sub.add_parser("plot", help="plots of simulation outputs")
+    psub = p.add_subparsers(dest="plot_cmd", required=True, parser_class=_Parser)
+    t = psub.add_parser("timeline", help="Gantt chart PNG of a Chrome trace from "
+                        "simulate --fidelity des --trace")
+    t.add_argument("trace", help="trace JSON")
+    t.add_argument("--out", default="timeline.png", help="PNG to write (default timeline.png)")
+    t.set_defaults(func=cmd_plot_timeline)
     p = sub.add_parser("demo", help="simulate the built-in scenarios and plot them")
     p.add_argument("--out", default="runs/demo", metavar="DIR",
                    help="run folder (default runs/demo)")
