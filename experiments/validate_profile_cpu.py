@@ -5,8 +5,9 @@ layer shapes (widths, heads, sequence lengths and micro-batches that are not gri
 the script measures forward + backward of a real torch layer (``profiler/layer.py``, one
 thread, fp32, median of 7 after warm-up) and predicts it from the profile DB's preset grid
 through the simulator's cost model, restricted to the preset grid (interpolated, never
-extrapolated: any extrapolation is reported). The DB defaults to the one trainsim ships for this CPU; if it lacks the preset
-grid, run ``trainsim profile compute --device cpu --db DIR`` first.
+extrapolated: any extrapolation is reported). The DB defaults to the one trainsim ships
+for this CPU; if it lacks the preset grid, run ``trainsim profile compute --device cpu
+--db DIR`` first.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import simpy
@@ -218,7 +219,7 @@ class _Step:
         algorithm = self._algorithm(kind, coll, size)
         members = 1 if self.reduce or kind == "tp" else self._group_size(kind)
         done = [self._meet((kind, coll, tuple(g), tag), members,
-                           lambda g=g: self._run(kind, coll, algorithm, g, size, unit.stage))
+                           partial(self._run, kind, coll, algorithm, g, size, unit.stage))
                 for g in self._groups(unit, kind)]
         return simpy.AllOf(self.env, done)
 
@@ -230,8 +231,7 @@ class _Step:
         entry = self._meetings.setdefault(key, [0, self.env.event()])
         entry[0] += 1
         if entry[0] == members:
-            started = start()
-            started.callbacks.append(lambda _e, done=entry[1]: done.succeed())
+            start().callbacks.append(partial(_succeed, entry[1]))
         return entry[1]
 
     # Accounting ---------------------------------------------------------------------------
@@ -565,14 +565,19 @@ class _Step:
         self.acct[u].end = self.env.now
 
 
+def _succeed(done: simpy.Event, _started: simpy.Event) -> None:
+    done.succeed()
+
+
 def _links(step: _Step, seconds: float, top: int = 10) -> list[dict[str, Any]]:
     """The busiest links: utilisation = bytes / (capacity x iteration)."""
     t = step.topo
-    rows = [{"link": f"{t.links[i][0]}->{t.links[i][1]}", "bytes": b,
-             "utilization": b / (t.cap[i] * seconds), "busy_fraction": busy / seconds}
+    used = [(b / (t.cap[i] * seconds), f"{t.links[i][0]}->{t.links[i][1]}", b, busy)
             for i, (b, busy) in enumerate(zip(step.net.stats.bytes, step.net.stats.busy_s,
                                               strict=True)) if b > 0]
-    return sorted(rows, key=lambda r: (-r["utilization"], r["link"]))[:top]
+    used.sort(key=lambda r: (-r[0], r[1]))
+    return [{"link": name, "bytes": b, "utilization": util, "busy_fraction": busy / seconds}
+            for util, name, b, busy in used[:top]]
 
 
 def _communication(a: _Acct) -> dict[str, dict[str, float]]:

@@ -12,8 +12,9 @@ time are recorded.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import simpy
 
@@ -88,7 +89,7 @@ class Network:
         self.env.process(self._start(Flow(links, w, float(size_bytes), done), lat))
         return done
 
-    def _start(self, flow: Flow, latency_s: float) -> object:
+    def _start(self, flow: Flow, latency_s: float) -> Generator[simpy.Event, Any, None]:
         yield self.env.timeout(latency_s)
         self._advance()
         self.flows.append(flow)

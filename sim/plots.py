@@ -65,8 +65,9 @@ def plot_timeline(trace: Path, path: Path, max_rows: int = 48) -> Path:
     names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
              if e.get("ph") == "M" and e.get("name") == "thread_name"}
     rows = sorted(names, key=lambda k: k[1])[:max_rows]
-    colors = dict(zip(("compute", "tp", "cp", "ep", "pp", "dp", "optimizer", "send"),
-                      plt.get_cmap("tab10").colors, strict=False))
+    palette = plt.get_cmap("tab10")
+    colors = {s: palette(i) for i, s in enumerate(("compute", "tp", "cp", "ep", "pp", "dp",
+                                                    "optimizer", "send"))}
     fig, ax = plt.subplots(figsize=(12, 0.3 * len(rows) + 1.5))
     for y, key in enumerate(rows):
         spans = [(e["ts"] / 1e3, e["dur"] / 1e3) for e in events
@@ -106,7 +107,7 @@ def draw_topology(topo: object, path: Path) -> Path:
     g.add_nodes_from(group(v) for v in graph.nodes)
     fig, ax = plt.subplots(figsize=(10, 7))
     pos = nx.spring_layout(g, seed=0)
-    kinds = [str(v[0]) for v in g.nodes]  # type: ignore[index]
+    kinds = [str(v[0]) for v in g.nodes]
     palette = {k: i for i, k in enumerate(sorted(set(kinds)))}
     nx.draw_networkx(g, pos, ax=ax, node_size=60, with_labels=g.number_of_nodes() <= 40,
                      font_size=6, node_color=[palette[k] for k in kinds], cmap="tab10")

@@ -225,12 +225,18 @@ def _nic(t: Topology, device: int) -> Vertex:
     return ("nic", t.node_of(device), local * c.inter_node.nics_per_node // c.gpus_per_node)
 
 
+def _nic_index(nic: Vertex) -> tuple[int, int]:
+    """(node, k) of a ``("nic", node, k)`` vertex."""
+    assert isinstance(nic, tuple)
+    return int(nic[1]), int(nic[2])
+
+
 def _fabric_path(t: Topology, a: Vertex, b: Vertex, src: int, dst: int) -> list[Vertex]:
     """Switch-level path between two NICs (both ends included)."""
     c = t.cluster
     kind = c.inter_node.topology
-    _, na, ka = a  # type: ignore[misc]
-    _, nb, kb = b  # type: ignore[misc]
+    na, ka = _nic_index(a)
+    nb, kb = _nic_index(b)
     per_pod = c.pod_size // c.gpus_per_node
     if kind == "fat-tree":
         pa, pb = ("pod", na // per_pod), ("pod", nb // per_pod)

@@ -326,8 +326,8 @@ USAGE_ERRORS = [
     (["simulate", *GPT3, "--plan", "p.json", "--bogus"], ["unrecognized arguments: --bogus"]),
     (["simulate", *GPT3], ["required: --plan", "trainsim simulate --help"]),
     (["simulate", "--model", "tiny", "--plan", "p.json"], ["required: --cluster"]),
-    (["simulate", *GPT3, "--plan", "p.json", "--fidelity", "des"],
-     ["--fidelity", "invalid choice: 'des'"]),
+    (["simulate", *GPT3, "--plan", "p.json", "--fidelity", "exact"],
+     ["--fidelity", "invalid choice: 'exact'"]),
     (["plan"], ["required: plan_cmd", "trainsim plan --help"]),
     (["plan", "check"], ["required: plan"]),
     (["plan", "new"], ["required: --global-batch-size, --seq-len"]),
@@ -572,9 +572,13 @@ def test_version(capsys):
 # Every option each (sub)command must document; kept by hand so that dropping or hiding an
 # option fails here, and checked against the parser so that a new one must be added.
 HELP_OPTIONS: dict[tuple[str, ...], list[str]] = {
-    (): ["--version", "simulate", "plan", "models", "hardware", "cluster", "demo", "profile"],
-    ("simulate",): ["--model", "--cluster", "--plan", "--fidelity", "--profile", "--json",
-                    "--out"],
+    (): ["--version", "simulate", "plan", "models", "hardware", "cluster", "topology", "plot",
+         "demo", "profile"],
+    ("simulate",): ["--model", "--cluster", "--plan", "--fidelity", "--profile", "--trace",
+                    "--no-reduce", "--json", "--out"],
+    ("topology",): ["--cluster", "--png", "--no-bisection"],
+    ("plot",): ["timeline"],
+    ("plot", "timeline"): ["trace", "--out"],
     ("plan",): ["new", "check"],
     ("plan", "new"): ["--global-batch-size", "--seq-len", "--micro-batch-size", "--dp", "--tp",
                       "--pp", "--cp", "--ep", "--vpp", "--zero-stage", "--schedule",
