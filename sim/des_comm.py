@@ -1,11 +1,13 @@
 """Running collectives on the flow network, with or without symmetry reduction.
 
-Reduced: each flow of the group stands for the same flow in every concurrent copy of the
-group (the same collective on the other groups of its kind on the stage). It becomes one
-aggregate flow over the union of the copies' paths, with weight on each link the number of
-copies whose flow crosses it: its rate is what each copy's flow gets, limited by the most
-loaded link of any copy, and any other traffic on any copy's links competes with it.
-Full: every flow of the group itself, weight 1 (the copies are run by their own processes).
+Reduced: the flows of a phase that carry the same bytes — in the group and in every
+concurrent copy of it (the same collective on the other groups of its kind on the stage) —
+become one aggregate flow over the union of their paths, with weight on each link the
+number of those flows crossing it. Its rate is what each of them gets, limited by the most
+loaded link of any, and any other traffic on any of those links competes with it; a phase
+ends with its slowest flow, so giving all of them the slowest rate changes nothing on a
+symmetric network. Full: every flow of the group itself, weight 1 (the copies are run by
+their own processes).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from sim.topology import Topology
 __all__ = ["CommEngine"]
 
 Path = tuple[int, ...]
+Shape = tuple[Path, tuple[float, ...], float, int]  # path, weights, latency, flow index
 
 
 class CommEngine:
@@ -29,7 +32,7 @@ class CommEngine:
         self.env, self.topo, self.net = env, topo, net
         g = topo.cluster.gpu
         self.nvls_weight = g.comm_eff / g.nvls_eff if g.nvls_eff else 1.0
-        self._shapes: dict[tuple, list[tuple[Path, tuple[float, ...]]]] = {}
+        self._shapes: dict[tuple, list[Shape]] = {}
 
     def path(self, devices: list[int], f: FlowSpec) -> Path:
         d = devices[f.src]
@@ -39,31 +42,49 @@ class CommEngine:
             return (self.topo.lid(("sw", self.topo.node_of(d)), d),)
         return self.topo.route(d, devices[f.dst])
 
-    def _aggregate(self, copies: list[list[int]], f: FlowSpec) -> tuple[Path, tuple[float, ...]]:
-        """Union of the copies' paths for flow ``f``, weighted by copies per link."""
+    def _aggregate(self, copies: list[list[int]], flows: list[FlowSpec]
+                   ) -> tuple[Path, tuple[float, ...]]:
+        """Union of the paths of ``flows`` in every copy, weighted by flows per link."""
         count: dict[int, int] = {}
         for devices in copies:
-            for link in self.path(devices, f):
-                count[link] = count.get(link, 0) + 1
+            for f in flows:
+                for link in self.path(devices, f):
+                    count[link] = count.get(link, 0) + 1
         links = tuple(sorted(count))
+        f = flows[0]
         scale = self.nvls_weight if f.to_switch or f.from_switch else 1.0
         return links, tuple(scale * count[link] for link in links)
 
     def _flows(self, devices: list[int], phase: Phase, copies: list[list[int]] | None,
-               key: tuple) -> list[tuple[Path, float, tuple[float, ...]]]:
-        """(path, bytes, weights) of the flows to simulate for one phase (cached shapes)."""
+               key: tuple) -> list[tuple[Path, float, tuple[float, ...], float]]:
+        """(path, bytes, weights, latency) of the flows to simulate for one phase. The
+        shapes are cached per group and phase; the bytes come from this call's phase."""
         if key not in self._shapes:
-            if copies is None:
-                shapes = []
-                for f in phase.flows:
-                    p = self.path(devices, f)
-                    w = self.nvls_weight if f.to_switch or f.from_switch else 1.0
-                    shapes.append((p, (w,) * len(p)))
-            else:
-                shapes = [self._aggregate(copies, f) for f in phase.flows]
-            self._shapes[key] = shapes
-        return [(p, f.size_bytes, w) for (p, w), f in zip(self._shapes[key], phase.flows,
-                                                          strict=True)]
+            self._shapes[key] = self._full(devices, phase) if copies is None else \
+                self._reduced(devices, phase, copies)
+        return [(p, phase.flows[i].size_bytes, w, lat) for p, w, lat, i in self._shapes[key]]
+
+    def _full(self, devices: list[int], phase: Phase) -> list[Shape]:
+        out = []
+        for i, f in enumerate(phase.flows):
+            p = self.path(devices, f)
+            w = self.nvls_weight if f.to_switch or f.from_switch else 1.0
+            out.append((p, (w,) * len(p), self.topo.path_latency(p), i))
+        return out
+
+    def _reduced(self, devices: list[int], phase: Phase, copies: list[list[int]]
+                 ) -> list[Shape]:
+        """One aggregate per class of flows (same share of the buffer, same kind)."""
+        classes: dict[tuple[float, bool], list[int]] = {}
+        for i, f in enumerate(phase.flows):
+            classes.setdefault((f.size_bytes, f.to_switch or f.from_switch), []).append(i)
+        out = []
+        for members in classes.values():
+            flows = [phase.flows[i] for i in members]
+            p, w = self._aggregate(copies, flows)
+            lat = max(self.topo.path_latency(self.path(devices, f)) for f in flows)
+            out.append((p, w, lat, members[0]))
+        return out
 
     def run(self, kind: str, algorithm: str, devices: list[int], size_bytes: float,
             copies: list[list[int]] | None = None) -> Generator[Any, Any, None]:
@@ -73,12 +94,12 @@ class CommEngine:
             nodes.setdefault(self.topo.node_of(d), []).append(i)
         phases = expand(kind, algorithm, len(devices), size_bytes, list(nodes.values()))
         for i, phase in enumerate(phases):
+            # the flows' sizes scale together, so the classes do not depend on the size
             key = (kind, algorithm, tuple(devices), len(phases), i, id(copies))
             flows = self._flows(devices, phase, copies, key)
-            lats = [self.topo.path_latency(self.path(devices, f)) for f in phase.flows]
             yield simpy.AllOf(self.env, [self.net.transfer(p, b, w, lat)
-                                         for (p, b, w), lat in zip(flows, lats, strict=True)])
-            hop = max(lats)
+                                         for p, b, w, lat in flows])
+            hop = max(lat for *_, lat in flows)
             slowest = min(self.topo.cap[link] for f in phase.flows
                           for link in self.path(devices, f))
             extra = (phase.steps - 1) * hop + phase.fill_bytes / slowest

@@ -33,29 +33,40 @@ class Flow:
 
 
 def max_min_rates(flows: Sequence[Flow], cap: Sequence[float]) -> None:
-    """Set every flow's rate: weighted progressive filling (each unfrozen flow's rate grows
-    alike until some link is full; the flows on that link freeze)."""
+    """Set every flow's rate: weighted progressive filling. All unfrozen flows' rates grow
+    alike until some link is full; the flows on it freeze at that level, and their weight
+    leaves every other link they cross (``load`` is the unfrozen weight per link)."""
     left: dict[int, float] = {}
-    users: dict[int, list[tuple[Flow, float]]] = {}
+    load: dict[int, float] = {}
+    users: dict[int, list[Flow]] = {}
     for f in flows:
-        f.rate = 0.0
         for link, w in zip(f.links, f.weights, strict=True):
-            left.setdefault(link, cap[link])
-            users.setdefault(link, []).append((f, w))
-    active = set(flows)
-    while active:
-        grow = min((left[lk] / sum(w for f, w in us if f in active), lk)
-                   for lk, us in users.items() if any(f in active for f, _ in us))
-        step, _ = grow
-        for f in active:
-            f.rate += step
-        for lk, us in users.items():
-            left[lk] -= step * sum(w for f, w in us if f in active)
-        full = [lk for lk in users if left[lk] <= _EPS * cap[lk]]
-        frozen = {f for lk in full for f, _ in users[lk]}
-        active -= frozen
+            if link not in left:
+                left[link], load[link], users[link] = cap[link], 0.0, []
+            load[link] += w
+            users[link].append(f)
+    frozen: set[int] = set()
+    level = 0.0
+    while load:
+        step = min(left[lk] / w for lk, w in load.items())
+        level += step
+        full = []
+        for lk, w in load.items():
+            left[lk] -= step * w
+            if left[lk] <= _EPS * cap[lk] or left[lk] <= 0:
+                full.append(lk)
         for lk in full:
-            del users[lk]
+            for f in users[lk]:
+                if id(f) in frozen:
+                    continue
+                frozen.add(id(f))
+                f.rate = level
+                for link, w in zip(f.links, f.weights, strict=True):
+                    if link in load:
+                        load[link] -= w
+            load.pop(lk, None)
+        for lk in [lk for lk, w in load.items() if w <= _EPS]:
+            del load[lk]
 
 
 @dataclass
@@ -72,6 +83,7 @@ class Network:
         self.flows: list[Flow] = []
         self.stats = _LinkStats([0.0] * len(cap), [0.0] * len(cap))
         self._last = 0.0
+        self._on_link: dict[int, set[Flow]] = {}
         self._wake: simpy.Event | None = None
         self.events = 0
 
@@ -93,7 +105,9 @@ class Network:
         yield self.env.timeout(latency_s)
         self._advance()
         self.flows.append(flow)
-        self._rerate()
+        for link in flow.links:
+            self._on_link.setdefault(link, set()).add(flow)
+        self._rerate([flow])
 
     def _advance(self) -> None:
         dt = self.env.now - self._last
@@ -109,15 +123,37 @@ class Network:
         for link in busy:
             self.stats.busy_s[link] += dt
 
-    def _rerate(self) -> None:
+    def _component(self, seeds: list[Flow]) -> list[Flow]:
+        """Active flows connected to ``seeds`` through shared links: only their rates can
+        change when the seeds start or finish."""
+        seen: dict[int, Flow] = {}
+        links = [link for f in seeds for link in f.links]
+        done_links: set[int] = set()
+        while links:
+            link = links.pop()
+            if link in done_links:
+                continue
+            done_links.add(link)
+            for f in self._on_link.get(link, ()):
+                if id(f) not in seen:
+                    seen[id(f)] = f
+                    links.extend(f.links)
+        return list(seen.values())
+
+    def _rerate(self, changed: list[Flow]) -> None:
+        """Re-rate the flows connected to those that started (``changed``) or finished."""
         self.events += 1
         finished = [f for f in self.flows if f.remaining <= _EPS * max(1.0, f.rate)]
         for f in finished:
             self.flows.remove(f)
+            for link in f.links:
+                self._on_link[link].discard(f)
             f.done.succeed()
         if not self.flows:
             return
-        max_min_rates(self.flows, self.cap)
+        affected = self._component(changed + finished)
+        if affected:
+            max_min_rates(affected, self.cap)
         wait = min(f.remaining / f.rate for f in self.flows)
         self._wake = self.env.timeout(max(wait, 0.0))
         self._wake.callbacks.append(self._on_wake)
@@ -129,4 +165,4 @@ class Network:
         for f in self.flows:  # absorb rounding so the earliest flow(s) finish now
             if f.rate > 0 and f.remaining / f.rate <= 1e-15 + 1e-9 * self.env.now:
                 f.remaining = 0.0
-        self._rerate()
+        self._rerate([])
