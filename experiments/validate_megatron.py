@@ -27,24 +27,25 @@ from megatron_sc21 import eq3_flops, load_rows, row_cluster, row_model, row_plan
 from sim.api import simulate  # noqa: E402
 from sim.io import atomic_write_text  # noqa: E402
 
-OUT = Path(__file__).resolve().parent / "results" / "megatron_table1_validation.csv"
+RESULTS = Path(__file__).resolve().parent / "results"
 GRID = range(20, 401, 10)
 
 
-def _predict(row: dict, dim_half: float | None = None) -> tuple[float, object]:
+def _predict(row: dict, dim_half: float | None = None, fidelity: str = "analytic"
+             ) -> tuple[float, object]:
     cluster = row_cluster(row)
     if dim_half is not None:
         cluster = dataclasses.replace(
             cluster, gpu=dataclasses.replace(cluster.gpu, gemm_dim_half=dim_half))
-    res = simulate(row_model(row), cluster, row_plan(row))
+    res = simulate(row_model(row), cluster, row_plan(row), fidelity)
     return res.iteration_time_s, res
 
 
-def validation_table() -> pd.DataFrame:
+def validation_table(fidelity: str = "analytic") -> pd.DataFrame:
     rows = []
     for row in load_rows():
         plan = row_plan(row)
-        predicted, res = _predict(row)
+        predicted, res = _predict(row, fidelity=fidelity)
         published = float(row["DERIVED_iter_time_s_from_eq3"])
         gpus = int(row["gpus"])
         rows.append({
@@ -84,16 +85,20 @@ def fit() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fit", action="store_true", help="re-fit gemm_dim_half (A100)")
-    if parser.parse_args().fit:
+    parser.add_argument("--fidelity", choices=["analytic", "des"], default="analytic")
+    args = parser.parse_args()
+    if args.fit:
         fit()
         return
-    df = validation_table()
-    atomic_write_text(OUT, df.to_csv(index=False, float_format="%.4g"))
+    df = validation_table(args.fidelity)
+    suffix = "" if args.fidelity == "analytic" else "_des"
+    out = RESULTS / f"megatron_table1_validation{suffix}.csv"
+    atomic_write_text(out, df.to_csv(index=False, float_format="%.4g"))
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         print(df.round(3).to_string(index=False))
     err = df["error_pct"].abs()
     print(f"\nmean |error| = {err.mean():.1f}%   worst = {err.max():.1f}% "
-          f"(params {df.loc[err.idxmax(), 'params_B']}B)   wrote {OUT}")
+          f"(params {df.loc[err.idxmax(), 'params_B']}B)   wrote {out}")
 
 
 if __name__ == "__main__":

@@ -179,9 +179,10 @@ def stage_costs(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostMo
     tp_l, ep_l = _tp_per_layer(x), _ep_per_layer(x)
     cp_d, cp_e = _cp_per_layer(x, x.dense), _cp_per_layer(x, x.moe)
     p2p = 0.0
-    if plan.pp > 1:
-        act = x.tokens * model.hidden_size * x.e / plan.tp  # Megatron scatter/gather
-        p2p = 2 * plan.vpp * x.coll("pp", "send_recv", act)
+    if plan.pp > 1:  # each TP rank sends 1/tp; without SP the receiver all-gathers it back
+        full = x.tokens * model.hidden_size * x.e
+        gather = x.coll("tp", "all_gather", full) if not plan.sequence_parallel else 0.0
+        p2p = 2 * plan.vpp * (x.coll("pp", "send_recv", full / plan.tp) + gather)
     out = []
     for st in pipeline_rank_layers(plan, model):
         comp = _stage_compute(x, st)

@@ -500,12 +500,20 @@ class _Step:
 
     def _receive(self, u: Unit, key: tuple) -> Proc:
         """Wait for an activation or gradient: waiting for the sender's compute is bubble,
-        waiting for the transfer is pipeline communication."""
+        waiting for the transfer is pipeline communication. Without sequence parallelism
+        each TP rank received 1/tp of it, so the TP group all-gathers it (Megatron-LM's
+        scatter/gather), which counts as pipeline communication too."""
         t0 = self.env.now
         sent_at = yield self._event(key)
         self._add(u, "bubble", max(0.0, min(sent_at, self.env.now) - t0))
         self._add(u, "pp", self.env.now - max(t0, sent_at))
         self._log(u, "pp", "recv", t0)
+        if self.p.tp > 1 and not self.p.sequence_parallel:
+            t1 = self.env.now
+            yield from self._wait(u, "pp", self.collective(u, "tp", "all_gather",
+                                                           self._tp_bytes(), ("gather",) + key),
+                                  "pp gather")
+            self.acct[u].comm_total["pp"] += self.env.now - t1
 
     def _peer(self, u: Unit, vs: int) -> Unit:
         stage = vs % self.p.pp
@@ -529,8 +537,13 @@ class _Step:
                 for d in range(p.dp) for c in range(p.cp)]
         return self._p2p_copies[key]
 
-    def send(self, u: Unit, key: tuple, vs_to: int) -> None:
-        self.env.process(self._transfer(u, self._peer(u, vs_to), key))
+    def send(self, u: Unit, key: tuple, vs_to: int) -> Proc:
+        """Send an activation or gradient and wait until it has arrived: Megatron-LM's
+        pipeline sends complete before the next compute starts."""
+        sending = self.env.process(self._transfer(u, self._peer(u, vs_to), key))
+        t0 = self.env.now
+        yield sending
+        self._add(u, "pp", self.env.now - t0)
 
     def _transfer(self, u: Unit, v: Unit, key: tuple) -> Proc:
         sent_at = self.env.now
@@ -553,13 +566,13 @@ class _Step:
                     yield from self._receive(u, (u, "F", mb, vs))
                 yield from self.forward(u, vs, mb)
                 if vs < last:
-                    self.send(u, ("F", mb, vs + 1), vs + 1)
+                    yield from self.send(u, ("F", mb, vs + 1), vs + 1)
             else:
                 if vs < last:
                     yield from self._receive(u, (u, "B", mb, vs))
                 yield from self.backward(u, vs, mb)
                 if vs > 0:
-                    self.send(u, ("B", mb, vs - 1), vs - 1)
+                    yield from self.send(u, ("B", mb, vs - 1), vs - 1)
         self.acct[u].pipeline_end = self.env.now
         yield from self.finish(u, stage)
         self.acct[u].end = self.env.now
