@@ -51,6 +51,7 @@ class Topology:
     cap: list[float] = field(default_factory=list)  # lid -> bytes/s
     lat: list[float] = field(default_factory=list)  # lid -> seconds
     _routes: dict[tuple[int, int], tuple[int, ...]] = field(default_factory=dict)
+    _router_paths: dict[tuple[int, int], list[list[int]]] = field(default_factory=dict)
 
     def add_link(self, u: Vertex, v: Vertex, cap_Bps: float, lat_s: float) -> None:
         for a, b in ((u, v), (v, u)):
@@ -247,7 +248,7 @@ def _fabric_path(t: Topology, a: Vertex, b: Vertex, src: int, dst: int) -> list[
             return [a, ra, b]
         return [a, ra, ("spine", _ecmp(c.inter_node.nics_per_node, src, dst)), rb, b]
     routers = _torus_route(t, na, nb, src, dst) if kind.startswith("torus") else \
-        _dragonfly_route(t, na, nb)
+        _dragonfly_route(t, na, nb, src, dst)
     return [a, *[("rt", r) for r in routers], b]
 
 
@@ -269,14 +270,16 @@ def _torus_route(t: Topology, na: int, nb: int, src: int, dst: int) -> list[int]
     return out
 
 
-def _dragonfly_route(t: Topology, na: int, nb: int) -> list[int]:
-    size = max(1, math.isqrt(t.cluster.nodes))
-    ga, gb = na // size, nb // size
-    if ga == gb:
-        return [na] if na == nb else [na, nb]
-    gw_a, gw_b = _gateway(ga, gb, size, t.cluster.nodes), _gateway(gb, ga, size, t.cluster.nodes)
-    path = [na] + ([gw_a] if gw_a != na else []) + [gw_b] + ([nb] if nb != gw_b else [])
-    return path
+def _dragonfly_route(t: Topology, na: int, nb: int, src: int, dst: int) -> list[int]:
+    """Shortest router paths (a group's gateway or, in small groups, a hop through a third
+    group can be as short), one picked by ECMP hash; cached per router pair."""
+    key = (na, nb)
+    if key not in t._router_paths:
+        routers = t.graph.subgraph([("rt", n) for n in range(t.cluster.nodes)])
+        t._router_paths[key] = [[v[1] for v in path] for path in itertools.islice(
+            nx.all_shortest_paths(routers, ("rt", na), ("rt", nb)), 8)]
+    options = t._router_paths[key]
+    return options[_ecmp(len(options), src, dst)]
 
 
 def _route_vertices(t: Topology, src: int, dst: int) -> list[Vertex]:

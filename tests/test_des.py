@@ -1,0 +1,166 @@
+"""The discrete-event tier: flows, collectives, topologies, schedules, the training step."""
+
+import dataclasses
+import json
+
+import pytest
+import simpy
+
+from sim import Plan, load_cluster, load_model, simulate
+from sim.alphabeta import collective_time, fabric_for
+from sim.costmodel import roofline_for
+from sim.des import simulate_des
+from sim.des_comm import CommEngine
+from sim.network import Flow, Network, max_min_rates
+from sim.placement import GroupSpan
+from sim.schedule import stage_ops
+from sim.topology import bisection_Bps, build_topology, check_route
+
+H100 = load_cluster("dgx-h100:4")
+TOPO = build_topology(H100)
+
+
+# flows --------------------------------------------------------------------------------
+def test_two_flows_on_one_link_take_twice_as_long():
+    env = simpy.Environment()
+    net = Network(env, [1e9], [0.0])
+    log = []
+
+    def watch(name, event):
+        yield event
+        log.append((name, env.now))
+
+    env.process(watch("a", net.transfer((0,), 1e9)))
+    env.process(watch("b", net.transfer((0,), 1e9)))
+    env.run()
+    assert log == [("a", 2.0), ("b", 2.0)]
+
+
+def test_max_min_three_links_by_hand():
+    # A=10, B=4, C=10; f1 on A+B, f2 on B+C, f3 on A, f4 on C: B splits 2/2, A and C give 8
+    flows = [Flow((0, 1), (1, 1), 1, None), Flow((1, 2), (1, 1), 1, None),
+             Flow((0,), (1,), 1, None), Flow((2,), (1,), 1, None)]
+    max_min_rates(flows, [10.0, 4.0, 10.0])
+    assert [f.rate for f in flows] == [2.0, 2.0, 8.0, 8.0]
+
+
+def test_weighted_flow_uses_its_weight():
+    flows = [Flow((0,), (2.0,), 1, None), Flow((0,), (1.0,), 1, None)]
+    max_min_rates(flows, [9.0])
+    assert [f.rate for f in flows] == [3.0, 3.0]  # 2*3 + 3 = 9
+
+
+def test_link_statistics():
+    env = simpy.Environment()
+    net = Network(env, [1e9, 1e9], [0.0, 0.0])
+    net.transfer((0, 1), 5e8)
+    env.run()
+    assert net.stats.bytes == [5e8, 5e8] and net.stats.busy_s == [0.5, 0.5]
+
+
+# collectives ----------------------------------------------------------------------------
+CASES = [("all_reduce", "ring", 8, 1), ("all_reduce", "tree", 4, 4),
+         ("all_reduce", "hierarchical", 16, 2), ("all_reduce", "nvls", 8, 1),
+         ("all_reduce", "halving-doubling", 16, 2), ("all_gather", "ring", 16, 2),
+         ("reduce_scatter", "ring", 8, 1), ("all_to_all", "direct", 16, 2),
+         ("all_to_all", "pairwise", 8, 1), ("broadcast", "ring", 16, 2)]
+
+
+@pytest.mark.parametrize("kind,algo,n,nodes", CASES, ids=[f"{a}-{b}-{c}" for a, b, c, _ in
+                                                         CASES])
+@pytest.mark.parametrize("size", [2**10, 2**30])
+def test_collectives_equal_their_closed_form_on_an_idle_network(kind, algo, n, nodes, size):
+    per_node = n // nodes
+    devices = [node * 8 + i for node in range(nodes) for i in range(per_node)]
+    env = simpy.Environment()
+    engine = CommEngine(env, TOPO, Network(env, TOPO.cap, TOPO.lat))
+    env.process(engine.run(kind, algo, devices, size))
+    env.run()
+    closed = collective_time(kind, fabric_for(H100, GroupSpan(n, per_node, nodes, False)),
+                             size, algo)
+    assert env.now == pytest.approx(closed, rel=1e-3)
+
+
+# topologies -----------------------------------------------------------------------------
+@pytest.mark.parametrize("topology", ["fat-tree", "rail-optimized", "torus2d", "torus3d",
+                                      "dragonfly"])
+def test_routes_are_shortest_paths(topology):
+    c = load_cluster("dgx-a100:8")
+    c = dataclasses.replace(c, inter_node=dataclasses.replace(c.inter_node, topology=topology))
+    t = build_topology(c)
+    assert all(check_route(t, a, b) for a in range(0, 64, 5) for b in range(0, 64, 7) if a != b)
+
+
+def test_oversubscribed_fat_tree_bisection_by_hand():
+    c = load_cluster("dgx-a100:4")
+    c = dataclasses.replace(c, inter_node=dataclasses.replace(c.inter_node, pod_gpus=16,
+                                                              oversubscription=4.0))
+    # two pods of 2 nodes: each pod's uplink is 2 nodes x 8 NICs x 23 GB/s / 4
+    assert bisection_Bps(build_topology(c)) == pytest.approx(2 * 8 * 25e9 * 0.92 / 4)
+
+
+def test_rail_optimized_spreads_over_spines():
+    c = load_cluster("dgx-a100:4")
+    c = dataclasses.replace(c, inter_node=dataclasses.replace(c.inter_node,
+                                                              topology="rail-optimized"))
+    t = build_topology(c)
+    spines = {t.links[t.route(a, b)[2]][1] for a in range(8) for b in range(8, 16)
+              if a % 8 != b % 8}
+    assert len(spines) > 1  # ECMP: cross-rail paths use several spines
+
+
+# schedules ------------------------------------------------------------------------------
+@pytest.mark.parametrize("schedule,vpp", [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2)])
+def test_every_op_once_and_1f1b_warmup(schedule, vpp):
+    p = Plan(global_batch_size=8, seq_len=128, pp=4, vpp=vpp, schedule=schedule)
+    for stage in range(4):
+        ops = stage_ops(p, stage)
+        assert sorted(ops) == sorted((k, mb, c) for k in "FB" for mb in range(8)
+                                     for c in range(vpp))
+    ops = stage_ops(Plan(global_batch_size=8, seq_len=128, pp=4), 1)
+    # pp - stage - 1 = 2 warm-up forwards, then one forward and one backward in turn
+    assert [k for k, _, _ in ops[:6]] == ["F", "F", "F", "B", "F", "B"]
+
+
+# the training step ------------------------------------------------------------------------
+STEPS = [
+    ("llama3-8b", "dgx-h100:2", dict(global_batch_size=8, seq_len=2048, dp=4, tp=2, pp=2,
+                                     vpp=2, schedule="interleaved-1f1b")),
+    ("llama3-8b", "dgx-h100:2", dict(global_batch_size=8, seq_len=2048, dp=8, tp=2,
+                                     zero_stage=3)),
+    ("mixtral-8x7b", "dgx-h100:2", dict(global_batch_size=8, seq_len=2048, dp=8, tp=2, ep=4,
+                                        sequence_parallel=True, zero_stage=2)),
+    ("llama3-8b", "dgx-h100:2", dict(global_batch_size=8, seq_len=4096, dp=2, tp=4, cp=2,
+                                     sequence_parallel=True)),
+]
+
+
+@pytest.mark.parametrize("model,cluster,kw", STEPS, ids=["interleaved", "zero3", "moe-ep",
+                                                         "cp"])
+def test_reduced_equals_full(model, cluster, kw):
+    m, c, p = load_model(model), load_cluster(cluster), Plan(**kw)
+    cost = roofline_for(c.gpu)
+    reduced = simulate_des(m, c, p, cost)
+    full = simulate_des(m, c, p, cost, reduce=False)
+    assert reduced.units < full.units
+    assert reduced.iteration_s == pytest.approx(full.iteration_s, rel=1e-9)
+
+
+def test_des_result_is_complete_and_adds_up(tmp_path):
+    m, c = load_model("llama3-8b"), load_cluster("dgx-h100:2")
+    p = Plan(global_batch_size=8, seq_len=2048, dp=4, tp=2, pp=2)
+    r = simulate(m, c, p, "des", trace=str(tmp_path / "t.json"))
+    assert sum(r.breakdown.values()) == pytest.approx(r.iteration_time_s, rel=1e-12)
+    assert r.links and 0 < r.links[0]["utilization"] <= 1
+    assert r.simulation["events"] > 0 and r.simulation["reduced"]
+    events = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    assert {e["ph"] for e in events} >= {"X", "M", "s", "f"}
+    again = simulate(m, c, p, "des")
+    assert again.to_dict() | {"simulation": {}} == r.to_dict() | {"simulation": {}}
+
+
+def test_des_agrees_with_analytic_when_compute_bound():
+    m, c = load_model("gpt3-175b"), load_cluster("dgx-a100:16")
+    p = Plan(global_batch_size=64, seq_len=2048, dp=4, tp=8, pp=4, recompute="full")
+    a, d = simulate(m, c, p), simulate(m, c, p, "des")
+    assert d.iteration_time_s == pytest.approx(a.iteration_time_s, rel=0.03)
