@@ -20,6 +20,7 @@ from sim.memory import GIB, peak_memory, rank_params
 from sim.model import ModelSpec
 from sim.placement import group_span
 from sim.plan import Plan
+from sim.result import Timing
 from sim.stages import StageLayers, pipeline_rank_layers
 
 __all__ = ["StageCost", "Timing", "stage_costs", "analytic_iteration", "memory_gib"]
@@ -191,20 +192,6 @@ def stage_costs(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostMo
             st.dense * cp_d[1] + st.moe * cp_e[1], st.moe * ep_l, p2p, _dp_costs(x, st, comp),
             _optimizer(x, st)))
     return out
-
-
-@dataclass(frozen=True)
-class Timing:
-    iteration_s: float
-    pipeline_s: float  # forward/backward of all micro-batches, bubble included
-    breakdown: dict[str, float]  # critical-path seconds by kind; sums to iteration_s
-    communication: dict[str, dict[str, float]]  # group -> exposed_s / overlapped_s
-
-    @property
-    def bubble_fraction(self) -> float:
-        """Idle share of the pipeline phase on its slowest rank, (pp-1)/(m+pp-1) for
-        uniform 1F1B stages."""
-        return self.breakdown["bubble"] / self.pipeline_s
 
 
 def analytic_iteration(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel

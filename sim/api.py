@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
-
 from sim.analytic import analytic_iteration, memory_gib
 from sim.cluster import ClusterSpec
 from sim.costmodel import CostModel, roofline_for
@@ -12,24 +9,11 @@ from sim.errors import SpecError
 from sim.flops import hardware_flops_per_token, model_flops_per_token
 from sim.model import ModelSpec
 from sim.plan import Plan, validate
-from sim.result import Result
+from sim.result import Result, Timing
 
-__all__ = ["simulate", "FIDELITIES", "TierTiming"]
+__all__ = ["simulate", "FIDELITIES"]
 
 FIDELITIES = ("analytic", "des")
-
-
-@dataclass
-class TierTiming:
-    """What a tier predicts, before the derived figures are added."""
-
-    iteration_s: float
-    pipeline_s: float
-    breakdown: dict[str, float]
-    communication: dict[str, dict[str, float]]
-    links: list[dict[str, Any]] = field(default_factory=list)
-    simulation: dict[str, Any] = field(default_factory=dict)
-    timeline: list[dict[str, Any]] = field(default_factory=list)
 
 
 def simulate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, fidelity: str = "analytic",
@@ -45,30 +29,27 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, fidelity: str =
     return _result(model, cluster, plan, fidelity, timing, cost)
 
 
-def _analytic(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel) -> TierTiming:
-    t = analytic_iteration(model, cluster, plan, cost)
-    return TierTiming(t.iteration_s, t.pipeline_s, t.breakdown, t.communication)
+def _analytic(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel) -> Timing:
+    return analytic_iteration(model, cluster, plan, cost)
 
 
 def _des(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel, reduce: bool,
-         trace: str | None) -> TierTiming:
+         trace: str | None) -> Timing:
     import time
 
     from sim.des import simulate_des
 
     t0 = time.perf_counter()
     out = simulate_des(model, cluster, plan, cost, reduce=reduce, record=trace is not None)
-    wall = time.perf_counter() - t0
+    out.simulation["wall_s"] = time.perf_counter() - t0
     if trace:
         from sim.trace import write_chrome_trace
 
         write_chrome_trace(trace, out.timeline, cluster)
-    info = {"reduced": reduce, "units": out.units, "events": out.events, "wall_s": wall}
-    return TierTiming(out.iteration_s, out.pipeline_s, out.breakdown, out.communication,
-                  out.links, info)
+    return out
 
 
-def _result(model: ModelSpec, cluster: ClusterSpec, plan: Plan, fidelity: str, t: TierTiming,
+def _result(model: ModelSpec, cluster: ClusterSpec, plan: Plan, fidelity: str, t: Timing,
             cost: CostModel) -> Result:
     tokens = plan.global_batch_size * plan.seq_len
     gpus = cluster.world_size

@@ -34,11 +34,12 @@ from sim.model import ModelSpec
 from sim.network import Network
 from sim.placement import group_span, groups_of, rank_coords
 from sim.plan import Plan
+from sim.result import Timing
 from sim.schedule import stage_ops
 from sim.stages import StageLayers, virtual_stage_layers
 from sim.topology import Topology, build_topology
 
-__all__ = ["simulate_des", "DESOutcome", "CATEGORIES"]
+__all__ = ["simulate_des", "CATEGORIES"]
 
 CATEGORIES = ("compute", "tp", "cp", "ep", "pp", "dp", "optimizer", "bubble")
 Proc = Generator[Any, Any, Any]
@@ -60,18 +61,6 @@ class Unit:
     dp: int  # data-parallel index (expert-parallel index is dp % ep)
     cp: int
     rank0: int  # logical rank of its first tensor-parallel rank
-
-
-@dataclass
-class DESOutcome:
-    iteration_s: float
-    pipeline_s: float
-    breakdown: dict[str, float]
-    communication: dict[str, dict[str, float]]
-    links: list[dict[str, Any]]
-    timeline: list[dict[str, Any]]
-    events: int  # SimPy events processed
-    units: int
 
 
 @dataclass
@@ -614,7 +603,7 @@ def _communication(a: _Acct) -> dict[str, dict[str, float]]:
 
 def simulate_des(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel,
                  reduce: bool = True, record: bool = False,
-                 topology: Topology | None = None) -> DESOutcome:
+                 topology: Topology | None = None) -> Timing:
     """Simulate one iteration; ``record`` keeps the per-unit timeline (for traces)."""
     from sim.stages import pipeline_rank_layers
 
@@ -627,5 +616,6 @@ def simulate_des(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostM
     critical = max(step.units, key=lambda u: (step.acct[u].end, -u.stage))
     a = step.acct[critical]
     breakdown = dict(a.spent)
-    return DESOutcome(a.end, a.pipeline_end, breakdown, _communication(a),
-                      _links(step, a.end), step.timeline, step.env.processed, len(step.units))
+    info = {"reduced": reduce, "units": len(step.units), "events": step.env.processed}
+    return Timing(a.end, a.pipeline_end, breakdown, _communication(a), _links(step, a.end),
+                  info, step.timeline)

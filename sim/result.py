@@ -5,10 +5,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Result", "BREAKDOWN_KINDS"]
+__all__ = ["Result", "Timing", "BREAKDOWN_KINDS"]
 
 # Kinds of time on the critical path; they add up to the iteration time.
 BREAKDOWN_KINDS = ("compute", "tp", "cp", "ep", "pp", "dp", "optimizer", "bubble")
+
+
+@dataclass
+class Timing:
+    """What a simulator tier predicts, before the figures derived from it are added."""
+
+    iteration_s: float
+    pipeline_s: float  # forward/backward of every micro-batch, bubble included
+    breakdown: dict[str, float]  # critical-path seconds by kind; sums to iteration_s
+    communication: dict[str, dict[str, float]]  # group -> exposed_s / overlapped_s
+    links: list[dict[str, Any]] = field(default_factory=list)
+    simulation: dict[str, Any] = field(default_factory=dict)
+    timeline: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
