@@ -96,6 +96,7 @@ class _Step:
         self._dp_stream = {u: simpy.Resource(self.env, 1) for u in self.units}
         self._dp_jobs: dict[Unit, list[simpy.Process]] = {u: [] for u in self.units}
         self._pending: dict[Unit, list[float]] = {}
+        self._group_cache: dict[tuple[str, int], list[int]] = {}
         self._seq: dict[Unit, int] = {}
         self._p2p_copies: dict[tuple[int, int], list[list[int]]] = {}
         self._tp_index = {self.dev(r): self._tp_coord(r) for r in range(plan.world_size)}
@@ -143,12 +144,13 @@ class _Step:
 
     # Groups and collectives ---------------------------------------------------------------
     def _group(self, kind: str, unit: Unit, t: int) -> list[int]:
-        """Devices of the ``kind`` group of the unit's ``t``-th TP rank."""
+        """Devices of the ``kind`` group of the unit's ``t``-th TP rank (cached)."""
         base = unit.rank0 + t * self.strides["tp"]
-        for ranks in groups_of(self.p, kind, {"pp": unit.stage}):
-            if base in ranks:
-                return [self.dev(r) for r in ranks]
-        raise AssertionError(f"no {kind} group holds rank {base}")
+        key = (kind, base)
+        if key not in self._group_cache:
+            ranks = next(g for g in groups_of(self.p, kind, {"pp": unit.stage}) if base in g)
+            self._group_cache[key] = [self.dev(r) for r in ranks]
+        return self._group_cache[key]
 
     def _all_copies(self, kind: str, stage: int, devices: list[int]) -> list[list[int]]:
         """Groups of ``kind`` on the stage that the reduced simulation does not run itself:
@@ -184,9 +186,9 @@ class _Step:
             env.process(CommEngine(env, self.topo, net).run(coll, algorithm, devices, size,
                                                             copies))
             env.run()
-            used = [i for i, b in enumerate(net.stats.bytes) if b > 0]
-            self._memo[key] = (env.now, [(i, net.stats.bytes[i], net.stats.busy_s[i])
-                                         for i in used])
+            used = [int(i) for i in (net.stats.bytes > 0).nonzero()[0]]
+            self._memo[key] = (env.now, [(i, float(net.stats.bytes[i]),
+                                          float(net.stats.busy_s[i])) for i in used])
         seconds, links = self._memo[key]
         for i, b, busy in links:
             self.net.stats.bytes[i] += times * b
@@ -584,9 +586,10 @@ def _succeed(done: simpy.Event, _started: simpy.Event) -> None:
 def _links(step: _Step, seconds: float, top: int = 10) -> list[dict[str, Any]]:
     """The busiest links: utilisation = bytes / (capacity x iteration)."""
     t = step.topo
-    used = [(b / (t.cap[i] * seconds), f"{t.links[i][0]}->{t.links[i][1]}", b, busy)
-            for i, (b, busy) in enumerate(zip(step.net.stats.bytes, step.net.stats.busy_s,
-                                              strict=True)) if b > 0]
+    stats = step.net.stats
+    used = [(float(stats.bytes[i]) / (t.cap[i] * seconds), f"{t.links[i][0]}->{t.links[i][1]}",
+             float(stats.bytes[i]), float(stats.busy_s[i]))
+            for i in (stats.bytes > 0).nonzero()[0]]
     used.sort(key=lambda r: (-r[0], r[1]))
     return [{"link": name, "bytes": b, "utilization": util, "busy_fraction": busy / seconds}
             for util, name, b, busy in used[:top]]

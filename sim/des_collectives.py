@@ -35,7 +35,12 @@ class FlowSpec:
 class Phase:
     flows: list[FlowSpec] = field(default_factory=list)
     steps: int = 1  # sequential steps the phase stands for (each pays the hop latency)
-    fill_bytes: float = 0.0  # bytes crossing a hop before the pipeline is full
+    fill_steps: int = 0  # chunk hops before the pipeline is full (trees and chains)
+
+    @property
+    def largest(self) -> float:
+        """Bytes of the phase's largest flow (a pipeline fills one chunk of it per step)."""
+        return max((f.size_bytes for f in self.flows), default=0.0)
 
 
 def _ring(n: int, size: float, passes: int, nodes: list[list[int]] | None = None
@@ -83,7 +88,7 @@ def _double_tree(n: int, size: float) -> list[Phase]:
         for child, parent in _tree_edges(n, shift):
             flows += [FlowSpec(child, parent, size / 2), FlowSpec(parent, child, size / 2)]
     depth = math.ceil(math.log2(n))
-    return [Phase(flows, 2 * depth, min(size / 2, CHUNK_BYTES) * 2 * depth)]
+    return [Phase(flows, 2 * depth, 2 * depth)]
 
 
 def _halving_doubling(n: int, size: float, kind: str) -> list[Phase]:
@@ -118,7 +123,7 @@ def _chain(n: int, size: float, nodes: list[list[int]] | None = None) -> list[Ph
     orders = _channels(n, nodes)
     share = size / len(orders)
     return [Phase([FlowSpec(o[i], o[i + 1], share) for o in orders for i in range(n - 1)],
-                  n - 1, min(share, CHUNK_BYTES) * (n - 2))]
+                  n - 1, n - 2)]
 
 
 def _hierarchical(nodes: list[list[int]], size: float, passes: int, nvls: bool,
@@ -144,7 +149,7 @@ def _hierarchical(nodes: list[list[int]], size: float, passes: int, nvls: bool,
         cross = _ring(k, size / g, passes)[0]
     phases.append(Phase([FlowSpec(nodes[f.src][i], nodes[f.dst][i], f.size_bytes)
                          for i in range(g) for f in cross.flows], cross.steps,
-                        cross.fill_bytes))
+                        cross.fill_steps))
     for ph in intra_ag:
         phases.append(_map(ph, nodes))
     return [p for p in phases if p.flows]
@@ -154,7 +159,7 @@ def _map(phase: Phase, nodes: list[list[int]]) -> Phase:
     """One node-local phase (indices 0..g-1) applied in every node of the group."""
     flows = [FlowSpec(members[f.src], members[f.dst], f.size_bytes, f.to_switch, f.from_switch)
              for members in nodes for f in phase.flows]
-    return Phase(flows, phase.steps, phase.fill_bytes)
+    return Phase(flows, phase.steps, phase.fill_steps)
 
 
 ALGORITHMS = ("ring", "tree", "hierarchical", "halving-doubling", "nvls", "direct",

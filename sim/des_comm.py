@@ -15,16 +15,17 @@ from __future__ import annotations
 from collections.abc import Generator
 from typing import Any
 
+import numpy as np
 import simpy
 
-from sim.des_collectives import FlowSpec, Phase, expand
+from sim.des_collectives import CHUNK_BYTES, FlowSpec, Phase, expand
 from sim.network import Network
 from sim.topology import Topology
 
 __all__ = ["CommEngine"]
 
 Path = tuple[int, ...]
-Shape = tuple[Path, tuple[float, ...], float, int]  # path, weights, latency, flow index
+Shape = tuple[np.ndarray, np.ndarray, float, int]  # links, weights, latency, flow index
 
 
 class CommEngine:
@@ -32,7 +33,7 @@ class CommEngine:
         self.env, self.topo, self.net = env, topo, net
         g = topo.cluster.gpu
         self.nvls_weight = g.comm_eff / g.nvls_eff if g.nvls_eff else 1.0
-        self._shapes: dict[tuple, list[Shape]] = {}
+        self._plans: dict[tuple, list[tuple[Phase, list[Shape], float, float]]] = {}
 
     def path(self, devices: list[int], f: FlowSpec) -> Path:
         d = devices[f.src]
@@ -43,33 +44,31 @@ class CommEngine:
         return self.topo.route(d, devices[f.dst])
 
     def _aggregate(self, copies: list[list[int]], flows: list[FlowSpec]
-                   ) -> tuple[Path, tuple[float, ...]]:
+                   ) -> tuple[np.ndarray, np.ndarray]:
         """Union of the paths of ``flows`` in every copy, weighted by flows per link."""
         count: dict[int, int] = {}
         for devices in copies:
             for f in flows:
                 for link in self.path(devices, f):
                     count[link] = count.get(link, 0) + 1
-        links = tuple(sorted(count))
+        links = sorted(count)
         f = flows[0]
         scale = self.nvls_weight if f.to_switch or f.from_switch else 1.0
-        return links, tuple(scale * count[link] for link in links)
+        return np.asarray(links), np.asarray([scale * count[link] for link in links])
 
     def _flows(self, devices: list[int], phase: Phase, copies: list[list[int]] | None,
-               key: tuple) -> list[tuple[Path, float, tuple[float, ...], float]]:
-        """(path, bytes, weights, latency) of the flows to simulate for one phase. The
-        shapes are cached per group and phase; the bytes come from this call's phase."""
-        if key not in self._shapes:
-            self._shapes[key] = self._full(devices, phase) if copies is None else \
-                self._reduced(devices, phase, copies)
-        return [(p, phase.flows[i].size_bytes, w, lat) for p, w, lat, i in self._shapes[key]]
+               key: tuple) -> list[Shape]:
+        """(path, weights, latency, index of the flow whose bytes it carries) of the flows
+        to simulate for one phase."""
+        return self._full(devices, phase) if copies is None else \
+            self._reduced(devices, phase, copies)
 
     def _full(self, devices: list[int], phase: Phase) -> list[Shape]:
         out = []
         for i, f in enumerate(phase.flows):
             p = self.path(devices, f)
             w = self.nvls_weight if f.to_switch or f.from_switch else 1.0
-            out.append((p, (w,) * len(p), self.topo.path_latency(p), i))
+            out.append((np.asarray(p), np.full(len(p), w), self.topo.path_latency(p), i))
         return out
 
     def _reduced(self, devices: list[int], phase: Phase, copies: list[list[int]]
@@ -86,22 +85,36 @@ class CommEngine:
             out.append((p, w, lat, members[0]))
         return out
 
+    def _plan(self, kind: str, algorithm: str, devices: list[int],
+              copies: list[list[int]] | None) -> list[tuple[Phase, list[Shape], float, float]]:
+        """Per phase of a unit-size collective: the phase, its flow shapes, the hop latency
+        and the slowest link; cached per group (sizes scale linearly)."""
+        key = (kind, algorithm, tuple(devices), id(copies))
+        if key not in self._plans:
+            nodes: dict[int, list[int]] = {}
+            for i, d in enumerate(devices):
+                nodes.setdefault(self.topo.node_of(d), []).append(i)
+            plan = []
+            for i, phase in enumerate(expand(kind, algorithm, len(devices), 1.0,
+                                             list(nodes.values()))):
+                shapes = self._flows(devices, phase, copies, key + (i,))
+                paths = [self.path(devices, f) for f in phase.flows]
+                hop = max(self.topo.path_latency(p) for p in paths)
+                slowest = min(self.topo.cap[link] for p in paths for link in p)
+                plan.append((phase, shapes, hop, slowest))
+            self._plans[key] = plan
+        return self._plans[key]
+
     def run(self, kind: str, algorithm: str, devices: list[int], size_bytes: float,
             copies: list[list[int]] | None = None) -> Generator[Any, Any, None]:
         """Process: the collective on ``devices`` (in group order)."""
-        nodes: dict[int, list[int]] = {}
-        for i, d in enumerate(devices):
-            nodes.setdefault(self.topo.node_of(d), []).append(i)
-        phases = expand(kind, algorithm, len(devices), size_bytes, list(nodes.values()))
-        for i, phase in enumerate(phases):
-            # the flows' sizes scale together, so the classes do not depend on the size
-            key = (kind, algorithm, tuple(devices), len(phases), i, id(copies))
-            flows = self._flows(devices, phase, copies, key)
-            yield simpy.AllOf(self.env, [self.net.transfer(p, b, w, lat)
-                                         for p, b, w, lat in flows])
-            hop = max(lat for *_, lat in flows)
-            slowest = min(self.topo.cap[link] for f in phase.flows
-                          for link in self.path(devices, f))
-            extra = (phase.steps - 1) * hop + phase.fill_bytes / slowest
+        if len(devices) == 1 or size_bytes <= 0:
+            return
+        for phase, shapes, hop, slowest in self._plan(kind, algorithm, devices, copies):
+            yield simpy.AllOf(self.env, [
+                self.net.transfer(p, phase.flows[i].size_bytes * size_bytes, w, lat)
+                for p, w, lat, i in shapes])
+            fill = phase.fill_steps * min(phase.largest * size_bytes, CHUNK_BYTES)
+            extra = (phase.steps - 1) * hop + fill / slowest
             if extra > 0:
                 yield self.env.timeout(extra)

@@ -7,15 +7,17 @@ progressive filling (weighted max-min), and the network wakes up at the next com
 ``weights`` let one simulated flow stand for several identical ones: a flow with weight
 ``w`` on a link uses ``w x rate`` of it (the symmetric copies it represents, or, below 1, a
 flow the link serves faster, as in-switch reduction). Per-link bytes (weighted) and busy
-time are recorded.
+time are recorded. The arithmetic is vectorised with numpy over the active (flow, link)
+pairs, so a flow that stands for thousands of links costs one array, not a loop.
 """
 
 from __future__ import annotations
 
 from collections.abc import Generator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import simpy
 
 __all__ = ["Network", "Flow", "max_min_rates"]
@@ -25,76 +27,100 @@ _EPS = 1e-12
 
 @dataclass(eq=False)
 class Flow:
-    links: tuple[int, ...]
-    weights: tuple[float, ...]
+    links: Sequence[int]  # link ids (a tuple, or an int array)
+    weights: Sequence[float]
     remaining: float
-    done: simpy.Event
+    done: simpy.Event | None
     rate: float = 0.0
+    lid: np.ndarray = field(init=False, repr=False)
+    w: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.lid = np.asarray(self.links, dtype=np.int64)
+        self.w = np.asarray(self.weights, dtype=np.float64)
+
+
+@dataclass
+class _Pairs:
+    """The active flows' (flow, link) pairs as arrays."""
+
+    flows: list[Flow]
+    owner: np.ndarray  # pair -> flow index
+    links: np.ndarray  # pair -> link id
+    w: np.ndarray  # pair -> weight
+    uniq: np.ndarray  # distinct links
+    inv: np.ndarray  # pair -> index into uniq
+
+    @classmethod
+    def of(cls, flows: list[Flow]) -> _Pairs:
+        links = np.concatenate([f.lid for f in flows])
+        w = np.concatenate([f.w for f in flows])
+        owner = np.repeat(np.arange(len(flows)), [len(f.lid) for f in flows])
+        uniq, inv = np.unique(links, return_inverse=True)
+        return cls(flows, owner, links, w, uniq, inv)
+
+
+def _fill(p: _Pairs, cap: np.ndarray) -> np.ndarray:
+    """Weighted progressive filling: all unfrozen rates grow alike until a link is full;
+    the flows crossing it freeze at that level."""
+    capu = cap[p.uniq]
+    left = capu.copy()
+    active = np.ones(len(p.flows), dtype=bool)
+    rate = np.zeros(len(p.flows))
+    level = 0.0
+    while active.any():
+        load = np.bincount(p.inv, weights=p.w * active[p.owner], minlength=len(p.uniq))
+        used = load > _EPS
+        if not used.any():
+            break
+        step = float(np.min(left[used] / load[used]))
+        level += step
+        left -= step * load
+        full = used & (left <= _EPS * capu)
+        hit = np.unique(p.owner[full[p.inv]])
+        hit = hit[active[hit]]
+        rate[hit] = level
+        active[hit] = False
+    return rate
 
 
 def max_min_rates(flows: Sequence[Flow], cap: Sequence[float]) -> None:
-    """Set every flow's rate: weighted progressive filling. All unfrozen flows' rates grow
-    alike until some link is full; the flows on it freeze at that level, and their weight
-    leaves every other link they cross (``load`` is the unfrozen weight per link)."""
-    left: dict[int, float] = {}
-    load: dict[int, float] = {}
-    users: dict[int, list[Flow]] = {}
-    for f in flows:
-        for link, w in zip(f.links, f.weights, strict=True):
-            if link not in left:
-                left[link], load[link], users[link] = cap[link], 0.0, []
-            load[link] += w
-            users[link].append(f)
-    frozen: set[int] = set()
-    level = 0.0
-    while load:
-        step = min(left[lk] / w for lk, w in load.items())
-        level += step
-        full = []
-        for lk, w in load.items():
-            left[lk] -= step * w
-            if left[lk] <= _EPS * cap[lk] or left[lk] <= 0:
-                full.append(lk)
-        for lk in full:
-            for f in users[lk]:
-                if id(f) in frozen:
-                    continue
-                frozen.add(id(f))
-                f.rate = level
-                for link, w in zip(f.links, f.weights, strict=True):
-                    if link in load:
-                        load[link] -= w
-            load.pop(lk, None)
-        for lk in [lk for lk, w in load.items() if w <= _EPS]:
-            del load[lk]
+    """Set every flow's ``rate`` (weighted max-min fair share)."""
+    if not flows:
+        return
+    rates = _fill(_Pairs.of(list(flows)), np.asarray(cap, dtype=np.float64))
+    for f, r in zip(flows, rates, strict=True):
+        f.rate = float(r)
 
 
 @dataclass
 class _LinkStats:
-    bytes: list[float]
-    busy_s: list[float]
+    bytes: np.ndarray
+    busy_s: np.ndarray
 
 
 class Network:
     """Active flows of one simulation over a topology's links."""
 
     def __init__(self, env: simpy.Environment, cap: Sequence[float], lat: Sequence[float]):
-        self.env, self.cap, self.lat = env, cap, lat
+        self.env, self.lat = env, lat
+        self.cap = np.asarray(cap, dtype=np.float64)
         self.flows: list[Flow] = []
-        self.stats = _LinkStats([0.0] * len(cap), [0.0] * len(cap))
+        self.stats = _LinkStats(np.zeros(len(cap)), np.zeros(len(cap)))
+        self._pairs: _Pairs | None = None
+        self._rates = np.zeros(0)
         self._last = 0.0
-        self._on_link: dict[int, set[Flow]] = {}
         self._wake: simpy.Event | None = None
         self.events = 0
 
-    def transfer(self, links: tuple[int, ...], size_bytes: float,
-                 weights: tuple[float, ...] | None = None, latency_s: float | None = None
+    def transfer(self, links: Sequence[int], size_bytes: float,
+                 weights: Sequence[float] | None = None, latency_s: float | None = None
                  ) -> simpy.Event:
         """An event that succeeds when ``size_bytes`` have crossed ``links``, after the
         path's latency (default: the sum over ``links``)."""
         done = self.env.event()
-        w = weights or (1.0,) * len(links)
-        if not links or size_bytes <= 0:
+        w = (1.0,) * len(links) if weights is None else weights
+        if len(links) == 0 or size_bytes <= 0:
             done.succeed()
             return done
         lat = sum(self.lat[i] for i in links) if latency_s is None else latency_s
@@ -105,55 +131,33 @@ class Network:
         yield self.env.timeout(latency_s)
         self._advance()
         self.flows.append(flow)
-        for link in flow.links:
-            self._on_link.setdefault(link, set()).add(flow)
-        self._rerate([flow])
+        self._rerate()
 
     def _advance(self) -> None:
         dt = self.env.now - self._last
         self._last = self.env.now
-        if dt <= 0:
+        if dt <= 0 or self._pairs is None:
             return
-        busy: set[int] = set()
-        for f in self.flows:
-            f.remaining -= f.rate * dt
-            for link, w in zip(f.links, f.weights, strict=True):
-                self.stats.bytes[link] += w * f.rate * dt
-                busy.add(link)
-        for link in busy:
-            self.stats.busy_s[link] += dt
+        p = self._pairs
+        for f, r in zip(p.flows, self._rates, strict=True):
+            f.remaining -= r * dt
+        np.add.at(self.stats.bytes, p.links, p.w * self._rates[p.owner] * dt)
+        self.stats.busy_s[p.uniq] += dt
 
-    def _component(self, seeds: list[Flow]) -> list[Flow]:
-        """Active flows connected to ``seeds`` through shared links: only their rates can
-        change when the seeds start or finish."""
-        seen: dict[int, Flow] = {}
-        links = [link for f in seeds for link in f.links]
-        done_links: set[int] = set()
-        while links:
-            link = links.pop()
-            if link in done_links:
-                continue
-            done_links.add(link)
-            for f in self._on_link.get(link, ()):
-                if id(f) not in seen:
-                    seen[id(f)] = f
-                    links.extend(f.links)
-        return list(seen.values())
-
-    def _rerate(self, changed: list[Flow]) -> None:
-        """Re-rate the flows connected to those that started (``changed``) or finished."""
+    def _rerate(self) -> None:
         self.events += 1
         finished = [f for f in self.flows if f.remaining <= _EPS * max(1.0, f.rate)]
         for f in finished:
             self.flows.remove(f)
-            for link in f.links:
-                self._on_link[link].discard(f)
+            assert f.done is not None
             f.done.succeed()
         if not self.flows:
+            self._pairs = None
             return
-        affected = self._component(changed + finished)
-        if affected:
-            max_min_rates(affected, self.cap)
+        self._pairs = _Pairs.of(self.flows)
+        self._rates = _fill(self._pairs, self.cap)
+        for f, r in zip(self.flows, self._rates, strict=True):
+            f.rate = float(r)
         wait = min(f.remaining / f.rate for f in self.flows)
         self._wake = self.env.timeout(max(wait, 0.0))
         self._wake.callbacks.append(self._on_wake)
@@ -165,4 +169,4 @@ class Network:
         for f in self.flows:  # absorb rounding so the earliest flow(s) finish now
             if f.rate > 0 and f.remaining / f.rate <= 1e-15 + 1e-9 * self.env.now:
                 f.remaining = 0.0
-        self._rerate([])
+        self._rerate()

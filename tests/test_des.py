@@ -55,7 +55,7 @@ def test_link_statistics():
     net = Network(env, [1e9, 1e9], [0.0, 0.0])
     net.transfer((0, 1), 5e8)
     env.run()
-    assert net.stats.bytes == [5e8, 5e8] and net.stats.busy_s == [0.5, 0.5]
+    assert net.stats.bytes.tolist() == [5e8, 5e8] and net.stats.busy_s.tolist() == [0.5, 0.5]
 
 
 # collectives ----------------------------------------------------------------------------

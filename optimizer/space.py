@@ -1,0 +1,107 @@
+"""The search space: every valid plan of a model on a cluster, generated valid by
+construction (degrees are drawn only from divisors that satisfy every rule), so nothing is
+built and then rejected. A test checks that every generated plan passes ``sim.validate``.
+
+Dimensions: ``tp`` (divides heads and kv heads, at most one node), ``cp`` (divides
+``seq_len / 2``, at most 8), ``pp`` (divides the layers), ``dp`` the rest, ``ep`` (divides dp
+and the experts), micro-batch size (divides the per-replica batch, at most 8), schedule
+(1F1B, or interleaved with every ``vpp`` that divides the layers per stage when the
+micro-batches are a multiple of ``pp``), ZeRO stage (3 only without pipelining), recompute,
+sequence parallelism (with ``tp > 1``; required with EP), and the placement: the default
+``tp-cp-ep-dp-pp`` (TP innermost, pipeline outermost) or ``tp-cp-ep-pp-dp`` (pipeline stages
+of a replica on neighbouring nodes). Uneven layer splits and collective algorithms are
+explored by the local moves of the search, not enumerated.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from sim.cluster import ClusterSpec
+from sim.model import ModelSpec
+from sim.plan import Plan
+
+__all__ = ["SearchSpace", "divisors", "plans"]
+
+PLACEMENTS = ("tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp")
+
+
+def divisors(n: int, limit: int | None = None) -> list[int]:
+    """Divisors of ``n`` up to ``limit``, ascending: ``divisors(12, 6) == [1, 2, 3, 4, 6]``."""
+    return [d for d in range(1, min(n, limit or n) + 1) if n % d == 0]
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    model: ModelSpec
+    cluster: ClusterSpec
+    global_batch_size: int
+    seq_len: int
+    dtype: str = "bf16"
+    max_micro_batch: int = 8
+    max_cp: int = 8
+
+    def _tps(self) -> list[int]:
+        m = self.model
+        return [t for t in divisors(self.cluster.world_size, self.cluster.gpus_per_node)
+                if m.num_heads % t == 0 and m.kv_heads % t == 0]
+
+    def _cps(self, rest: int) -> list[int]:
+        return [c for c in divisors(rest, self.max_cp) if (self.seq_len // 2) % c == 0
+                and (c == 1 or self.seq_len % (2 * c) == 0)]
+
+    def _eps(self, dp: int) -> list[int]:
+        m = self.model
+        return divisors(dp) if not m.is_moe else \
+            [e for e in divisors(dp) if m.num_experts % e == 0]
+
+    def degrees(self) -> Iterator[tuple[int, int, int, int, int]]:
+        """(tp, cp, pp, dp, ep) with tp*cp*pp*dp = world and every divisibility rule."""
+        world = self.cluster.world_size
+        for tp in self._tps():
+            for cp in self._cps(world // tp):
+                for pp in divisors(world // (tp * cp)):
+                    if self.model.num_layers % pp:
+                        continue
+                    dp = world // (tp * cp * pp)
+                    if self.global_batch_size % dp:
+                        continue
+                    for ep in (self._eps(dp) if self.model.is_moe else [1]):
+                        yield tp, cp, pp, dp, ep
+
+    def _schedules(self, pp: int, micro: int) -> list[tuple[str, int]]:
+        if pp == 1:
+            return [("1f1b", 1)]
+        out = [("1f1b", 1)]
+        per_stage = self.model.num_layers // pp
+        if micro % pp == 0:
+            out += [("interleaved-1f1b", v) for v in divisors(per_stage) if v > 1]
+        return out
+
+    def _tail(self, tp: int, pp: int, ep: int) -> Iterator[tuple[int, str, bool, str]]:
+        """(zero stage, recompute, sequence parallel, placement)."""
+        zeros = (0, 1, 2, 3) if pp == 1 else (0, 1)
+        recomputes = ("none", "full")  # selective saves nothing with flash attention
+        sps = (True,) if tp > 1 and ep > 1 else ((False, True) if tp > 1 else (False,))
+        places = PLACEMENTS if pp > 1 else PLACEMENTS[:1]
+        yield from itertools.product(zeros, recomputes, sps, places)
+
+    def __iter__(self) -> Iterator[Plan]:
+        for tp, cp, pp, dp, ep in self.degrees():
+            per_replica = self.global_batch_size // dp
+            for mbs in divisors(per_replica, self.max_micro_batch):
+                if tp > 1 and (self.seq_len // cp) % tp:
+                    continue
+                micro = per_replica // mbs
+                for (schedule, vpp), tail in itertools.product(self._schedules(pp, micro),
+                                                               self._tail(tp, pp, ep)):
+                    zero, recompute, sp, placement = tail
+                    yield Plan(self.global_batch_size, self.seq_len, mbs, dp, tp, pp, cp, ep,
+                               vpp, schedule, zero, recompute, sp, self.dtype, placement)
+
+
+def plans(model: ModelSpec, cluster: ClusterSpec, global_batch_size: int, seq_len: int,
+          dtype: str = "bf16") -> Iterator[Plan]:
+    return iter(SearchSpace(model, cluster, global_batch_size, seq_len, dtype))
