@@ -27,8 +27,8 @@ _EPS = 1e-12
 
 @dataclass(eq=False)
 class Flow:
-    links: Sequence[int]  # link ids (a tuple, or an int array)
-    weights: Sequence[float]
+    links: Sequence[int] | np.ndarray  # link ids (a tuple, or an int array)
+    weights: Sequence[float] | np.ndarray
     remaining: float
     done: simpy.Event | None
     rate: float = 0.0
@@ -113,9 +113,9 @@ class Network:
         self._wake: simpy.Event | None = None
         self.events = 0
 
-    def transfer(self, links: Sequence[int], size_bytes: float,
-                 weights: Sequence[float] | None = None, latency_s: float | None = None
-                 ) -> simpy.Event:
+    def transfer(self, links: Sequence[int] | np.ndarray, size_bytes: float,
+                 weights: Sequence[float] | np.ndarray | None = None,
+                 latency_s: float | None = None) -> simpy.Event:
         """An event that succeeds when ``size_bytes`` have crossed ``links``, after the
         path's latency (default: the sum over ``links``)."""
         done = self.env.event()
