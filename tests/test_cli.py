@@ -573,7 +573,10 @@ def test_version(capsys):
 # option fails here, and checked against the parser so that a new one must be added.
 HELP_OPTIONS: dict[tuple[str, ...], list[str]] = {
     (): ["--version", "simulate", "plan", "models", "hardware", "cluster", "topology", "plot",
-         "demo", "profile"],
+         "demo", "optimize", "export", "profile"],
+    ("optimize",): ["--model", "--cluster", "--global-batch-size", "--seq-len", "--top",
+                    "--workers", "--json", "--out"],
+    ("export",): ["--plan", "--model", "--cluster", "--format", "--out"],
     ("simulate",): ["--model", "--cluster", "--plan", "--fidelity", "--profile", "--trace",
                     "--no-reduce", "--json", "--out"],
     ("topology",): ["--cluster", "--png", "--no-bisection"],

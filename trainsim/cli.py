@@ -282,8 +282,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_simulate(sub)
     _add_plan(sub)
     _add_catalogs(sub)
+    from trainsim.optimize_cli import add_optimize_parsers
     from trainsim.profile_cli import add_profile_parser
 
+    add_optimize_parsers(sub, _MODEL_HELP, _CLUSTER_HELP)
     add_profile_parser(sub, _Parser)
     return parser
 

@@ -1,0 +1,103 @@
+"""What ``trainsim optimize`` prints and writes: the ranked table, the files, the plots."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from optimizer.search import Candidate, SearchReport
+from sim.io import atomic_write_files
+from sim.plan import Plan
+
+__all__ = ["plan_label", "summary", "format_report", "write_outputs"]
+
+
+def plan_label(p: Plan) -> str:
+    parts = [f"tp{p.tp}", f"pp{p.pp}", f"dp{p.dp}"]
+    parts += [f"cp{p.cp}"] if p.cp > 1 else []
+    parts += [f"ep{p.ep}"] if p.ep > 1 else []
+    parts += [f"mb{p.micro_batch_size}", f"zero{p.zero_stage}", f"rc-{p.recompute}"]
+    parts += ["sp"] if p.sequence_parallel else []
+    parts += [f"{p.schedule}" + (f"x{p.vpp}" if p.vpp > 1 else "")] if p.pp > 1 else []
+    parts += ["pp-inner"] if p.placement != "tp-cp-ep-dp-pp" else []
+    parts += [f"{g}:{a}" for g, a in p.collectives]
+    parts += ["uneven"] if p.layers_per_stage else []
+    return " ".join(parts)
+
+
+def _row(rank: int, c: Candidate) -> dict[str, Any]:
+    r = c.des
+    exposed = sum(v["exposed_s"] for v in r.communication.values()) if r else float("nan")
+    return {"rank": rank, "plan": plan_label(c.plan), "tier": "des" if r else "analytic",
+            "iteration_s": c.best_s, "analytic_s": c.analytic_s,
+            "mfu": r.mfu if r else float("nan"), "peak_memory_gib": c.peak_gib,
+            "bubble": r.bubble_fraction if r else float("nan"), "exposed_comm_s": exposed,
+            "origin": c.origin}
+
+
+def summary(rep: SearchReport, top: int) -> dict[str, Any]:
+    best = rep.best
+    out: dict[str, Any] = {
+        "model": rep.model, "cluster": rep.cluster, "space_size": rep.space_size,
+        "feasible": rep.feasible, "des_evaluated": rep.des_evaluated, "wall_s": rep.wall_s,
+        "best_plan": best.plan.to_dict(), "best_iteration_s": best.best_s,
+        "lower_bound_s": rep.lower_bound_s,
+        "optimality_gap": best.best_s / rep.lower_bound_s - 1, "moves": rep.moves,
+        "ranked": [_row(i + 1, c) for i, c in enumerate(rep.ranked[:top])], "warnings": []}
+    if rep.baseline is not None:
+        out["baseline"] = _row(0, rep.baseline) | {"plan_json": rep.baseline.plan.to_dict()}
+        out["speedup_over_baseline"] = rep.baseline.best_s / best.best_s
+    if best.plan.zero_stage == 3:
+        out["warnings"].append("the winner uses ZeRO-3, whose cost model is not calibrated "
+                               "(README: 1.6-4.9x optimistic against SC'21 Table 2)")
+    return out
+
+
+def format_report(s: dict[str, Any]) -> str:
+    lines = [f"{s['model']} on {s['cluster']}: {s['space_size']} plans, {s['feasible']} fit "
+             f"in memory, {s['des_evaluated']} simulated with the DES ({s['wall_s']:.1f} s)",
+             f"{'#':>3} {'plan':<58} {'tier':<8} {'iter s':>8} {'MFU':>6} {'GiB':>6} "
+             f"{'bubble':>6} {'comm s':>7}"]
+    rows = s["ranked"] + ([s["baseline"]] if "baseline" in s else [])
+    for r in rows:
+        rank = "base" if r["origin"] == "baseline" and r["rank"] == 0 else str(r["rank"])
+        lines.append(f"{rank:>3} {r['plan'][:58]:<58} {r['tier']:<8} {r['iteration_s']:8.4g} "
+                     f"{100 * r['mfu']:5.1f}% {r['peak_memory_gib']:6.1f} "
+                     f"{100 * r['bubble']:5.1f}% {r['exposed_comm_s']:7.3g}")
+    if "speedup_over_baseline" in s:
+        lines.append(f"speed-up over the Megatron-style baseline: "
+                     f"{s['speedup_over_baseline']:.2f}x")
+    lines.append(f"lower bound {s['lower_bound_s']:.4g} s (all FLOPs at the best GEMM rate): "
+                 f"optimality gap {100 * s['optimality_gap']:.1f}%")
+    lines += [f"local move: {m}" for m in s["moves"]]
+    lines += [f"warning: {w}" for w in s["warnings"]]
+    return "\n".join(lines)
+
+
+def _csv(rep: SearchReport) -> str:
+    import pandas as pd
+
+    simulated = {id(c): c for c in rep.ranked}
+    rows = []
+    for c in rep.candidates + [c for c in rep.ranked if c.origin.startswith("move")]:
+        d = simulated.get(id(c))
+        rows.append({**{k: v for k, v in c.plan.to_dict().items() if k != "schema_version"},
+                     "analytic_s": c.analytic_s, "peak_memory_gib": c.peak_gib,
+                     "des_s": d.des.iteration_time_s if d and d.des else None,
+                     "tokens_per_s": c.plan.global_batch_size * c.plan.seq_len / c.best_s,
+                     "origin": c.origin})
+    return pd.DataFrame(rows).to_csv(index=False, float_format="%.6g")
+
+
+def write_outputs(rep: SearchReport, s: dict[str, Any], out: Path, extra: dict[str, str]
+                  ) -> list[Path]:
+    """best_plan.json, plans.csv, report.json, the plots, and ``extra`` files."""
+    files = {out / "best_plan.json": json.dumps(rep.best.plan.to_dict(), indent=2) + "\n",
+             out / "report.json": json.dumps(s, indent=2) + "\n", out / "plans.csv": _csv(rep)}
+    files.update({out / name: text for name, text in extra.items()})
+    atomic_write_files(files)
+    from optimizer.plots import plot_pareto, plot_top_breakdown
+
+    return [*files, plot_pareto(rep, out / "pareto.png"),
+            plot_top_breakdown(rep, out / "top_breakdown.png")]

@@ -1,0 +1,141 @@
+"""The optimizer: a valid space, the search, honesty, outputs, exports."""
+
+import json
+
+import pytest
+
+from optimizer.export import (
+    check_deepspeed,
+    check_megatron,
+    check_torchtitan,
+    deepspeed_config,
+    export,
+    megatron_args,
+    rank_table,
+    torchtitan_toml,
+)
+from optimizer.plots import pareto_front
+from optimizer.search import lower_bound_s, megatron_heuristic, optimize
+from optimizer.space import SearchSpace, divisors
+from sim import Plan, load_cluster, load_model, validate
+from sim.errors import NoFeasiblePlan, SpecError
+from sim.flops import model_flops_per_token
+from trainsim.cli import main
+
+L8, H1, H2 = load_model("llama3-8b"), load_cluster("dgx-h100:1"), load_cluster("dgx-h100:2")
+MIX = load_model("mixtral-8x7b")
+
+
+def test_divisors():
+    assert divisors(12) == [1, 2, 3, 4, 6, 12] and divisors(12, 5) == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("model,cluster", [(L8, H2), (MIX, H2)], ids=["dense", "moe"])
+def test_every_generated_plan_is_valid(model, cluster):
+    plans = list(SearchSpace(model, cluster, 64, 4096))
+    assert len(plans) > 100
+    for p in plans:
+        validate(p, model, cluster)  # raises if the generator built an invalid plan
+    assert {p.tp for p in plans} == {1, 2, 4, 8}
+    assert any(p.schedule == "interleaved-1f1b" for p in plans)
+    assert any(p.ep > 1 for p in plans) == model.is_moe
+
+
+def test_heuristic_is_tp_in_node_then_pp():
+    p = megatron_heuristic(SearchSpace(load_model("llama3-70b"), load_cluster("dgx-h100:4"),
+                                       64, 4096))
+    assert p is not None and (p.tp, p.sequence_parallel) == (8, True)
+    assert p.tp * p.pp * p.dp == 32 and p.pp > 1  # 70B needs more than one stage
+
+
+def test_lower_bound_by_hand():
+    space = SearchSpace(L8, H2, 64, 4096)
+    flops = model_flops_per_token(L8, 4096) * 64 * 4096
+    assert lower_bound_s(space) == pytest.approx(flops / (16 * 989.4e12 * 0.70))
+
+
+def test_search_small_case():
+    rep = optimize(L8, H1, 32, 4096, top_k=4, workers=1, progress=False)
+    assert rep.ranked[0].des is not None and rep.des_evaluated >= 4
+    assert rep.baseline is not None and rep.baseline.des is not None
+    assert rep.best.best_s <= rep.baseline.best_s
+    assert rep.best.best_s >= rep.lower_bound_s
+    assert all(c.analytic_s >= rep.candidates[0].analytic_s for c in rep.candidates)
+
+
+def test_no_feasible_plan_says_why():
+    with pytest.raises(NoFeasiblePlan, match=r"no plan fits in memory.*tp=8"):
+        optimize(load_model("llama3-405b"), H1, 8, 8192, workers=1, progress=False)
+
+
+def test_bad_sequence_length():
+    with pytest.raises(SpecError, match="exceeds the model's learned position table"):
+        optimize(load_model("gpt3-175b"), H1, 8, 4096, workers=1, progress=False)
+
+
+def test_pareto_front():
+    pts = [(10, 1), (20, 5), (15, 2), (30, 4), (12, 3)]
+    assert pareto_front(pts) == [(10, 1), (12, 3), (20, 5)]
+
+
+# exports ------------------------------------------------------------------------------
+PLAN = Plan(global_batch_size=64, seq_len=4096, dp=2, tp=4, pp=2, vpp=2,
+            schedule="interleaved-1f1b", sequence_parallel=True, recompute="full",
+            zero_stage=1)
+
+
+def test_megatron_export_follows_its_rules():
+    args = megatron_args(PLAN, L8)
+    check_megatron(args, 16)
+    assert "--num-layers-per-virtual-pipeline-stage 8" in args
+    assert "--num-query-groups 8" in args and "--use-distributed-optimizer" in args
+    with pytest.raises(SpecError, match="no ZeRO-3"):
+        megatron_args(Plan(global_batch_size=64, seq_len=4096, dp=16, zero_stage=3), L8)
+
+
+def test_deepspeed_and_torchtitan_exports_follow_their_rules():
+    cfg = deepspeed_config(PLAN)
+    check_deepspeed(cfg)
+    assert cfg["gradient_accumulation_steps"] == 32
+    check_torchtitan(torchtitan_toml(PLAN), 16)
+
+
+def test_framework_parsers_where_installed():
+    """DeepSpeed's own config parser when it is installed; otherwise the documented rules
+    above are what is checked (this test then reports the skip)."""
+    ds = pytest.importorskip("deepspeed.runtime.config", reason="DeepSpeed is not installed "
+                             "(optional): its documented batch rules are checked instead")
+    cfg = deepspeed_config(PLAN)
+    cfg.pop("trainsim_notes")
+    ds.DeepSpeedConfig(cfg, world_size=2)
+
+
+def test_rank_table_when_the_placement_differs(tmp_path):
+    p = Plan(global_batch_size=64, seq_len=4096, dp=2, tp=4, pp=2, placement="tp-cp-ep-pp-dp")
+    files = export("torchrun", p, L8, H2)
+    table = json.loads(files["rank_table.json"])["ranks"]
+    assert len(table) == 16 and table == rank_table(p, H2)
+    # framework rank 4 (tp 0, dp 1) is logical rank 8 under pp-inner placement: node 1
+    assert table[4] == {"rank": 4, "node": 1, "local_rank": 0}
+    assert "rank_table.json" not in export("torchrun", PLAN, L8, H2)
+
+
+def test_cli_optimize_and_export(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main(["optimize", "--model", "llama3-8b", "--cluster", "dgx-h100:1",
+                 "--global-batch-size", "32", "--seq-len", "4096", "--top", "3",
+                 "--workers", "1", "--json", "--out", str(out)])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0 and report["best_iteration_s"] > 0 and "speedup_over_baseline" in report
+    for name in ("best_plan.json", "plans.csv", "report.json", "pareto.png",
+                 "top_breakdown.png", "best_trace.json", "megatron_args.sh"):
+        assert (out / name).is_file(), name
+    code = main(["export", "--plan", str(out / "best_plan.json"), "--model", "llama3-8b",
+                 "--cluster", "dgx-h100:1", "--format", "torchtitan"])
+    assert code == 0 and "[parallelism]" in capsys.readouterr().out
+
+
+def test_cli_exit_3_when_nothing_fits(capsys):
+    code = main(["optimize", "--model", "llama3-405b", "--cluster", "dgx-h100:1",
+                 "--global-batch-size", "8", "--seq-len", "8192", "--workers", "1", "--json"])
+    assert code == 3 and "no plan fits in memory" in capsys.readouterr().err
