@@ -123,7 +123,9 @@ def megatron_heuristic(space: SearchSpace) -> Plan | None:
             if m.num_layers % pp or space.global_batch_size % dp:
                 continue
             plan = Plan(space.global_batch_size, space.seq_len, 1, dp, tp, pp,
-                        recompute=recompute, sequence_parallel=tp > 1, dtype=space.dtype)
+                        recompute=recompute, sequence_parallel=tp > 1, dtype=space.dtype,
+                        attention=space.attention,
+                        overlap_grad_reduce=space.overlap_grad_reduce)
             if max(r.total for r in peak_memory(m, plan, c.gpu.reserved_gib)) / GIB \
                     <= c.gpu.memory_gib:
                 return plan
@@ -268,12 +270,13 @@ def _check_inputs(space: SearchSpace) -> None:
 
 def optimize(model: ModelSpec, cluster: ClusterSpec, global_batch_size: int, seq_len: int,
              top_k: int = 8, workers: int | None = None, progress: bool = True,
-             dtype: str = "bf16") -> SearchReport:
-    """Find the fastest plans; raises NoFeasiblePlan (CLI exit 3) when none fits."""
+             dtype: str = "bf16", space: SearchSpace | None = None) -> SearchReport:
+    """Find the fastest plans; raises NoFeasiblePlan (CLI exit 3) when none fits. ``space``
+    overrides the default space (e.g. other fixed implementation choices)."""
     from tqdm import tqdm
 
     t0 = time.perf_counter()
-    space = SearchSpace(model, cluster, global_batch_size, seq_len, dtype)
+    space = space or SearchSpace(model, cluster, global_batch_size, seq_len, dtype)
     _check_inputs(space)
     workers = workers or os.cpu_count() or 1
     plans = list(space)

@@ -42,6 +42,8 @@ class SearchSpace:
     dtype: str = "bf16"
     max_micro_batch: int = 8
     max_cp: int = 8
+    attention: str = "flash"  # implementation choices held fixed, not searched
+    overlap_grad_reduce: bool = True
 
     def _tps(self) -> list[int]:
         m = self.model
@@ -83,7 +85,9 @@ class SearchSpace:
     def _tail(self, tp: int, pp: int, ep: int) -> Iterator[tuple[int, str, bool, str]]:
         """(zero stage, recompute, sequence parallel, placement)."""
         zeros = (0, 1, 2, 3) if pp == 1 else (0, 1)
-        recomputes = ("none", "full")  # selective saves nothing with flash attention
+        # selective recompute saves nothing with flash attention
+        recomputes = ("none", "full") if self.attention == "flash" else \
+            ("none", "selective", "full")
         sps = (True,) if tp > 1 and ep > 1 else ((False, True) if tp > 1 else (False,))
         places = PLACEMENTS if pp > 1 else PLACEMENTS[:1]
         yield from itertools.product(zeros, recomputes, sps, places)
@@ -99,7 +103,9 @@ class SearchSpace:
                                                                self._tail(tp, pp, ep)):
                     zero, recompute, sp, placement = tail
                     yield Plan(self.global_batch_size, self.seq_len, mbs, dp, tp, pp, cp, ep,
-                               vpp, schedule, zero, recompute, sp, self.dtype, placement)
+                               vpp, schedule, zero, recompute, sp, self.dtype, placement,
+                               attention=self.attention,
+                               overlap_grad_reduce=self.overlap_grad_reduce)
 
 
 def plans(model: ModelSpec, cluster: ClusterSpec, global_batch_size: int, seq_len: int,
