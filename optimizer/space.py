@@ -44,6 +44,7 @@ class SearchSpace:
     max_cp: int = 8
     attention: str = "flash"  # implementation choices held fixed, not searched
     overlap_grad_reduce: bool = True
+    max_zero_stage: int = 3  # 1: plans Megatron-LM can run
 
     def _tps(self) -> list[int]:
         m = self.model
@@ -84,7 +85,8 @@ class SearchSpace:
 
     def _tail(self, tp: int, pp: int, ep: int) -> Iterator[tuple[int, str, bool, str]]:
         """(zero stage, recompute, sequence parallel, placement)."""
-        zeros = (0, 1, 2, 3) if pp == 1 else (0, 1)
+        zeros = tuple(z for z in ((0, 1, 2, 3) if pp == 1 else (0, 1))
+                      if z <= self.max_zero_stage)
         # selective recompute saves nothing with flash attention
         recomputes = ("none", "full") if self.attention == "flash" else \
             ("none", "selective", "full")
