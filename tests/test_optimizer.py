@@ -100,16 +100,6 @@ def test_deepspeed_and_torchtitan_exports_follow_their_rules():
     check_torchtitan(torchtitan_toml(PLAN), 16)
 
 
-def test_framework_parsers_where_installed():
-    """DeepSpeed's own config parser when it is installed; otherwise the documented rules
-    above are what is checked (this test then reports the skip)."""
-    ds = pytest.importorskip("deepspeed.runtime.config", reason="DeepSpeed is not installed "
-                             "(optional): its documented batch rules are checked instead")
-    cfg = deepspeed_config(PLAN)
-    cfg.pop("trainsim_notes")
-    ds.DeepSpeedConfig(cfg, world_size=2)
-
-
 def test_rank_table_when_the_placement_differs(tmp_path):
     p = Plan(global_batch_size=64, seq_len=4096, dp=2, tp=4, pp=2, placement="tp-cp-ep-pp-dp")
     files = export("torchrun", p, L8, H2)
