@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from optimizer.search import SearchReport
+from sim.plots import save_figure
 
 __all__ = ["plot_pareto", "plot_top_breakdown", "pareto_front"]
 
@@ -16,17 +17,6 @@ def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]
         if not front or thr > front[-1][1]:
             front.append((mem, thr))
     return front
-
-
-def _save(fig: object, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=120)  # type: ignore[attr-defined]
-    plt.close(fig)  # type: ignore[arg-type]
-    tmp.replace(path)
-    return path
 
 
 def plot_pareto(rep: SearchReport, path: Path) -> Path:
@@ -48,7 +38,7 @@ def plot_pareto(rep: SearchReport, path: Path) -> Path:
     ax.legend(fontsize=8)
     ax.set_title(f"{rep.model} on {rep.cluster}")
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_top_breakdown(rep: SearchReport, path: Path, top: int = 8) -> Path:

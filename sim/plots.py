@@ -6,7 +6,7 @@ from pathlib import Path
 
 from sim.result import BREAKDOWN_KINDS, Result
 
-__all__ = ["plot_breakdown", "plot_timeline", "draw_topology"]
+__all__ = ["plot_breakdown", "plot_timeline", "draw_topology", "save_figure"]
 
 
 def plot_breakdown(results: list[tuple[str, Result]], path: Path) -> Path:
@@ -27,15 +27,11 @@ def plot_breakdown(results: list[tuple[str, Result]], path: Path) -> Path:
     ax.invert_yaxis()
     ax.legend(ncol=4, fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0))
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    tmp.replace(path)
-    return path
+    return save_figure(fig, path)
 
 
-def _save(fig: object, path: Path) -> Path:
+def save_figure(fig: object, path: Path) -> Path:
+    """Write a figure atomically (a temporary file renamed over ``path``) and close it."""
     import matplotlib.pyplot as plt
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -78,7 +74,7 @@ def plot_timeline(trace: Path, path: Path, max_rows: int = 48) -> Path:
     ax.invert_yaxis()
     ax.set_xlabel("time (ms)")
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def draw_topology(topo: object, path: Path) -> Path:
@@ -113,4 +109,4 @@ def draw_topology(topo: object, path: Path) -> Path:
                      font_size=6, node_color=[palette[k] for k in kinds], cmap="tab10")
     ax.set_title(f"{cluster.name} ({cluster.inter_node.topology}), node level")
     ax.axis("off")
-    return _save(fig, path)
+    return save_figure(fig, path)
