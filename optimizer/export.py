@@ -81,9 +81,7 @@ def megatron_args(plan: Plan, model: ModelSpec) -> list[str]:
     if plan.vpp > 1:
         args.append(f"--num-layers-per-virtual-pipeline-stage "
                     f"{model.num_layers // (plan.pp * plan.vpp)}")
-    if plan.layers_per_stage and plan.vpp == 1:
-        args += [f"--decoder-first-pipeline-num-layers {plan.layers_per_stage[0]}",
-                 f"--decoder-last-pipeline-num-layers {plan.layers_per_stage[-1]}"]
+    args += _uneven_args(plan)
     if plan.sequence_parallel:
         args.append("--sequence-parallel")
     if plan.zero_stage == 1:
@@ -101,6 +99,21 @@ def megatron_args(plan: Plan, model: ModelSpec) -> list[str]:
     return args + _model_args(model)
 
 
+def _uneven_args(plan: Plan) -> list[str]:
+    """Megatron-LM can give the first and last stage their own layer counts, the middle
+    stages sharing the rest evenly; any other split cannot be exported."""
+    lps = plan.layers_per_stage
+    if not lps:
+        return []
+    middle = set(lps[1:-1])
+    if plan.vpp > 1 or len(middle) > 1:
+        raise SpecError("--format megatron", f"layers_per_stage {list(lps)} is not expressible "
+                        "in Megatron-LM (only the first and last stage may differ, without "
+                        "interleaving)")
+    return [f"--decoder-first-pipeline-num-layers {lps[0]}",
+            f"--decoder-last-pipeline-num-layers {lps[-1]}"]
+
+
 def deepspeed_config(plan: Plan) -> dict[str, Any]:
     """A DeepSpeed config (ZeRO, batch, precision, checkpointing); TP and PP come from the
     model code (Megatron-DeepSpeed flags in ``trainsim_notes``)."""
@@ -111,18 +124,22 @@ def deepspeed_config(plan: Plan) -> dict[str, Any]:
         "gradient_accumulation_steps": accum,
         "zero_optimization": {"stage": plan.zero_stage,
                               "overlap_comm": plan.overlap_grad_reduce},
-        "bf16": {"enabled": plan.dtype == "bf16"}, "fp16": {"enabled": plan.dtype == "fp16"},
-        "activation_checkpointing": {"partition_activations": plan.recompute == "full"},
+        "bf16": {"enabled": plan.dtype in ("bf16", "fp8")},
+        "fp16": {"enabled": plan.dtype == "fp16"},
         "trainsim_notes": {"tensor_model_parallel_size": plan.tp,
                            "pipeline_model_parallel_size": plan.pp,
+                           "context_parallel_size": plan.cp,
                            "sequence_parallel": plan.sequence_parallel,
-                           "data_parallel_size": plan.dp * plan.cp}}
+                           "activation_recompute": plan.recompute,
+                           # context-parallel ranks share samples: the batch is over dp
+                           "data_parallel_size": plan.dp}}
     return cfg
 
 
 def torchtitan_toml(plan: Plan) -> str:
     """torchtitan's ``[parallelism]``, ``[training]`` and ``[activation_checkpoint]``."""
-    shard, replicate = (plan.dp, 1) if plan.zero_stage >= 1 else (1, plan.dp)
+    # ZeRO-1/2 map to FSDP (full sharding, an approximation); EP draws on the shard degree
+    shard, replicate = (plan.dp, 1) if plan.zero_stage >= 1 or plan.ep > 1 else (1, plan.dp)
     schedule = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B"}
     lines = ["[parallelism]", f"data_parallel_replicate_degree = {replicate}",
              f"data_parallel_shard_degree = {shard}", f"tensor_parallel_degree = {plan.tp}",
@@ -150,6 +167,8 @@ def export(fmt: str, plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> dict
     from sim.plan import validate
 
     validate(plan, model, cluster)
+    if fmt == "deepspeed":
+        check_deepspeed(deepspeed_config(plan))
     if fmt == "megatron":
         files = {"megatron_args.sh": "python pretrain_gpt.py \\\n    "
                  + " \\\n    ".join(megatron_args(plan, model)) + "\n"}

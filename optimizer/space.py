@@ -6,7 +6,8 @@ Dimensions: ``tp`` (divides heads and kv heads, at most one node), ``cp`` (divid
 ``seq_len / 2``, at most 8), ``pp`` (divides the layers), ``dp`` the rest, ``ep`` (divides dp
 and the experts), micro-batch size (divides the per-replica batch, at most 8), schedule
 (1F1B, or interleaved with every ``vpp`` that divides the layers per stage when the
-micro-batches are a multiple of ``pp``), ZeRO stage (3 only without pipelining), recompute,
+micro-batches are a multiple of ``pp``), ZeRO stage (2 and 3 only without pipelining, as in
+Megatron-LM and DeepSpeed's pipeline engine), recompute,
 sequence parallelism (with ``tp > 1``; required with EP), and the placement: the default
 ``tp-cp-ep-dp-pp`` (TP innermost, pipeline outermost) or ``tp-cp-ep-pp-dp`` (pipeline stages
 of a replica on neighbouring nodes). Uneven layer splits and collective algorithms are
@@ -83,14 +84,17 @@ class SearchSpace:
             out += [("interleaved-1f1b", v) for v in divisors(per_stage) if v > 1]
         return out
 
-    def _tail(self, tp: int, pp: int, ep: int) -> Iterator[tuple[int, str, bool, str]]:
+    def _tail(self, tp: int, pp: int, ep: int, cp: int) -> Iterator[tuple[int, str, bool, str]]:
         """(zero stage, recompute, sequence parallel, placement)."""
         zeros = tuple(z for z in ((0, 1, 2, 3) if pp == 1 else (0, 1))
                       if z <= self.max_zero_stage)
         # selective recompute saves nothing with flash attention
         recomputes = ("none", "full") if self.attention == "flash" else \
             ("none", "selective", "full")
-        sps = (True,) if tp > 1 and ep > 1 else ((False, True) if tp > 1 else (False,))
+        sps: tuple[bool, ...] = (True,) if tp > 1 and ep > 1 else \
+            ((False, True) if tp > 1 else (False,))
+        if (self.seq_len // cp) % tp:  # SP splits the local sequence over TP
+            sps = tuple(sp for sp in sps if not sp)
         places = PLACEMENTS if pp > 1 else PLACEMENTS[:1]
         yield from itertools.product(zeros, recomputes, sps, places)
 
@@ -98,11 +102,9 @@ class SearchSpace:
         for tp, cp, pp, dp, ep in self.degrees():
             per_replica = self.global_batch_size // dp
             for mbs in divisors(per_replica, self.max_micro_batch):
-                if tp > 1 and (self.seq_len // cp) % tp:
-                    continue
                 micro = per_replica // mbs
                 for (schedule, vpp), tail in itertools.product(self._schedules(pp, micro),
-                                                               self._tail(tp, pp, ep)):
+                                                               self._tail(tp, pp, ep, cp)):
                     zero, recompute, sp, placement = tail
                     yield Plan(self.global_batch_size, self.seq_len, mbs, dp, tp, pp, cp, ep,
                                vpp, schedule, zero, recompute, sp, self.dtype, placement,

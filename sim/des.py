@@ -301,9 +301,11 @@ class _Step:
             return
         t0 = self.env.now
         ring = self.collective(u, "cp", "all_gather", cp_bytes, tag)
+        ring_end: list[float] = []
+        ring.callbacks.append(lambda _e: ring_end.append(self.env.now))
         yield from self._compute(u, seconds, name)
         yield from self._wait(u, "cp", ring, "cp ring")
-        self.acct[u].comm_total["cp"] += self.env.now - t0
+        self.acct[u].comm_total["cp"] += ring_end[0] - t0
 
     def _fast(self, layers: list[bool], backward: bool) -> tuple[float, float, float] | None:
         """(compute, tp, ep) seconds of a whole chunk when nothing in it interacts with

@@ -164,3 +164,16 @@ def test_des_agrees_with_analytic_when_compute_bound():
     p = Plan(global_batch_size=64, seq_len=2048, dp=4, tp=8, pp=4, recompute="full")
     a, d = simulate(m, c, p), simulate(m, c, p, "des")
     assert d.iteration_time_s == pytest.approx(a.iteration_time_s, rel=0.03)
+
+
+def test_rings_stay_on_their_rail():
+    """Across nodes each ring joins ranks of the same local index, so on a rail-optimized
+    network a DP ring costs what the closed form says (it used to cross the spines)."""
+    c = load_cluster("dgx-h100:4")
+    c = dataclasses.replace(c, inter_node=dataclasses.replace(c.inter_node,
+                                                              topology="rail-optimized"))
+    m = load_model("llama3-8b")
+    p = Plan(global_batch_size=32, seq_len=4096, dp=8, tp=2, pp=2,
+             collectives=(("dp", "ring"),))
+    a, d = simulate(m, c, p), simulate(m, c, p, "des")
+    assert d.iteration_time_s == pytest.approx(a.iteration_time_s, rel=0.03)
