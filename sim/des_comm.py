@@ -34,6 +34,7 @@ class CommEngine:
         g = topo.cluster.gpu
         self.nvls_weight = g.comm_eff / g.nvls_eff if g.nvls_eff else 1.0
         self._plans: dict[tuple, list[tuple[Phase, list[Shape], float, float]]] = {}
+        self._alive: list[object] = []
 
     def path(self, devices: list[int], f: FlowSpec) -> Path:
         d = devices[f.src]
@@ -91,6 +92,7 @@ class CommEngine:
         and the slowest link; cached per group (sizes scale linearly)."""
         key = (kind, algorithm, tuple(devices), id(copies))
         if key not in self._plans:
+            self._alive.append(copies)  # keeps id(copies) unique while the plan is cached
             nodes: dict[int, list[int]] = {}
             for i, d in enumerate(devices):
                 nodes.setdefault(self.topo.node_of(d), []).append(i)
