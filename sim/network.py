@@ -111,7 +111,6 @@ class Network:
         self._rates = np.zeros(0)
         self._last = 0.0
         self._wake: simpy.Event | None = None
-        self.events = 0
 
     def transfer(self, links: Sequence[int] | np.ndarray, size_bytes: float,
                  weights: Sequence[float] | np.ndarray | None = None,
@@ -145,7 +144,6 @@ class Network:
         self.stats.busy_s[p.uniq] += dt
 
     def _rerate(self) -> None:
-        self.events += 1
         finished = [f for f in self.flows if f.remaining <= _EPS * max(1.0, f.rate)]
         for f in finished:
             self.flows.remove(f)

@@ -13,6 +13,7 @@ import bisect
 import itertools
 import math
 import statistics
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
@@ -124,12 +125,17 @@ class Profiled:
         dims = "x".join(f"{v:g}" for v in shape)
         self._extrapolated.add(f"{what} {dims} {dtype}")
 
-    def gemm(self, m: float, n: float, k: float, dtype: str) -> Cost:
-        hit = self._lookup(("gemm", "", dtype), (m, n, k))
+    def _measured(self, key: Key, shape: Point, fallback: Callable[[], Cost]) -> Cost:
+        """The profiled (forward, backward) seconds, else the fitted roofline's, noted."""
+        hit = self._lookup(key, shape)
         if hit is None:
-            self._note("gemm", (m, n, k), dtype)
-            return self.fallback.gemm(m, n, k, dtype)
+            self._note(key[0], shape, key[2])
+            return fallback()
         return hit
+
+    def gemm(self, m: float, n: float, k: float, dtype: str) -> Cost:
+        return self._measured(("gemm", "", dtype), (m, n, k),
+                              lambda: self.fallback.gemm(m, n, k, dtype))
 
     def attention(self, batch_heads: float, q_len: float, kv_len: float, head_dim: float,
                   dtype: str, flash: bool, dropout: bool) -> Cost:
@@ -145,25 +151,16 @@ class Profiled:
         return hit[0] * kv_len / q_len, hit[1] * kv_len / q_len
 
     def elementwise(self, op: str, tokens: float, width: float, dtype: str) -> Cost:
-        hit = self._lookup((op, "", dtype), (tokens, width))
-        if hit is None:
-            self._note(op, (tokens, width), dtype)
-            return self.fallback.elementwise(op, tokens, width, dtype)
-        return hit
+        return self._measured((op, "", dtype), (tokens, width),
+                              lambda: self.fallback.elementwise(op, tokens, width, dtype))
 
     def embedding(self, tokens: float, hidden: float, vocab: float, dtype: str) -> Cost:
-        hit = self._lookup(("embedding", "", dtype), (tokens, hidden, vocab))
-        if hit is None:
-            self._note("embedding", (tokens, hidden, vocab), dtype)
-            return self.fallback.embedding(tokens, hidden, vocab, dtype)
-        return hit
+        return self._measured(("embedding", "", dtype), (tokens, hidden, vocab),
+                              lambda: self.fallback.embedding(tokens, hidden, vocab, dtype))
 
     def optimizer(self, numel: float) -> float:
-        hit = self._lookup(("optimizer", "adam", "fp32"), (numel,))
-        if hit is None:
-            self._note("optimizer", (numel,), "fp32")
-            return self.fallback.optimizer(numel)
-        return hit[0]
+        return self._measured(("optimizer", "adam", "fp32"), (numel,),
+                              lambda: (self.fallback.optimizer(numel), 0.0))[0]
 
     def collective(self, kind: str, group_size: int, inter_node: bool, size_bytes: float
                    ) -> float | None:
