@@ -39,7 +39,7 @@ from sim.schedule import stage_ops
 from sim.stages import StageLayers, virtual_stage_layers
 from sim.topology import Topology, build_topology
 
-__all__ = ["simulate_des", "CATEGORIES"]
+__all__ = ["simulate_des", "dp_bucket_params", "CATEGORIES"]
 
 CATEGORIES = ("compute", "tp", "cp", "ep", "pp", "dp", "optimizer", "bubble")
 Proc = Generator[Any, Any, Any]
@@ -101,7 +101,7 @@ class _Step:
         self._p2p_copies: dict[tuple[int, int], list[list[int]]] = {}
         self._tp_index = {self.dev(r): self._tp_coord(r) for r in range(plan.world_size)}
         self.exclusive = self._exclusive_kinds()
-        self.bucket_params = max(40e6, 1e6 * plan.dp)  # Megatron-LM's DDP bucket size
+        self.bucket_params = dp_bucket_params(plan)
 
     # Layout -------------------------------------------------------------------------------
     def dev(self, rank: int) -> int:
@@ -579,6 +579,11 @@ class _Step:
         self.acct[u].pipeline_end = self.env.now
         yield from self.finish(u, stage)
         self.acct[u].end = self.env.now
+
+
+def dp_bucket_params(plan: Plan) -> float:
+    """Parameters per data-parallel gradient bucket: Megatron-LM's DDP bucket size."""
+    return max(40e6, 1e6 * plan.dp)
 
 
 def _succeed(done: simpy.Event, _started: simpy.Event) -> None:

@@ -1,0 +1,152 @@
+"""Start ``torchrun`` for a plan, watch it, and summarise what the ranks measured.
+
+The ranks run in their own session (process group); whatever happens — a rank crashes, a rank
+stops making progress for ``timeout_s``, the caller is interrupted — every process of it is
+stopped before :func:`execute` returns or raises, so nothing is left behind.
+Multi-node runs use torchrun's own rendezvous: start the same command on every node with
+``--nnodes``/``--rdzv-endpoint`` (see the README); this launcher starts the single-node case.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from sim.errors import SpecError
+from sim.model import ModelSpec
+from sim.plan import Plan
+
+__all__ = ["execute", "ExecutionError", "summarize_ranks"]
+
+
+class ExecutionError(RuntimeError):
+    """A run that did not finish: one line saying which rank and why."""
+
+
+def _config(spec: ModelSpec, plan: Plan, **run: Any) -> dict[str, Any]:
+    return {"model": spec.to_dict(), "plan": plan.to_dict(), **run}
+
+
+def _command(nproc: int, config: Path) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={nproc}", "--max-restarts=0", "--monitor-interval=0.2",
+            "-m", "executor.worker", str(config)]
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM to the whole session, SIGKILL after 5 s."""
+    for sig, wait_s in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait_s)
+            # Children may outlive torchrun itself; the session id still names them.
+            os.killpg(proc.pid, 0)
+        except subprocess.TimeoutExpired:
+            continue
+        except ProcessLookupError:
+            return
+
+
+def _last_progress(folder: Path, nproc: int, started: float) -> tuple[float, str]:
+    """(time of the oldest latest progress over ranks, that rank's description)."""
+    worst = (time.time(), "")
+    for r in range(nproc):
+        f = folder / f"progress{r}"
+        when, what = (started, "starting") if not f.exists() else (
+            float(f.read_text().split()[0]), f.read_text().split(maxsplit=1)[1].strip())
+        if when < worst[0]:
+            worst = (when, f"rank {r} ({what})")
+    return worst
+
+
+def _failure(folder: Path, nproc: int, returncode: int) -> str:
+    for r in range(nproc):
+        f = folder / f"error{r}.txt"
+        if f.exists():
+            return f"rank {r} failed: {f.read_text().strip()}"
+    return f"torchrun exited with status {returncode}"
+
+
+def _watch(proc: subprocess.Popen, folder: Path, nproc: int, timeout_s: float) -> None:
+    started = time.time()
+    while proc.poll() is None:
+        when, who = _last_progress(folder, nproc, started)
+        if time.time() - when > timeout_s:
+            raise ExecutionError(f"{who} made no progress for {timeout_s:g} s: stopped all "
+                                 f"ranks")
+        if any((folder / f"error{r}.txt").exists() for r in range(nproc)):
+            proc.wait(timeout_s)  # torchrun stops the other ranks itself
+        time.sleep(0.2)
+    if proc.returncode != 0:
+        raise ExecutionError(_failure(folder, nproc, proc.returncode))
+
+
+def summarize_ranks(ranks: list[dict[str, Any]], plan: Plan) -> dict[str, Any]:
+    """Iteration time per step = the slowest rank's; losses from the ranks that compute
+    them (the last pipeline stage); collectives per rank as recorded."""
+    steps = [max(r["step_s"][i] for r in ranks) for i in range(len(ranks[0]["step_s"]))]
+    losses = [next((r["loss"][i] for r in ranks if r["loss"][i] is not None), None)
+              for i in range(len(steps))]
+    return {"step_s": steps, "loss": losses,
+            "peak_bytes": [r["peak_bytes"] for r in ranks],
+            "base_rss_bytes": [r["base_rss_bytes"] for r in ranks],
+            "collectives": {str(r["rank"]): r["collectives"] for r in ranks},
+            "tokens_per_step": plan.global_batch_size * plan.seq_len,
+            "torch": ranks[0]["torch"], "threads": ranks[0]["threads"]}
+
+
+def measured(summary: dict[str, Any], warmup: int) -> dict[str, float]:
+    """Median and spread of the timed steps (warm-up dropped), tokens/s."""
+    timed = summary["step_s"][warmup:]
+    med = statistics.median(timed)
+    return {"iteration_s": med, "min_s": min(timed), "max_s": max(timed),
+            "tokens_per_s": summary["tokens_per_step"] / med}
+
+
+def execute(spec: ModelSpec, plan: Plan, nproc: int | None = None, steps: int = 5,
+            warmup: int = 2, timeout_s: float = 60.0, device: str = "cpu", threads: int = 1,
+            seed: int = 0, lr: float = 3e-3, fault: dict[str, Any] | None = None,
+            workdir: Path | None = None) -> dict[str, Any]:
+    """Run ``plan`` on ``nproc`` local ranks; the summary of :func:`summarize_ranks` plus
+    the timed figures. Raises :class:`ExecutionError` with one line when the run fails."""
+    nproc = plan.world_size if nproc is None else nproc
+    if nproc != plan.world_size:
+        raise SpecError("execute.nproc", f"{nproc} != plan world size dp*tp*pp*cp = "
+                        f"{plan.world_size}")
+    for name, value, low in (("steps", steps, 1), ("warmup", warmup, 0), ("threads", threads, 1)):
+        if value < low:
+            raise SpecError(f"execute.{name}", f"must be >= {low}, got {value}")
+    with tempfile.TemporaryDirectory(prefix="trainsim-exec-", dir=workdir) as tmp:
+        folder = Path(tmp)
+        config = folder / "config.json"
+        config.write_text(json.dumps(_config(spec, plan, steps=steps, warmup=warmup,
+                                             timeout_s=timeout_s, device=device,
+                                             threads=threads, seed=seed, lr=lr,
+                                             fault=fault)))
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
+               "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+                                              os.environ.get("PYTHONPATH", "")])}
+        log = (folder / "torchrun.log").open("w")
+        proc = subprocess.Popen(_command(nproc, config), stdout=log, stderr=subprocess.STDOUT,
+                                env=env, start_new_session=True)
+        try:
+            _watch(proc, folder, nproc, timeout_s)
+        finally:
+            _stop(proc)
+            log.close()
+        ranks = [json.loads((folder / f"rank{r}.json").read_text()) for r in range(nproc)]
+    summary = summarize_ranks(ranks, plan)
+    summary.update(measured(summary, warmup), warmup=warmup, steps=steps, nproc=nproc,
+                   device=device)
+    return summary

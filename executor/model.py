@@ -1,0 +1,225 @@
+"""A decoder-only transformer built from a ModelSpec, in plain torch.
+
+The module names follow torchtitan's Llama (``tok_embeddings``, ``layers.N.attention.wq``,
+``feed_forward.w1`` ...) so the tensor-parallel plan in :mod:`executor.parallel` reads like
+torchtitan's. GPT-style (LayerNorm, GELU MLP, learned positions, biases) and Llama-style
+(RMSNorm, SwiGLU, RoPE, GQA) models, tied embeddings, and MoE layers with top-k routing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sim.errors import SpecError
+from sim.model import ModelSpec
+
+__all__ = ["Transformer", "scale_model", "moe_layer_ids"]
+
+
+def scale_model(spec: ModelSpec, layers: int | None = None, hidden: int | None = None
+                ) -> ModelSpec:
+    """A smaller copy of ``spec`` that keeps its structure: ``layers`` layers and a hidden
+    size of ``hidden`` (head dim, GQA ratio and the FFN/hidden ratio are kept)."""
+    changes: dict[str, object] = {"name": f"{spec.name}-scaled"}
+    if layers is not None:
+        if layers < 1:
+            raise SpecError("scale.layers", f"must be >= 1, got {layers}")
+        changes["num_layers"] = layers
+        changes["mlp_only_layers"] = tuple(i for i in spec.mlp_only_layers if i < layers)
+    if hidden is not None:
+        hd = spec.head_size
+        if hidden < hd or hidden % hd:
+            raise SpecError("scale.hidden", f"must be a multiple of the head dim {hd}, "
+                            f"got {hidden}")
+        heads = hidden // hd
+        group = spec.num_heads // spec.kv_heads
+        if heads % group:
+            raise SpecError("scale.hidden", f"{heads} heads are not a multiple of the GQA "
+                            f"group {group}")
+        ratio = hidden / spec.hidden_size
+        changes.update(hidden_size=hidden, num_heads=heads, head_dim=hd,
+                       num_kv_heads=heads // group if spec.num_kv_heads else 0,
+                       ffn_hidden_size=max(1, round(spec.ffn_hidden_size * ratio)))
+        if spec.num_experts:
+            changes["moe_ffn_hidden_size"] = max(1, round(spec.expert_ffn * ratio))
+        if spec.shared_expert_ffn_hidden_size:
+            changes["shared_expert_ffn_hidden_size"] = max(
+                1, round(spec.shared_expert_ffn_hidden_size * ratio))
+    return dataclasses.replace(spec, **changes)  # type: ignore[arg-type]
+
+
+def moe_layer_ids(spec: ModelSpec) -> set[int]:
+    """Layers whose MLP is a mixture of experts (as :attr:`ModelSpec.num_moe_layers`)."""
+    if not spec.is_moe:
+        return set()
+    return {i for i in range(spec.num_layers)
+            if (i + 1) % spec.moe_layer_step == 0 and i not in spec.mlp_only_layers}
+
+
+def _norm(spec: ModelSpec) -> nn.Module:
+    if spec.norm == "rmsnorm":
+        return nn.RMSNorm(spec.hidden_size, eps=1e-5)
+    return nn.LayerNorm(spec.hidden_size, bias=spec.linear_bias)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding on (batch, seq, heads, head_dim), rotating the two halves."""
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1)
+
+
+def rope_tables(spec: ModelSpec, seq_len: int, theta: float = 10000.0
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    half = spec.head_size // 2
+    freq = theta ** (-torch.arange(half, dtype=torch.float32) / half)
+    angle = torch.outer(torch.arange(seq_len, dtype=torch.float32), freq)
+    return angle.cos()[None, :, None, :], angle.sin()[None, :, None, :]
+
+
+class Attention(nn.Module):
+    """Causal self-attention with grouped KV heads, torch SDPA. Head counts are read from the
+    projections' local widths, so tensor parallelism (which splits them) needs no flag."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        hd, h = spec.head_size, spec.hidden_size
+        self.head_dim = hd
+        self.wq = nn.Linear(h, spec.num_heads * hd, bias=spec.linear_bias or spec.qkv_bias)
+        self.wk = nn.Linear(h, spec.kv_heads * hd, bias=spec.linear_bias or spec.qkv_bias)
+        self.wv = nn.Linear(h, spec.kv_heads * hd, bias=spec.linear_bias or spec.qkv_bias)
+        self.wo = nn.Linear(spec.num_heads * hd, h, bias=spec.linear_bias)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None
+                ) -> torch.Tensor:
+        b, s, _ = x.shape
+        q = self.wq(x).view(b, s, -1, self.head_dim)
+        k = self.wk(x).view(b, s, -1, self.head_dim)
+        v = self.wv(x).view(b, s, -1, self.head_dim)
+        if rope is not None:
+            cos, sin = (t[:, :s] for t in rope)
+            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                             enable_gqa=k.shape[1] != q.shape[1])
+        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+
+
+class FeedForward(nn.Module):
+    """SwiGLU (w2(silu(w1 x) * w3 x)) or GELU (w2(gelu(w1 x))) MLP."""
+
+    def __init__(self, hidden: int, width: int, gated: bool, bias: bool) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(hidden, width, bias=bias)
+        self.w3 = nn.Linear(hidden, width, bias=bias) if gated else None
+        self.w2 = nn.Linear(width, hidden, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.w3 is None:
+            return self.w2(F.gelu(self.w1(x), approximate="tanh"))
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class MoE(nn.Module):
+    """Top-k routed experts (softmax over the chosen experts' scores) plus an optional shared
+    expert. ``experts`` holds this rank's experts; expert parallelism (see
+    :func:`executor.parallel.apply_expert_parallel`) replaces ``dispatch`` to exchange tokens."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.top_k, self.num_experts = spec.top_k, spec.num_experts
+        self.router = nn.Linear(spec.hidden_size, spec.num_experts, bias=False)
+        self.experts = nn.ModuleList(
+            FeedForward(spec.hidden_size, spec.expert_ffn, spec.gated_mlp, spec.linear_bias)
+            for _ in range(spec.num_experts))
+        self.shared = FeedForward(spec.hidden_size, spec.shared_expert_ffn_hidden_size,
+                                  spec.gated_mlp, spec.linear_bias) \
+            if spec.shared_expert_ffn_hidden_size else None
+        self.first_expert = 0  # global id of experts[0]
+        self.ep_group: object | None = None  # set by expert parallelism
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        tokens = x.reshape(-1, shape[-1])
+        weights, chosen = torch.topk(self.router(tokens), self.top_k, dim=-1)
+        weights = weights.softmax(dim=-1)
+        from executor.moe import route  # local import: keeps the model free of distributed
+
+        out = route(self, tokens, chosen, weights)
+        if self.shared is not None:
+            out = out + self.shared(tokens)
+        return out.view(shape)
+
+
+class Block(nn.Module):
+    def __init__(self, spec: ModelSpec, moe: bool) -> None:
+        super().__init__()
+        self.attention_norm = _norm(spec)
+        self.attention = Attention(spec)
+        self.ffn_norm = _norm(spec)
+        self.feed_forward: nn.Module = MoE(spec) if moe else FeedForward(
+            spec.hidden_size, spec.ffn_hidden_size, spec.gated_mlp, spec.linear_bias)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None
+                ) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), rope)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Transformer(nn.Module):
+    """The whole model. Pipeline stages are copies with some parts set to ``None``
+    (:func:`executor.parallel.split_stage`), so ``forward`` skips what a stage lacks:
+    token ids go in where there is an embedding, logits come out where there is an output."""
+
+    def __init__(self, spec: ModelSpec, seq_len: int) -> None:
+        super().__init__()
+        if seq_len > spec.max_seq_len:
+            raise SpecError("plan.seq_len", f"{seq_len} exceeds model.max_seq_len "
+                            f"{spec.max_seq_len}")
+        self.spec = spec
+        self.tok_embeddings: nn.Embedding | None = nn.Embedding(spec.vocab_size,
+                                                                spec.hidden_size)
+        self.pos_embeddings = nn.Embedding(spec.max_seq_len, spec.hidden_size) \
+            if spec.position_embedding == "learned" else None
+        moe = moe_layer_ids(spec)
+        self.layers = nn.ModuleDict({str(i): Block(spec, i in moe)
+                                     for i in range(spec.num_layers)})
+        self.norm: nn.Module | None = _norm(spec)
+        self.output: nn.Linear | None = nn.Linear(spec.hidden_size, spec.vocab_size,
+                                                  bias=False)
+        if spec.tied_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+        if spec.position_embedding == "rope":
+            cos, sin = rope_tables(spec, seq_len)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        std = 0.02
+        for name, p in self.named_parameters():
+            if p.dim() == 1:
+                nn.init.ones_(p) if name.endswith("norm.weight") else nn.init.zeros_(p)
+            else:
+                scale = std / math.sqrt(2 * self.spec.num_layers) if name.endswith(
+                    ("wo.weight", "w2.weight")) else std
+                nn.init.normal_(p, std=scale)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tok_embeddings is not None:
+            ids = x
+            x = self.tok_embeddings(ids)
+            if self.pos_embeddings is not None:
+                x = x + self.pos_embeddings(torch.arange(ids.shape[1], device=ids.device))
+        rope = (self.rope_cos, self.rope_sin) if hasattr(self, "rope_cos") else None
+        for layer in self.layers.values():
+            x = layer(x, rope)
+        if self.norm is not None:
+            x = self.norm(x)
+        if self.output is not None:
+            x = self.output(x)
+        return x

@@ -1,0 +1,235 @@
+"""One rank of an executor run; started by ``torchrun`` (see :mod:`executor.launch`).
+
+``python -m executor.worker CONFIG.json`` reads the model, plan and run settings, trains
+``warmup + steps`` steps on a learnable synthetic task, then one more step while recording
+its collectives, and writes ``rank<R>.json`` beside the config. Progress goes to
+``progress<R>`` (the launcher's hang detection); a failure goes to ``error<R>.txt`` as one
+line before the rank exits non-zero.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import resource
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from executor.collectives import CollectiveRecorder, summarize
+from executor.model import Transformer
+from executor.parallel import Parallel, parallelize
+from sim.model import ModelSpec
+from sim.plan import Plan
+
+__all__ = ["main", "synthetic_batch"]
+
+
+def synthetic_batch(step: int, sequences: int, seq_len: int, vocab: int, seed: int,
+                    alphabet: int = 512) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sequences over the first ``alphabet`` tokens where each token fixes the next,
+    x' = (5x + 7) mod alphabet, from a random start: the loss falls from ln(vocab) as the
+    model learns the map (one step of real training moves it)."""
+    a = min(alphabet, vocab)
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    seq = torch.empty(sequences, seq_len + 1, dtype=torch.int64)
+    seq[:, 0] = torch.randint(0, a, (sequences,), generator=g)
+    for t in range(seq_len):
+        seq[:, t + 1] = (5 * seq[:, t] + 7) % a
+    return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
+
+
+def _rss_bytes() -> int:
+    """Peak resident set size of this process (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, 1).float(), target.flatten())
+
+
+class Runner:
+    """Trains the plan on this rank."""
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        self.cfg = cfg
+        self.spec = ModelSpec.from_dict(cfg["model"])
+        self.plan = Plan.from_dict(cfg["plan"])
+        self.device = torch.device(cfg["device"])
+        torch.manual_seed(cfg["seed"])  # identical initial weights on every rank
+        model = Transformer(self.spec, self.plan.seq_len)
+        self.par: Parallel = parallelize(model.to(self.device), self.plan, self.device.type)
+        params = [p for c in self.par.chunks for p in c.parameters()]
+        self.optimizer = self._optimizer(params)
+        self.schedule = self._schedule() if self.plan.pp > 1 else None
+        mesh = self.par.mesh
+        self.dp_rank = mesh.get_local_rank("dp")
+        self.loss_parallel = self.plan.tp > 1
+
+    def _optimizer(self, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+        kw = {"lr": self.cfg["lr"], "betas": (0.9, 0.95), "weight_decay": 0.0}
+        if self.plan.zero_stage == 1 and self.plan.dp > 1:
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+
+            return ZeroRedundancyOptimizer(params, torch.optim.AdamW,
+                                           process_group=self.par.groups["dp"], **kw)
+        return torch.optim.AdamW(params, **kw)
+
+    def _schedule(self) -> Any:
+        from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
+                                                  ScheduleInterleaved1F1B)
+
+        num = self.plan.pp * self.plan.vpp
+        group = self.par.groups["pp"]
+        stages = [PipelineStage(c, v, num, self.device, group=group)
+                  for c, v in zip(self.par.chunks, self.par.stage_ids, strict=True)]
+        n = self.plan.num_microbatches
+        if self.plan.schedule == "interleaved-1f1b":
+            return ScheduleInterleaved1F1B(stages, n, loss_fn=_loss)
+        cls = ScheduleGPipe if self.plan.schedule == "gpipe" else Schedule1F1B
+        return cls(stages[0], n, loss_fn=_loss)
+
+    # One step ---------------------------------------------------------------------------------
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        p = self.plan
+        local = p.global_batch_size // p.dp
+        ids, target = synthetic_batch(step, p.global_batch_size, p.seq_len,
+                                      self.spec.vocab_size, self.cfg["seed"])
+        rows = slice(self.dp_rank * local, (self.dp_rank + 1) * local)
+        return ids[rows].to(self.device), target[rows].to(self.device)
+
+    def _context(self) -> Any:
+        if not self.loss_parallel:
+            return contextlib.nullcontext()
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        return loss_parallel()
+
+    def step(self, step: int) -> float | None:
+        """Forward and backward of every micro-batch, gradient sync, optimizer step; the
+        mean loss where this rank computes it (the last pipeline stage)."""
+        ids, target = self.batch(step)
+        with self._context():
+            loss = self._pipeline(ids, target) if self.schedule else self._micro(ids, target)
+        self._sync_extra_grads()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    def _micro(self, ids: torch.Tensor, target: torch.Tensor) -> float:
+        n = self.plan.num_microbatches
+        model = self.par.chunks[0]
+        total = 0.0
+        for i, (x, y) in enumerate(zip(ids.chunk(n), target.chunk(n), strict=True)):
+            last = i == n - 1
+            sync = getattr(model, "no_sync", None)
+            ctx = sync() if sync is not None and not last else contextlib.nullcontext()
+            with ctx:
+                loss = _loss(model(x), y) / n
+                loss.backward()
+            total += float(loss.detach().full_tensor() if hasattr(loss, "full_tensor")
+                           else loss.detach())
+        return total
+
+    def _pipeline(self, ids: torch.Tensor, target: torch.Tensor) -> float | None:
+        assert self.schedule is not None
+        last = self.par.last(self.plan)
+        losses: list[torch.Tensor] = []
+        kwargs: dict[str, Any] = {"target": target, "losses": losses} if last else {}
+        args = (ids,) if self.par.first else ()
+        self.schedule.step(*args, **kwargs)
+        if not last:
+            return None
+        vals = [float(v.full_tensor() if hasattr(v, "full_tensor") else v) for v in losses]
+        return sum(vals) / len(vals)
+
+    def _sync_extra_grads(self) -> None:
+        """Tied embedding gradients over the first and last stage (pipelines), and expert
+        gradients over the ranks holding the same experts."""
+        if self.par.tied_group is not None:
+            for chunk in self.par.chunks:
+                inner = getattr(chunk, "module", chunk)
+                for part in (inner.tok_embeddings, inner.output):
+                    grad = None if part is None else part.weight.grad
+                    if grad is not None:
+                        local = grad.to_local() if hasattr(grad, "to_local") else grad
+                        dist.all_reduce(local, group=self.par.tied_group)
+        if self.par.expert_dp_group is not None:
+            size = dist.get_world_size(self.par.expert_dp_group)
+            for chunk in self.par.chunks:
+                for name, p in chunk.named_parameters():
+                    if ".experts." in name and p.grad is not None:
+                        dist.all_reduce(p.grad, group=self.par.expert_dp_group)
+                        p.grad /= size
+
+    def labels(self) -> dict[str, str]:
+        out = {g.group_name: name for name, g in self.par.groups.items()}
+        if self.par.tied_group is not None:
+            out[self.par.tied_group.group_name] = "embedding"
+        if self.par.expert_dp_group is not None:
+            out[self.par.expert_dp_group.group_name] = "edp"
+        return out
+
+
+def _progress(out: Path, rank: int, text: str) -> None:
+    (out / f"progress{rank}").write_text(f"{time.time()} {text}\n")
+
+
+def run(cfg: dict[str, Any], out: Path, rank: int) -> dict[str, Any]:
+    base_rss = _rss_bytes()
+    runner = Runner(cfg)
+    fault = cfg.get("fault") or {}
+    times, losses = [], []
+    total = cfg["warmup"] + cfg["steps"]
+    for step in range(total):
+        if fault.get("rank") == rank and fault.get("step") == step:
+            if fault["kind"] == "crash":
+                raise RuntimeError(f"injected crash at step {step}")
+            time.sleep(10**6)  # injected hang
+        dist.barrier()
+        t0 = time.perf_counter()
+        loss = runner.step(step)
+        times.append(time.perf_counter() - t0)
+        losses.append(loss)
+        _progress(out, rank, f"step {step + 1}/{total}")
+    recorder = CollectiveRecorder(runner.labels())
+    dist.barrier()
+    with recorder:
+        runner.step(total)
+    peak = torch.cuda.max_memory_allocated() if runner.device.type == "cuda" else _rss_bytes()
+    return {"rank": rank, "step_s": times, "loss": losses, "peak_bytes": peak,
+            "base_rss_bytes": base_rss, "peak_rss_bytes": _rss_bytes(),
+            "collectives": summarize(recorder.log),
+            "torch": torch.__version__, "threads": torch.get_num_threads()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    path = Path((argv or sys.argv[1:])[0])
+    cfg = json.loads(path.read_text())
+    out = path.parent
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        if cfg["device"] == "cpu":
+            torch.set_num_threads(cfg["threads"])
+        else:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        backend = "gloo" if cfg["device"] == "cpu" else "nccl"
+        dist.init_process_group(backend, timeout=timedelta(seconds=cfg["timeout_s"]))
+        result = run(cfg, out, rank)
+        (out / f"rank{rank}.json").write_text(json.dumps(result))
+        dist.destroy_process_group()
+    except BaseException as exc:  # one line for the launcher, then a non-zero exit
+        (out / f"error{rank}.txt").write_text(f"{type(exc).__name__}: {exc}".splitlines()[0])
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
