@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["CollectiveRecorder", "KINDS", "summarize"]
+__all__ = ["CollectiveRecorder", "KINDS", "summarize", "trace_collectives", "attribute"]
 
 # op name -> (kind, index of the argument whose bytes are the full buffer). Functional
 # all-gathers pass only their shard (index marked negative: times the group size they pass).
@@ -63,6 +63,12 @@ def _group_name(args: tuple, kwargs: dict) -> str | None:
     return None
 
 
+def _op_numel(index: int, args: tuple) -> int:
+    tensors = _tensors(args[abs(index)] if index >= 0 else args[0])
+    size = sum(t.numel() for t in tensors)
+    return size * int(args[1]) if index < 0 else size
+
+
 def _op_bytes(index: int, args: tuple) -> int:
     tensors = _tensors(args[abs(index)] if index >= 0 else args[0])
     size = sum(t.numel() * t.element_size() for t in tensors)
@@ -76,7 +82,7 @@ class CollectiveRecorder(TorchDispatchMode):
     def __init__(self, labels: dict[str, str]) -> None:
         super().__init__()
         self.labels = labels
-        self.log: list[tuple[str, str, int]] = []
+        self.log: list[tuple[str, str, int, int]] = []  # kind, group, bytes, elements
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
@@ -87,15 +93,74 @@ class CollectiveRecorder(TorchDispatchMode):
                 kind, index = found
                 name = _group_name(args, kwargs)
                 label = self.labels.get(name or "", f"group {name}")
-                self.log.append((kind, label, _op_bytes(index, args)))
+                self.log.append((kind, label, _op_bytes(index, args), _op_numel(index, args)))
         return func(*args, **kwargs)
 
 
-def summarize(log: list[tuple[str, str, int]]) -> list[dict[str, Any]]:
+_ELEMENT_BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "long int": 8,
+                  "int": 4, "long": 8, "bool": 1, "unsigned char": 1, "signed char": 1}
+
+
+def _numel(dims: Any) -> int:
+    """Elements of a profiler 'Input Dims' entry: one shape, or a list of shapes."""
+    if dims and isinstance(dims[0], list):
+        return sum(_numel(d) for d in dims)
+    out = 1
+    for d in dims:
+        out *= d
+    return out
+
+
+def _kind(name: str) -> tuple[str, int] | None:
+    space, _, op = name.partition("::")
+    return KINDS.get(op) if space in ("c10d", "_c10d_functional") else None
+
+
+def trace_collectives(trace: dict[str, Any]) -> list[tuple[str, int, int | None]]:
+    """(kind, elements, bytes or None) of every collective in a Kineto Chrome trace of the
+    torch profiler: functional collectives (they name their dtype) and the c10d ops not
+    issued by one of those."""
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"
+              and _kind(e["name"]) is not None]
+    order = {id(e): (e["ts"], -e["dur"], i) for i, e in enumerate(events)}
+    out: list[tuple[str, int, int | None]] = []
+    for e in events:
+        if any(f["tid"] == e["tid"] and order[id(f)] < order[id(e)] and
+               e["ts"] + e["dur"] <= f["ts"] + f["dur"] for f in events):
+            continue  # issued by an enclosing collective (functional -> c10d): counted once
+        found = _kind(e["name"])
+        assert found is not None
+        kind, index = found
+        args = e.get("args", {})
+        dims, types = args.get("Input Dims", []), args.get("Input type", [])
+        i = abs(index) if index >= 0 else 0
+        n = _numel(dims[i]) if i < len(dims) and dims[i] else 0
+        if index < 0:
+            n *= int(args.get("Concrete Inputs", ["", "1"])[1] or 1)
+        size = _ELEMENT_BYTES.get(types[i]) if i < len(types) else None
+        out.append((kind, n, None if size is None else n * size))
+    return out
+
+
+def attribute(log: list[tuple[str, str, int, int]], traced: list[tuple[str, int, int | None]],
+              nested_group: str) -> list[tuple[str, str, int, int]]:
+    """The recorder's log plus the traced collectives it could not see (those issued inside
+    another operator — DTensor's, whose mesh is ``nested_group``)."""
+    seen = Counter((kind, numel) for kind, _, _, numel in log)
+    extra = []
+    for kind, numel, size in traced:
+        if seen[(kind, numel)] > 0:
+            seen[(kind, numel)] -= 1
+            continue
+        extra.append((kind, nested_group, size if size is not None else 0, numel))
+    return log + extra
+
+
+def summarize(log: list[tuple[str, str, int, int]]) -> list[dict[str, Any]]:
     """One row per (group, kind): count and total bytes, sorted."""
     count: Counter = Counter()
     total: Counter = Counter()
-    for kind, group, size in log:
+    for kind, group, size, _ in log:
         count[(group, kind)] += 1
         total[(group, kind)] += size
     return [{"group": g, "kind": k, "count": count[(g, k)], "bytes": total[(g, k)]}

@@ -63,19 +63,22 @@ def _last_progress(folder: Path, nproc: int, started: float) -> tuple[float, str
     worst = (time.time(), "")
     for r in range(nproc):
         f = folder / f"progress{r}"
-        when, what = (started, "starting") if not f.exists() else (
-            float(f.read_text().split()[0]), f.read_text().split(maxsplit=1)[1].strip())
+        parts = f.read_text().split(maxsplit=1) if f.exists() else []
+        when, what = (float(parts[0]), parts[1].strip()) if len(parts) == 2 else (
+            started, "starting")
         if when < worst[0]:
             worst = (when, f"rank {r} ({what})")
     return worst
 
 
 def _failure(folder: Path, nproc: int, returncode: int) -> str:
-    for r in range(nproc):
-        f = folder / f"error{r}.txt"
-        if f.exists():
-            return f"rank {r} failed: {f.read_text().strip()}"
-    return f"torchrun exited with status {returncode}"
+    """The first rank to fail (the others usually fail because it went away)."""
+    errors = [(f.stat().st_mtime, r, f) for r in range(nproc)
+              if (f := folder / f"error{r}.txt").exists()]
+    if not errors:
+        return f"torchrun exited with status {returncode}"
+    _, rank, path = min(errors)
+    return f"rank {rank} failed: {path.read_text().strip()}"
 
 
 def _watch(proc: subprocess.Popen, folder: Path, nproc: int, timeout_s: float) -> None:
@@ -116,7 +119,7 @@ def measured(summary: dict[str, Any], warmup: int) -> dict[str, float]:
 
 def execute(spec: ModelSpec, plan: Plan, nproc: int | None = None, steps: int = 5,
             warmup: int = 2, timeout_s: float = 60.0, device: str = "cpu", threads: int = 1,
-            seed: int = 0, lr: float = 3e-3, fault: dict[str, Any] | None = None,
+            seed: int = 0, lr: float = 1e-3, fault: dict[str, Any] | None = None,
             workdir: Path | None = None) -> dict[str, Any]:
     """Run ``plan`` on ``nproc`` local ranks; the summary of :func:`summarize_ranks` plus
     the timed figures. Raises :class:`ExecutionError` with one line when the run fails."""

@@ -1,7 +1,7 @@
 """A decoder-only transformer built from a ModelSpec, in plain torch.
 
-The module names follow torchtitan's Llama (``tok_embeddings``, ``layers.N.attention.wq``,
-``feed_forward.w1`` ...) so the tensor-parallel plan in :mod:`executor.parallel` reads like
+The module names follow torchtitan's Llama (``tok_embeddings``, ``layers.N.attention.wqkv``,
+``feed_forward.w13`` ...) so the tensor-parallel plan in :mod:`executor.parallel` reads like
 torchtitan's. GPT-style (LayerNorm, GELU MLP, learned positions, biases) and Llama-style
 (RMSNorm, SwiGLU, RoPE, GQA) models, tied embeddings, and MoE layers with top-k routing.
 """
@@ -82,24 +82,26 @@ def rope_tables(spec: ModelSpec, seq_len: int, theta: float = 10000.0
 
 
 class Attention(nn.Module):
-    """Causal self-attention with grouped KV heads, torch SDPA. Head counts are read from the
-    projections' local widths, so tensor parallelism (which splits them) needs no flag."""
+    """Causal self-attention with grouped KV heads, torch SDPA. One fused QKV projection
+    (as Megatron-LM): its output is [q | k | v], and under tensor parallelism each rank's
+    slice is [q_r | k_r | v_r] (see :func:`executor.parallel.apply_tp`), so the split reads
+    the local width and needs no TP flag."""
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
         hd, h = spec.head_size, spec.hidden_size
         self.head_dim = hd
-        self.wq = nn.Linear(h, spec.num_heads * hd, bias=spec.linear_bias or spec.qkv_bias)
-        self.wk = nn.Linear(h, spec.kv_heads * hd, bias=spec.linear_bias or spec.qkv_bias)
-        self.wv = nn.Linear(h, spec.kv_heads * hd, bias=spec.linear_bias or spec.qkv_bias)
+        self.parts = (spec.num_heads, spec.kv_heads, spec.kv_heads)  # in heads
+        self.wqkv = nn.Linear(h, sum(self.parts) * hd, bias=spec.linear_bias or spec.qkv_bias)
         self.wo = nn.Linear(spec.num_heads * hd, h, bias=spec.linear_bias)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None
                 ) -> torch.Tensor:
         b, s, _ = x.shape
-        q = self.wq(x).view(b, s, -1, self.head_dim)
-        k = self.wk(x).view(b, s, -1, self.head_dim)
-        v = self.wv(x).view(b, s, -1, self.head_dim)
+        qkv = self.wqkv(x)
+        unit = qkv.shape[-1] // sum(self.parts)
+        q, k, v = (t.view(b, s, -1, self.head_dim)
+                   for t in qkv.split([n * unit for n in self.parts], dim=-1))
         if rope is not None:
             cos, sin = (t[:, :s] for t in rope)
             q, k = _rope(q, cos, sin), _rope(k, cos, sin)
@@ -110,18 +112,20 @@ class Attention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    """SwiGLU (w2(silu(w1 x) * w3 x)) or GELU (w2(gelu(w1 x))) MLP."""
+    """SwiGLU, w2(silu(a) * b) with [a | b] = w13 x (one fused GEMM, as Megatron-LM), or
+    GELU, w2(gelu(w13 x))."""
 
     def __init__(self, hidden: int, width: int, gated: bool, bias: bool) -> None:
         super().__init__()
-        self.w1 = nn.Linear(hidden, width, bias=bias)
-        self.w3 = nn.Linear(hidden, width, bias=bias) if gated else None
+        self.gated = gated
+        self.w13 = nn.Linear(hidden, 2 * width if gated else width, bias=bias)
         self.w2 = nn.Linear(width, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.w3 is None:
-            return self.w2(F.gelu(self.w1(x), approximate="tanh"))
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        if not self.gated:
+            return self.w2(F.gelu(self.w13(x), approximate="tanh"))
+        a, b = self.w13(x).chunk(2, dim=-1)
+        return self.w2(F.silu(a) * b)
 
 
 class MoE(nn.Module):

@@ -132,8 +132,12 @@ def _chunks(model: Transformer, plan: Plan, pp_rank: int) -> tuple[list[Transfor
 # Tensor / sequence parallel -------------------------------------------------------------------
 def _tp_block_plan(sp: bool) -> dict[str, Any]:
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
-                                                   RowwiseParallel, SequenceParallel)
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
 
     act = Shard(1) if sp else Replicate()
     # One gather (SP) or one backward all-reduce per sub-block, shared by its projections.
@@ -142,22 +146,43 @@ def _tp_block_plan(sp: bool) -> dict[str, Any]:
                                 use_local_output=False)
     plan: dict[str, Any] = {
         "attention": prepare(),
-        "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(),
-        "attention.wv": ColwiseParallel(), "attention.wo": RowwiseParallel(output_layouts=act),
+        "attention.wqkv": ColwiseParallel(), "attention.wo": RowwiseParallel(output_layouts=act),
         "feed_forward": PrepareModuleInput(input_layouts=(act,),
                                            desired_input_layouts=(Replicate(),),
                                            use_local_output=False),
-        "feed_forward.w1": ColwiseParallel(), "feed_forward.w2": RowwiseParallel(
+        "feed_forward.w13": ColwiseParallel(), "feed_forward.w2": RowwiseParallel(
             output_layouts=act)}
     if sp:
         plan.update({"attention_norm": SequenceParallel(), "ffn_norm": SequenceParallel()})
     return plan
 
 
+@torch.no_grad()
+def _interleave_rows(linear: nn.Linear, parts: tuple[int, ...], tp: int) -> None:
+    """Reorder a fused projection's output rows from [p0 | p1 | ...] to rank blocks
+    [p0_0 | p1_0 | ... | p0_1 | p1_1 | ...], so that the column split gives every rank its
+    share of each part and the layer computes the same function as unsplit."""
+    for param in (linear.weight, linear.bias):
+        if param is None:
+            continue
+        unit = param.shape[0] // sum(parts)
+        pieces = param.split([n * unit for n in parts])
+        for piece in pieces:
+            if piece.shape[0] % tp:
+                raise SpecError("plan.tp", f"{piece.shape[0]} rows of a fused projection "
+                                f"part do not split over tp {tp}")
+        blocks = [c for r in range(tp) for piece in pieces for c in [piece.chunk(tp)[r]]]
+        param.copy_(torch.cat(blocks))
+
+
 def apply_tp(chunk: Transformer, mesh: DeviceMesh, sp: bool) -> None:
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
-                                                   SequenceParallel, parallelize_module)
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
 
     act = Shard(1) if sp else Replicate()
     top: dict[str, Any] = {}
@@ -175,11 +200,11 @@ def apply_tp(chunk: Transformer, mesh: DeviceMesh, sp: bool) -> None:
         chunk.output.weight = chunk.tok_embeddings.weight  # type: ignore[union-attr]
     block = _tp_block_plan(sp)
     for layer in chunk.layers.values():
-        ff = layer.feed_forward
-        sub = dict(block)
-        if getattr(ff, "w3", None) is not None:
-            sub["feed_forward.w3"] = ColwiseParallel()
-        parallelize_module(layer, mesh, sub)
+        tp = mesh.size()
+        _interleave_rows(layer.attention.wqkv, layer.attention.parts, tp)
+        if layer.feed_forward.gated:
+            _interleave_rows(layer.feed_forward.w13, (1, 1), tp)
+        parallelize_module(layer, mesh, block)
 
 
 # Expert parallel, recompute, data parallel ---------------------------------------------------
@@ -199,8 +224,7 @@ def apply_ep(chunk: Transformer, group: Any, ep: int, ep_rank: int) -> None:
 
 
 def apply_recompute(chunk: Transformer, mode: str) -> None:
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-        checkpoint_wrapper)
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
     from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
     def keep_matmuls(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
@@ -241,8 +265,7 @@ def apply_dp(chunk: nn.Module, plan: Plan, mesh: DeviceMesh, group: Any) -> nn.M
               bucket_cap_mb=ddp_bucket_bytes(plan) / 2**20,
               gradient_as_bucket_view=True, broadcast_buffers=False)
     if plan.dtype == "bf16":
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import (
-            bf16_compress_hook)
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
 
         ddp.register_comm_hook(group, bf16_compress_hook)
     return ddp

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from executor.collectives import CollectiveRecorder, summarize
+from executor.collectives import CollectiveRecorder, attribute, summarize, trace_collectives
 from executor.model import Transformer
 from executor.parallel import Parallel, parallelize
 from sim.model import ModelSpec
@@ -83,8 +83,12 @@ class Runner:
         return torch.optim.AdamW(params, **kw)
 
     def _schedule(self) -> Any:
-        from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
-                                                  ScheduleInterleaved1F1B)
+        from torch.distributed.pipelining import (
+            PipelineStage,
+            Schedule1F1B,
+            ScheduleGPipe,
+            ScheduleInterleaved1F1B,
+        )
 
         num = self.plan.pp * self.plan.vpp
         group = self.par.groups["pp"]
@@ -178,8 +182,26 @@ class Runner:
         return out
 
 
+def record_step(runner: Runner, step: int, trace_path: Path) -> list[tuple[str, str, int, int]]:
+    """One more step under the torch profiler and the collective recorder: every
+    collective it issued with its group (see :mod:`executor.collectives`)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    recorder = CollectiveRecorder(runner.labels())
+    dist.barrier()
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof, recorder:
+        runner.step(step)
+    prof.export_chrome_trace(str(trace_path))
+    traced = trace_collectives(json.loads(trace_path.read_text()))
+    nested = "tp" if runner.plan.tp > 1 else "unattributed"
+    return attribute(recorder.log, traced, nested)
+
+
 def _progress(out: Path, rank: int, text: str) -> None:
-    (out / f"progress{rank}").write_text(f"{time.time()} {text}\n")
+    """Atomic (rename), so the launcher never reads a half-written file."""
+    tmp = out / f".progress{rank}"
+    tmp.write_text(f"{time.time()} {text}\n")
+    tmp.replace(out / f"progress{rank}")
 
 
 def run(cfg: dict[str, Any], out: Path, rank: int) -> dict[str, Any]:
@@ -193,20 +215,18 @@ def run(cfg: dict[str, Any], out: Path, rank: int) -> dict[str, Any]:
             if fault["kind"] == "crash":
                 raise RuntimeError(f"injected crash at step {step}")
             time.sleep(10**6)  # injected hang
+        _progress(out, rank, f"in step {step + 1} of {total}")
         dist.barrier()
         t0 = time.perf_counter()
         loss = runner.step(step)
         times.append(time.perf_counter() - t0)
         losses.append(loss)
-        _progress(out, rank, f"step {step + 1}/{total}")
-    recorder = CollectiveRecorder(runner.labels())
-    dist.barrier()
-    with recorder:
-        runner.step(total)
+        _progress(out, rank, f"finished step {step + 1} of {total}")
+    log = record_step(runner, total, out / f"trace{rank}.json")
     peak = torch.cuda.max_memory_allocated() if runner.device.type == "cuda" else _rss_bytes()
     return {"rank": rank, "step_s": times, "loss": losses, "peak_bytes": peak,
             "base_rss_bytes": base_rss, "peak_rss_bytes": _rss_bytes(),
-            "collectives": summarize(recorder.log),
+            "collectives": summarize(log),
             "torch": torch.__version__, "threads": torch.get_num_threads()}
 
 

@@ -11,6 +11,7 @@ import itertools
 from dataclasses import dataclass
 
 from profiler.ops import ROPE_HEAD_DIM, OpSpec
+from sim.compute import layer_variant
 from sim.flops import param_count
 from sim.model import ModelSpec
 
@@ -32,6 +33,8 @@ class Preset:
     vocabs: list[int]
     numels: list[int]
     dtypes: list[str]
+    layer_hiddens: list[int]  # whole layers (op "layer") at these widths x tokens
+    layer_seq: int  # their sequence length (or the token count, if fewer)
 
 
 # Sized so that the CPU grid runs in about six minutes on one core.
@@ -40,13 +43,13 @@ PRESETS = {
                   heads=[2, 8, 32], seqs=[128, 256, 512, 1024, 2048], head_dims=[32, 64, 128],
                   widths=[64, 128, 256, 512, 1024, 2048, 4096],
                   vocabs=[1024, 4096, 16384, 65536], numels=[10**4, 10**5, 10**6, 10**7, 10**8],
-                  dtypes=["fp32", "bf16"]),
+                  dtypes=["fp32", "bf16"], layer_hiddens=[128, 256, 512, 1024], layer_seq=512),
     "cuda": Preset(tokens=[512, 2048, 8192, 32768],
                    dims=[128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768],
                    heads=[4, 16, 64], seqs=[512, 1024, 2048, 4096, 8192, 16384],
                    head_dims=[64, 128], widths=[256, 1024, 4096, 16384, 65536],
                    vocabs=[4096, 32768, 131072], numels=[10**6, 10**7, 10**8, 10**9],
-                   dtypes=["bf16"]),
+                   dtypes=["bf16"], layer_hiddens=[1024, 4096, 8192], layer_seq=4096),
 }
 
 
@@ -66,6 +69,7 @@ def preset_grid(device: str, dtypes: list[str] | None = None) -> list[OpSpec]:
                 for t, v in itertools.product(p.tokens, p.vocabs)]
         out += [OpSpec("embedding", "", dt, grid, t, w, v) for t, w, v in
                 itertools.product(p.tokens, p.widths[::2], p.vocabs)]
+        out += _preset_layers(p, device, dt)
     out += [OpSpec("optimizer", "adam", "fp32", grid, n) for n in p.numels]
     return out
 
@@ -104,4 +108,19 @@ def model_grid(m: ModelSpec, tps: list[int], micro_batches: list[int], seq_lens:
         out |= {OpSpec(op, "", dtype, grid, a, b) for op, a, b in _pointwise(m, t, tp)}
         out.add(OpSpec("embedding", "", dtype, grid, t, m.hidden_size, m.vocab_size))
         out.add(OpSpec("optimizer", "adam", "fp32", grid, param_count(m) // tp))
+        out.add(OpSpec("layer", layer_variant(m, s), dtype, grid, t, m.hidden_size, tp))
     return sorted(out, key=lambda s: s.key)
+
+
+def _preset_layers(p: Preset, device: str, dtype: str) -> list[OpSpec]:
+    """Whole Llama-style layers (head dim 64, MHA, SwiGLU of 8/3 hidden) over the preset's
+    tokens and layer widths, one TP rank: what :meth:`sim.profiled.Profiled.layer_factor`
+    compares with the sum of their operations."""
+    out = []
+    for h, t in itertools.product(p.layer_hiddens, p.tokens):
+        seq = min(t, p.layer_seq)
+        m = ModelSpec("preset-layer", 1, h, h // 64, 64 * round(8 * h / 3 / 64), 1000,
+                      max_seq_len=seq, gated_mlp=True, norm="rmsnorm",
+                      position_embedding="rope")
+        out.append(OpSpec("layer", layer_variant(m, seq), dtype, f"preset-{device}", t, h, 1))
+    return out

@@ -5,11 +5,13 @@ is timed alone).
 Shapes follow the profile DB (``sim/profile_db.py``): ``gemm`` (m, n, k) is ``x[m,k] @
 W[n,k]^T``; ``attention`` (batch*heads, seq, head_dim) is causal SDPA; element-wise ops
 (tokens, width); ``embedding`` (tokens, hidden, vocab); ``optimizer`` (numel) is one Adam
-step over fp32 parameters.
+step over fp32 parameters; ``layer`` (tokens, hidden, tp) a whole transformer layer
+(``profiler/layer.py``) on one TP rank.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -118,10 +120,25 @@ def _optimizer(s: OpSpec, dt: torch.dtype, dev: str) -> tuple[Fn, Fn]:
     return opt.step, lambda: None
 
 
+def _layer(s: OpSpec, dt: torch.dtype, dev: str) -> tuple[Fn, Fn]:
+    """A whole layer on one of ``k`` TP ranks (its heads and FFN split, no communication):
+    ``m`` tokens of ``n`` hidden, structure from the variant."""
+    from profiler.layer import ReferenceLayer
+    from sim.compute import variant_layer
+
+    spec, seq = variant_layer(s.variant, s.n)
+    local = dataclasses.replace(spec, num_heads=spec.num_heads // s.k,
+                                num_kv_heads=spec.kv_heads // s.k, head_dim=spec.head_size,
+                                ffn_hidden_size=spec.ffn_hidden_size // s.k)
+    layer = ReferenceLayer(local, seq, dt).to(dev)
+    x = _leaf((max(1, s.m // seq), seq, s.n), dt, dev)
+    return _with_backward(lambda: layer(x), [x, *layer.parameters()])
+
+
 _BUILDERS = {"gemm": _gemm, "attention": _attention, "rmsnorm": _norm, "layernorm": _norm,
              "residual": _pointwise, "gelu": _pointwise, "swiglu": _pointwise,
              "dropout": _pointwise, "rope": _rope, "embedding": _embedding, "loss": _loss,
-             "optimizer": _optimizer}
+             "optimizer": _optimizer, "layer": _layer}
 
 
 def build_op(spec: OpSpec, device: str) -> tuple[Fn, Fn]:

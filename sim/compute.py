@@ -15,7 +15,12 @@ from sim.costmodel import Cost, CostModel
 from sim.model import ModelSpec
 from sim.plan import Plan
 
-__all__ = ["LayerTime", "layer_time", "logits_time", "embedding_time", "optimizer_time"]
+__all__ = ["LayerTime", "layer_time", "ops_layer_time", "logits_time", "embedding_time",
+           "optimizer_time", "layer_variant", "variant_layer"]
+
+# Fields of a layer's structure that a profiled whole layer records (its DB "variant").
+_LAYER_FIELDS = ("num_heads", "num_kv_heads", "head_dim", "ffn_hidden_size", "gated_mlp",
+                 "norm", "position_embedding", "linear_bias", "qkv_bias", "dropout")
 
 
 @dataclass(frozen=True)
@@ -80,8 +85,40 @@ def _pointwise(cm: CostModel, m: ModelSpec, plan: Plan, tokens: float) -> Cost:
     return _scale(_add(*parts), 2)
 
 
+def layer_variant(m: ModelSpec, seq_len: int) -> str:
+    """A layer's structure as a profile-DB variant string (hidden size and tokens are the
+    row's shape): ``seq=512;num_heads=8;...``."""
+    values = {"seq": seq_len, **{f: getattr(m, f) for f in _LAYER_FIELDS}}
+    values["num_kv_heads"], values["head_dim"] = m.kv_heads, m.head_size
+    return ";".join(f"{k}={v}" for k, v in values.items())
+
+
+def variant_layer(variant: str, hidden: int) -> tuple[ModelSpec, int]:
+    """(one-layer ModelSpec, sequence length) of a :func:`layer_variant` string."""
+    raw = dict(item.split("=", 1) for item in variant.split(";"))
+    seq = int(raw.pop("seq"))
+    typed: dict[str, object] = {}
+    for k, v in raw.items():
+        typed[k] = v == "True" if v in ("True", "False") else int(v) if v.isdigit() else v
+    spec = ModelSpec(name="profiled-layer", num_layers=1, hidden_size=hidden, vocab_size=1000,
+                     max_seq_len=seq, **typed)  # type: ignore[arg-type]
+    return spec, seq
+
+
 def layer_time(cm: CostModel, m: ModelSpec, plan: Plan, moe: bool = False) -> LayerTime:
-    """Forward and backward seconds of one layer for one micro-batch on one rank."""
+    """Forward and backward seconds of one layer for one micro-batch on one rank: the sum
+    of its operations, times the measured whole-layer/operation-sum ratio where the cost
+    model has whole layers profiled (what the operations leave out: autograd and dispatch
+    overhead, views and copies between them)."""
+    lt = ops_layer_time(cm, m, plan, moe)
+    factor = getattr(cm, "layer_factor", None)
+    f, b = factor(m, plan) if factor is not None else (1.0, 1.0)
+    return LayerTime(lt.forward * f, lt.backward * b, lt.attention_forward * f,
+                     lt.attention_backward * b)
+
+
+def ops_layer_time(cm: CostModel, m: ModelSpec, plan: Plan, moe: bool = False) -> LayerTime:
+    """:func:`layer_time` as the plain sum of the layer's operations."""
     tokens = plan.local_tokens
     mlp = _moe(cm, m, plan, tokens) if moe else _mlp(cm, m, plan, tokens, m.ffn_hidden_size)
     core = _attention_core(cm, m, plan)

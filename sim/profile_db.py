@@ -6,12 +6,16 @@ each holding ``meta.json`` and CSV tables with units in their column names:
 * ``compute.csv``: ``op, variant, dtype, grid, m, n, k, fwd_median_s, fwd_p10_s, fwd_p90_s,
   bwd_median_s, bwd_p10_s, bwd_p90_s, repeats, threads``. Shapes per op: ``gemm`` (m, n, k) is
   ``(m x k) @ (k x n)``; ``attention`` (batch*heads, seq, head_dim), causal; element-wise ops
-  (tokens, width); ``embedding`` (tokens, hidden, vocab); ``optimizer`` (numel).
+  (tokens, width); ``embedding`` (tokens, hidden, vocab); ``optimizer`` (numel); ``layer``
+  (tokens, hidden, tp) is a whole transformer layer on one TP rank, its structure in
+  ``variant`` (:func:`sim.compute.layer_variant`).
 * ``comm.csv``: one row per (collective, backend, fabric, group_size, size_bytes) with
   ``time_median_s`` and nccl-tests style ``algbw_GBps`` and ``busbw_GBps``.
 * ``comm_fit.csv``: ``alpha_s, beta_s_per_byte`` per (collective, backend, fabric,
   group_size) and size range ``min_size_bytes``..``max_size_bytes`` (piecewise: transports
   change protocol with message size), fitted to ``comm.csv``.
+* ``calibration.json`` (optional): ``compute_scale``, the factor ``trainsim compare
+  --calibrate`` found between real runs and predictions; every compute time is scaled by it.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ COMM_COLUMNS = ["collective", "backend", "fabric", "group_size", "size_bytes",
 FIT_COLUMNS = ["collective", "backend", "fabric", "group_size", "min_size_bytes",
                "max_size_bytes", "alpha_s", "beta_s_per_byte", "points", "max_rel_error"]
 # How many of (m, n, k) each op uses.
-SHAPE_DIMS = {"gemm": 3, "attention": 3, "embedding": 3, "optimizer": 1}
+SHAPE_DIMS = {"gemm": 3, "attention": 3, "embedding": 3, "optimizer": 1, "layer": 3}
 
 Key = tuple[str, str, str]  # op, variant, dtype
 Point = tuple[float, ...]
@@ -52,6 +56,7 @@ class ProfileDB:
         default_factory=dict)  # key -> grid -> shape -> (fwd_s, bwd_s)
     comm_fit: dict[tuple[str, str, int], list[tuple[float, float, float]]] = field(
         default_factory=dict)  # (collective, fabric, group_size) -> [(min B, alpha, beta)]
+    compute_scale: float = 1.0  # from calibration.json (``trainsim compare --calibrate``)
 
     @property
     def device(self) -> str:
@@ -104,7 +109,22 @@ def load_profile_db(path: str | Path, device_hint: str) -> ProfileDB:
                                                 float(row["beta_s_per_byte"])))
     for segments in db.comm_fit.values():
         segments.sort()
+    db.compute_scale = _compute_scale(folder / "calibration.json")
     return db
+
+
+def _compute_scale(path: Path) -> float:
+    if not path.exists():
+        return 1.0
+    try:
+        value = json.loads(read_text(path, "profile"))["compute_scale"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        raise SpecError("profile", f"{path} is not a calibration file (needs "
+                        "compute_scale)") from None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise SpecError("profile", f"{path}: compute_scale must be a number > 0, "
+                        f"got {value!r}")
+    return float(value)
 
 
 def segment_time(segments: list[tuple[float, float, float]], size_bytes: float) -> float:

@@ -5,6 +5,11 @@ interpolation of ``log(time)`` over ``log(shape)`` between the surrounding point
 profiled grid; else (outside every grid, or an operation the profile lacks) a
 :class:`~sim.costmodel.Roofline` whose rates are fitted to the profile's own measurements.
 Every fallback is recorded in :attr:`Profiled.extrapolated`, which the Result reports.
+
+Whole layers profiled beside their operations (op ``layer``) give a correction: the ratio
+of the measured layer to the sum of its operations, interpolated over (tokens, hidden) at
+the nearest profiled TP degree and held at the edge values outside them
+(:meth:`Profiled.layer_factor`).
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from pathlib import Path
 
 from sim.costmodel import Cost, Roofline, op_bytes, op_flops, roofline_for
 from sim.hardware import HardwareSpec, cpu_device_name
+from sim.model import ModelSpec
+from sim.plan import Plan
 from sim.profile_db import (
     Key,
     Point,
@@ -88,7 +95,7 @@ def fit_roofline(db: ProfileDB, hw: HardwareSpec) -> Roofline:
         elif op == "attention":
             attn[dtype] = _median_rate([(2.0 * s[0] * s[1] ** 2 * s[2], t) for s, t in points],
                                        attn.get(dtype, 0.0))
-        elif op not in ("embedding", "optimizer"):
+        elif op not in ("embedding", "optimizer", "layer"):
             stream += [(op_bytes(op, s[0], s[1], dtype), t) for s, t in points]
     mem = _median_rate([p for p in stream if p[0] >= 1e6], base.mem_Bps)
     return Roofline(gemm, base.gemm_dim_half, mem, attn)
@@ -105,10 +112,48 @@ class Profiled:
                          for key, grids in db.compute.items()}
         self._axes = {(key, g): _axes(t) for key, grids in self._compute.items()
                       for g, t in grids.items()}
+        self._layer_cache: dict[str, dict[int, tuple[Table, list[list[float]]]]] = {}
 
     @property
     def extrapolated(self) -> set[str]:
         return self._extrapolated
+
+    def layer_factor(self, m: ModelSpec, plan: Plan) -> Cost:
+        """(forward, backward) ratio of measured whole layers to their operations' sum."""
+        tables = self._layer_tables(plan.dtype)
+        if not tables:
+            return 1.0, 1.0
+        tp = min(tables, key=lambda t: (abs(math.log(t / plan.tp)), t))
+        table, axes = tables[tp]
+        point = tuple(min(max(v, axis[0]), axis[-1]) for v, axis in
+                      zip((float(plan.local_tokens), float(m.hidden_size)), axes, strict=True))
+        hit = interpolate(table, point, axes)
+        return hit if hit is not None else (1.0, 1.0)
+
+    def _layer_tables(self, dtype: str) -> dict[int, tuple[Table, list[list[float]]]]:
+        """Per TP degree: (tokens, hidden) -> ratio, from every profiled ``layer`` row."""
+        if dtype in self._layer_cache:
+            return self._layer_cache[dtype]
+        from sim.compute import ops_layer_time, variant_layer
+
+        plain = Profiled(self.db, self.fallback)  # its own extrapolation log
+        ratios: dict[int, Table] = {}
+        for (op, variant, dt), grids in self._compute.items():
+            if op != "layer" or dt != dtype:
+                continue
+            for table in grids.values():
+                for (tokens, hidden, tp), (fwd, bwd) in table.items():
+                    spec, seq = variant_layer(variant, int(hidden))
+                    mb = max(1, int(tokens) // seq)
+                    lt = ops_layer_time(plain, spec, Plan(global_batch_size=mb, seq_len=seq,
+                                                          micro_batch_size=mb, tp=int(tp),
+                                                          dtype=dtype))
+                    k = self.db.compute_scale  # the op sums are scaled too
+                    ratios.setdefault(int(tp), {})[(tokens, hidden)] = (
+                        k * fwd / lt.forward, k * bwd / lt.backward)
+        out = {tp: (table, _axes(table)) for tp, table in ratios.items()}
+        self._layer_cache[dtype] = out
+        return out
 
     def _lookup(self, key: Key, shape: Point) -> tuple[float, float] | None:
         grids = self._compute.get(key, {})
@@ -130,8 +175,8 @@ class Profiled:
         hit = self._lookup(key, shape)
         if hit is None:
             self._note(key[0], shape, key[2])
-            return fallback()
-        return hit
+            hit = fallback()
+        return hit[0] * self.db.compute_scale, hit[1] * self.db.compute_scale
 
     def gemm(self, m: float, n: float, k: float, dtype: str) -> Cost:
         return self._measured(("gemm", "", dtype), (m, n, k),
@@ -146,9 +191,11 @@ class Profiled:
         if hit is None:
             self._note("attention" if flash else "attention(standard)",
                        (batch_heads, q_len, head_dim), dtype)
-            return self.fallback.attention(batch_heads, q_len, kv_len, head_dim, dtype,
-                                           flash, dropout)
-        return hit[0] * kv_len / q_len, hit[1] * kv_len / q_len
+            f, b = self.fallback.attention(batch_heads, q_len, kv_len, head_dim, dtype, flash,
+                                           dropout)
+            return f * self.db.compute_scale, b * self.db.compute_scale
+        scale = self.db.compute_scale * kv_len / q_len
+        return hit[0] * scale, hit[1] * scale
 
     def elementwise(self, op: str, tokens: float, width: float, dtype: str) -> Cost:
         return self._measured((op, "", dtype), (tokens, width),

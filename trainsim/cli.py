@@ -1,4 +1,4 @@
-"""``trainsim``: predict, inspect and (later) optimise and run training plans.
+"""``trainsim``: predict, inspect, optimise and run training plans.
 
 Every subcommand validates its input first; bad input prints one line naming the field and
 the rule and exits with code 2. Nothing is written until the inputs are valid, and every
@@ -282,10 +282,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_simulate(sub)
     _add_plan(sub)
     _add_catalogs(sub)
+    from trainsim.execute_cli import add_execute_parsers
     from trainsim.optimize_cli import add_optimize_parsers
     from trainsim.profile_cli import add_profile_parser
 
     add_optimize_parsers(sub, _MODEL_HELP, _CLUSTER_HELP)
+    add_execute_parsers(sub, _MODEL_HELP, _CLUSTER_HELP)
     add_profile_parser(sub, _Parser)
     return parser
 
