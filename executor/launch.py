@@ -1,15 +1,17 @@
 """Start ``torchrun`` for a plan, watch it, and summarise what the ranks measured.
 
-The ranks run in their own session (process group); whatever happens — a rank crashes, a rank
-stops making progress for ``timeout_s``, the caller is interrupted — every process of it is
-stopped before :func:`execute` returns or raises, so nothing is left behind.
+Whatever happens — a rank crashes, a rank stops making progress for ``timeout_s``, the caller
+is interrupted — torchrun and every rank it started are stopped before :func:`execute`
+returns or raises, so nothing is left behind.
 Multi-node runs use torchrun's own rendezvous: start the same command on every node with
 ``--nnodes``/``--rdzv-endpoint`` (see the README); this launcher starts the single-node case.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import os
 import signal
 import statistics
@@ -41,33 +43,67 @@ def _command(nproc: int, config: Path) -> list[str]:
             "-m", "executor.worker", str(config)]
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """SIGTERM to the whole session, SIGKILL after 5 s."""
-    for sig, wait_s in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+def _children(pid: int) -> list[int]:
+    """Every descendant of ``pid`` (from /proc; torchrun starts each rank in a session of
+    its own, so signalling torchrun's process group does not reach them)."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(wait_s)
-            # Children may outlive torchrun itself; the session id still names them.
-            os.killpg(proc.pid, 0)
-        except subprocess.TimeoutExpired:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
             continue
+        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        kids = parents.get(todo.pop(), [])
+        out += kids
+        todo += kids
+    return out
+
+
+def _alive(pids: list[int]) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
         except ProcessLookupError:
-            return
+            continue
+        out.append(pid)
+    return out
 
 
-def _last_progress(folder: Path, nproc: int, started: float) -> tuple[float, str]:
-    """(time of the oldest latest progress over ranks, that rank's description)."""
-    worst = (time.time(), "")
+def _stop(proc: subprocess.Popen, seen: set[int]) -> None:
+    """SIGTERM to torchrun and every rank (``seen`` while it ran, or found now), SIGKILL
+    after 5 s; returns once none is left."""
+    pids = [proc.pid, *sorted(seen | set(_children(proc.pid)))]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in _alive(pids):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.time() + 5.0
+        while time.time() < deadline:
+            proc.poll()  # reap torchrun as soon as it exits
+            if not _alive([p for p in pids if p != proc.pid]) and proc.returncode is not None:
+                return
+            time.sleep(0.05)
+    proc.wait()
+
+
+STARTUP_S = 120.0  # a rank's first report may take this long (imports, model build)
+
+
+def _last_progress(folder: Path, nproc: int, started: float, timeout_s: float
+                   ) -> tuple[float, str]:
+    """(deadline of the rank closest to it, that rank's description): a rank must report
+    within ``timeout_s`` of its last report, or of the start plus the startup allowance."""
+    worst = (math.inf, "")
     for r in range(nproc):
         f = folder / f"progress{r}"
         parts = f.read_text().split(maxsplit=1) if f.exists() else []
-        when, what = (float(parts[0]), parts[1].strip()) if len(parts) == 2 else (
-            started, "starting")
-        if when < worst[0]:
-            worst = (when, f"rank {r} ({what})")
+        deadline, what = (float(parts[0]) + timeout_s, parts[1].strip()) if len(parts) == 2 \
+            else (started + max(timeout_s, STARTUP_S), "starting")
+        if deadline < worst[0]:
+            worst = (deadline, f"rank {r} ({what})")
     return worst
 
 
@@ -81,15 +117,20 @@ def _failure(folder: Path, nproc: int, returncode: int) -> str:
     return f"rank {rank} failed: {path.read_text().strip()}"
 
 
-def _watch(proc: subprocess.Popen, folder: Path, nproc: int, timeout_s: float) -> None:
+def _watch(proc: subprocess.Popen, folder: Path, nproc: int, timeout_s: float,
+           seen: set[int]) -> None:
     started = time.time()
     while proc.poll() is None:
-        when, who = _last_progress(folder, nproc, started)
-        if time.time() - when > timeout_s:
-            raise ExecutionError(f"{who} made no progress for {timeout_s:g} s: stopped all "
-                                 f"ranks")
+        seen.update(_children(proc.pid))
+        deadline, who = _last_progress(folder, nproc, started, timeout_s)
+        if time.time() > deadline:
+            limit = f"{timeout_s:g} s" if "starting" not in who else \
+                f"{max(timeout_s, STARTUP_S):g} s of start-up"
+            raise ExecutionError(f"{who} made no progress for {limit}: stopped all ranks")
         if any((folder / f"error{r}.txt").exists() for r in range(nproc)):
-            proc.wait(timeout_s)  # torchrun stops the other ranks itself
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout_s)  # torchrun stops the other ranks itself
+            raise ExecutionError(_failure(folder, nproc, proc.returncode))
         time.sleep(0.2)
     if proc.returncode != 0:
         raise ExecutionError(_failure(folder, nproc, proc.returncode))
@@ -143,10 +184,11 @@ def execute(spec: ModelSpec, plan: Plan, nproc: int | None = None, steps: int = 
         log = (folder / "torchrun.log").open("w")
         proc = subprocess.Popen(_command(nproc, config), stdout=log, stderr=subprocess.STDOUT,
                                 env=env, start_new_session=True)
+        seen: set[int] = set()
         try:
-            _watch(proc, folder, nproc, timeout_s)
+            _watch(proc, folder, nproc, timeout_s, seen)
         finally:
-            _stop(proc)
+            _stop(proc, seen)
             log.close()
         ranks = [json.loads((folder / f"rank{r}.json").read_text()) for r in range(nproc)]
     summary = summarize_ranks(ranks, plan)

@@ -155,8 +155,10 @@ class Runner:
         return sum(vals) / len(vals)
 
     def _sync_extra_grads(self) -> None:
-        """Tied embedding gradients over the first and last stage (pipelines), and expert
-        gradients over the ranks holding the same experts."""
+        """Tied embedding gradients over the first and last stage (pipelines), expert
+        gradients over the ranks holding the same experts, and sequence-parallel norm
+        weights' partial gradients (one all-reduce each, before the optimizer reads them)."""
+        self._reduce_partial_grads()
         if self.par.tied_group is not None:
             for chunk in self.par.chunks:
                 inner = getattr(chunk, "module", chunk)
@@ -172,6 +174,17 @@ class Runner:
                     if ".experts." in name and p.grad is not None:
                         dist.all_reduce(p.grad, group=self.par.expert_dp_group)
                         p.grad /= size
+
+    def _reduce_partial_grads(self) -> None:
+        if not self.plan.sequence_parallel:
+            return
+        from torch.distributed.tensor import DTensor
+
+        for chunk in self.par.chunks:
+            for p in chunk.parameters():
+                g = p.grad
+                if isinstance(g, DTensor) and any(pl.is_partial() for pl in g.placements):
+                    p.grad = g.redistribute(g.device_mesh, p.placements)  # type: ignore[attr-defined]
 
     def labels(self) -> dict[str, str]:
         out = {g.group_name: name for name, g in self.par.groups.items()}

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from profiler.busy import busy_neighbours
 from profiler.db import device_dir, merge_rows, read_table, update_meta
 from profiler.device import device_name, environment
 from profiler.ops import OpSpec, build_op
@@ -47,9 +48,10 @@ def _done(folder: Path) -> set[tuple[str, ...]]:
 
 
 def run_compute_profile(specs: Iterable[OpSpec], device: str, root: str | Path,
-                        threads: int | None, force: bool = False, progress: bool = True
-                        ) -> tuple[Path, int]:
-    """Measure ``specs`` (skipping those already in the DB unless ``force``); returns the
+                        threads: int | None, force: bool = False, progress: bool = True,
+                        busy: int = 0) -> tuple[Path, int]:
+    """Measure ``specs`` (skipping those already in the DB unless ``force``) while ``busy``
+    neighbour processes keep the other cores working (:mod:`profiler.busy`); returns the
     device folder and the number of rows written."""
     if device == "cpu" and threads:
         torch.set_num_threads(threads)
@@ -60,14 +62,15 @@ def run_compute_profile(specs: Iterable[OpSpec], device: str, root: str | Path,
     todo = [s for s in specs if _key(s.key) not in done]
     rows: list[dict[str, Any]] = []
     written, last = 0, time.monotonic()
-    for spec in tqdm(todo, desc=f"profile {name}", unit="op", disable=not progress):
-        rows.append(measure(spec, device))
-        if time.monotonic() - last > FLUSH_EVERY_S:
-            merge_rows(folder, "compute", rows)
-            written, rows, last = written + len(rows), [], time.monotonic()
+    with busy_neighbours(busy if todo else 0):
+        for spec in tqdm(todo, desc=f"profile {name}", unit="op", disable=not progress):
+            rows.append(measure(spec, device))
+            if time.monotonic() - last > FLUSH_EVERY_S:
+                merge_rows(folder, "compute", rows)
+                written, rows, last = written + len(rows), [], time.monotonic()
     if rows:
         merge_rows(folder, "compute", rows)
         written += len(rows)
     update_meta(folder, name, environment(device, threads),
-                {"kind": "compute", "device": device, "rows": written})
+                {"kind": "compute", "device": device, "rows": written, "busy": busy})
     return folder, written

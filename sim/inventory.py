@@ -10,7 +10,8 @@ nccl-tests reports them. The conventions are Megatron-LM's and torch's, named pe
   replays the forward ones in backward. The vocab-parallel embedding reduces its output
   (forward), the vocab-parallel output layer its input gradient (backward), and the
   vocab-parallel cross-entropy all-reduces three per-token values (max, sum of exponentials,
-  target logit) in fp32.
+  target logit) in fp32. With sequence parallelism each norm weight's gradient is all-reduced
+  once per step.
 - DP: gradient all-reduce (ZeRO-1/2: reduce-scatter) per bucket, once per step unless ZeRO-2
   (every micro-batch); ZeRO-1/2 gather the updated weights; ZeRO-3 gathers each layer
   forward and backward and reduce-scatters its gradient every micro-batch, and does the same
@@ -41,13 +42,14 @@ FP32 = 4
 
 class _Tally:
     def __init__(self) -> None:
-        self.count: Counter = Counter()
-        self.bytes: Counter = Counter()
+        self.count: Counter[tuple[str, str]] = Counter()
+        self.bytes: dict[tuple[str, str], float] = {}
 
     def add(self, group: str, kind: str, size_bytes: float, times: int = 1) -> None:
         if times > 0 and size_bytes > 0:
             self.count[(group, kind)] += times
-            self.bytes[(group, kind)] += size_bytes * times
+            key = (group, kind)
+            self.bytes[key] = self.bytes.get(key, 0.0) + size_bytes * times
 
     def rows(self) -> list[dict[str, Any]]:
         return [{"group": g, "kind": k, "count": self.count[(g, k)],
@@ -68,6 +70,9 @@ def _tp(t: _Tally, m: ModelSpec, p: Plan, layers: int, first: bool, last: bool) 
         for kind in kinds:
             t.add("tp", kind, act, n)
         t.add("tp", "all_reduce", p.local_tokens * FP32, 3 * n)  # vocab-parallel loss
+    if p.sequence_parallel:  # norm weights see a sequence shard: their gradients are summed
+        norms = 2 * layers + (1 if last else 0)
+        t.add("tp", "all_reduce", m.hidden_size * p.activation_bytes, norms)
 
 
 def _dp(t: _Tally, m: ModelSpec, p: Plan, dense: float, expert: float, units: list[float]
@@ -107,9 +112,8 @@ def expected_collectives(model: ModelSpec, plan: Plan, pp_rank: int = 0
             layer_rank_params(m, p, True)[0] * st.moe
         _dp(t, m, p, dense, expert, layer + ([extra] if extra > 0 else []))
     if p.pp > 1:
-        boundary = p.micro_batch_size * p.seq_len // p.cp * m.hidden_size * p.activation_bytes
-        if p.sequence_parallel:
-            boundary /= p.tp
+        boundary = p.micro_batch_size * p.seq_len / p.cp * m.hidden_size * p.activation_bytes \
+            / (p.tp if p.sequence_parallel else 1)
         last_vs = p.pp * p.vpp - 1
         # Each chunk sends its output forward (unless last) and its input gradient back
         # (unless first), and receives as many.

@@ -53,7 +53,14 @@ def cmd_compute(args: argparse.Namespace) -> int:
 
     _check_device(args.device)
     specs = _compute_specs(args)
-    folder, rows = run_compute_profile(specs, args.device, args.db, args.threads, args.force)
+    from profiler.busy import default_busy
+
+    busy = args.busy if args.busy is not None else (
+        default_busy() if args.device == "cpu" else 0)
+    if busy < 0:
+        raise SpecError("--busy", f"must be >= 0, got {busy}")
+    folder, rows = run_compute_profile(specs, args.device, args.db, args.threads, args.force,
+                                       busy=busy)
     print(f"{folder}: {rows} shapes measured ({len(specs) - rows} already there)")
     return 0
 
@@ -150,6 +157,9 @@ def add_profile_parser(sub: Any, parser_class: type) -> None:
                    "up to the model's limit)")
     c.add_argument("--db", default=DEFAULT_DB, help=f"profile DB root (default {DEFAULT_DB}/)")
     c.add_argument("--force", action="store_true", help="re-measure shapes already in the DB")
+    c.add_argument("--busy", type=int, help="neighbour processes kept busy meanwhile, as the "
+                   "other ranks of a cpu:RANKS run (default: one per other CPU core; 0 on "
+                   "cuda)")
     c.set_defaults(func=cmd_compute)
     m = psub.add_parser("comm", help="time collectives with torchrun (gloo on CPU, NCCL on GPU)")
     m.add_argument("--nproc", type=int, default=2, help="ranks on this host (default 2)")

@@ -1,0 +1,110 @@
+"""Closed loop on this machine: the executor suite run for real vs the simulator.
+
+Run: ``.venv/bin/python experiments/validate_executor_cpu.py [--db DIR] [--rounds R]``.
+
+1. Profiles this machine first (unless ``--db`` names a profile of it): ``trainsim profile
+   compute --model tiny`` (one thread, the other core kept busy as in a two-rank run) and
+   ``trainsim profile comm --nproc 2`` up to 64 MiB, into ``runs/executor-profile``.
+2. Runs the eight two-rank plans of :func:`executor.suite.suite_plans` on ``cpu:2`` with
+   torchrun + gloo, ``--rounds`` times each, round-robin (so slow spells of a shared host
+   hit all plans alike); the measured iteration time of a plan is the median over every
+   timed step of every round.
+3. Predicts each plan with both simulator tiers from that profile (no calibration) and
+   compares: |error| median and worst, Spearman rank correlation of the plans, and the
+   collectives rank 0 issued vs those the simulator expects (kinds and counts exact, bytes
+   within 5%).
+
+Writes ``experiments/results/executor_cpu.csv``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from executor.launch import execute
+from executor.suite import suite_plans
+from sim.api import simulate
+from sim.cluster import load_cluster
+from sim.inventory import compare_inventory, expected_collectives
+from sim.io import atomic_write_text
+from sim.model import load_model
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "experiments" / "results" / "executor_cpu.csv"
+TRAINSIM = [str(Path(sys.executable).with_name("trainsim"))]
+
+
+def profile(db: Path) -> None:
+    for args in (["compute", "--model", "tiny"],
+                 ["comm", "--nproc", "2", "--max-bytes", str(64 << 20), "--rounds", "5"]):
+        subprocess.run([*TRAINSIM, "profile", *args, "--db", str(db)], check=True, cwd=ROOT)
+
+
+def spearman(a: pd.Series, b: pd.Series) -> float:
+    return float(a.rank().corr(b.rank()))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--db", help="profile DB of this machine (default: profile it now)")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--warmup", type=int, default=2)
+    args = ap.parse_args()
+    db = Path(args.db) if args.db else ROOT / "runs" / "executor-profile"
+    if not args.db:
+        t0 = time.time()
+        profile(db)
+        print(f"profiled this machine into {db} in {time.time() - t0:.0f} s")
+    model = load_model("tiny")
+    cluster = dataclasses.replace(load_cluster("cpu:2"), profile=str(db))
+    plans = suite_plans()
+    steps: dict[str, list[float]] = {k: [] for k in plans}
+    runs: dict[str, dict] = {}
+    for r in range(args.rounds):
+        for name, plan in plans.items():
+            t0 = time.time()
+            res = execute(model, plan, steps=args.steps, warmup=args.warmup)
+            steps[name] += res["step_s"][args.warmup:]
+            runs.setdefault(name, res)
+            print(f"round {r + 1} {name:14s} {res['iteration_s']:.3f} s "
+                  f"(wall {time.time() - t0:.0f} s)", flush=True)
+    rows = []
+    for name, plan in plans.items():
+        measured = statistics.median(steps[name])
+        inv = compare_inventory(expected_collectives(model, plan, 0),
+                                runs[name]["collectives"]["0"])
+        row = {"plan": name, "measured_s": measured, "measured_min_s": min(steps[name]),
+               "measured_max_s": max(steps[name])}
+        for fidelity in ("analytic", "des"):
+            pred = simulate(model, cluster, plan, fidelity=fidelity)
+            row[f"{fidelity}_s"] = pred.iteration_time_s
+            row[f"{fidelity}_error_pct"] = 100 * (pred.iteration_time_s - measured) / measured
+        row.update(loss_first=runs[name]["loss"][0], loss_last=runs[name]["loss"][-1],
+                   predicted_peak_gib=pred.peak_memory_gib,
+                   measured_peak_gib=max(runs[name]["peak_bytes"]) / 2**30,
+                   collectives_match=all(i["match"] for i in inv),
+                   collectives="; ".join(f"{i['group']} {i['kind']} {i['measured_count']}/"
+                                         f"{i['expected_count']}" for i in inv))
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    atomic_write_text(OUT, df.to_csv(index=False, float_format="%.4g"))
+    print(df.drop(columns=["collectives"]).round(3).to_string(index=False))
+    for fidelity in ("analytic", "des"):
+        err = df[f"{fidelity}_error_pct"].abs()
+        print(f"{fidelity}: median |error| {err.median():.1f}%, worst {err.max():.1f}% "
+              f"({df.loc[err.idxmax(), 'plan']}); Spearman "
+              f"{spearman(df[f'{fidelity}_s'], df['measured_s']):.2f}")
+    print(f"collectives match on {int(df['collectives_match'].sum())} of {len(df)} plans")
+
+
+if __name__ == "__main__":
+    main()
