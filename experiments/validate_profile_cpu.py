@@ -3,11 +3,13 @@
 Run: ``.venv/bin/python experiments/validate_profile_cpu.py [--db DIR]``. For each of ten
 layer shapes (widths, heads, sequence lengths and micro-batches that are not grid points),
 the script measures forward + backward of a real torch layer (``profiler/layer.py``, one
-thread, fp32, median of 7 after warm-up) and predicts it from the profile DB's preset grid
-through the simulator's cost model, restricted to the preset grid (interpolated, never
-extrapolated: any extrapolation is reported). The DB defaults to the one trainsim ships
-for this CPU; if it lacks the preset grid, run ``trainsim profile compute --device cpu
---db DIR`` first.
+thread, fp32, median of 7 after warm-up, the other cores kept busy as when the profile was
+taken: ``--busy``) and predicts it from the profile DB's preset grid through the simulator's
+cost model, restricted to the preset grid (interpolated, never extrapolated: any
+extrapolation is reported). The prediction is the sum of the layer's operations times the
+whole-layer correction the profile measured on its own grid of layers. The DB defaults to
+the one trainsim ships for this CPU; if it lacks the preset grid, run ``trainsim profile
+compute --device cpu --db DIR`` first.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from profiler.busy import busy_neighbours, default_busy
 from profiler.layer import ReferenceLayer
 from sim.cluster import shipped_cpu_profile
 from sim.compute import layer_time
@@ -61,32 +64,41 @@ def measure_layer(m: ModelSpec, seq: int, mb: int, repeats: int = 7) -> float:
     return statistics.median(times)
 
 
-def table(db: str) -> pd.DataFrame:
+def table(db: str, busy: int) -> pd.DataFrame:
     torch.set_num_threads(1)
     rows = []
-    for name, h, heads, kv, ffn, seq, mb, style in SHAPES:
-        m = ModelSpec(name, 1, h, heads, ffn, 1000, num_kv_heads=kv, max_seq_len=seq,
-                      **style)  # type: ignore[arg-type]
-        cost = load_cost_model(db, get_hardware("cpu"), grid="preset-cpu")
-        lt = layer_time(cost, m, Plan(global_batch_size=mb, seq_len=seq, micro_batch_size=mb,
-                                      dtype="fp32"))
-        measured = measure_layer(m, seq, mb)
-        predicted = lt.forward + lt.backward
-        rows.append({"layer": name, "hidden": h, "heads": heads, "kv_heads": kv, "ffn": ffn,
-                     "seq": seq, "micro_batch": mb, "measured_ms": 1e3 * measured,
-                     "predicted_ms": 1e3 * predicted,
-                     "error_pct": 100 * (predicted - measured) / measured,
-                     "extrapolated": "; ".join(sorted(cost.extrapolated))})
+    with busy_neighbours(busy):
+        for spec in SHAPES:
+            rows.append(_row(db, *spec))
     return pd.DataFrame(rows)
+
+
+def _row(db: str, name: str, h: int, heads: int, kv: int, ffn: int, seq: int, mb: int,
+         style: dict) -> dict:
+    m = ModelSpec(name, 1, h, heads, ffn, 1000, num_kv_heads=kv, max_seq_len=seq,
+                  **style)  # type: ignore[arg-type]
+    cost = load_cost_model(db, get_hardware("cpu"), grid="preset-cpu")
+    lt = layer_time(cost, m, Plan(global_batch_size=mb, seq_len=seq, micro_batch_size=mb,
+                                  dtype="fp32"))
+    measured = measure_layer(m, seq, mb)
+    predicted = lt.forward + lt.backward
+    return {"layer": name, "hidden": h, "heads": heads, "kv_heads": kv, "ffn": ffn,
+            "seq": seq, "micro_batch": mb, "measured_ms": 1e3 * measured,
+            "predicted_ms": 1e3 * predicted,
+            "error_pct": 100 * (predicted - measured) / measured,
+            "extrapolated": "; ".join(sorted(cost.extrapolated))}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--db", default=shipped_cpu_profile(), help="profile DB (device folder)")
+    ap.add_argument("--busy", type=int, default=default_busy(),
+                    help="neighbour processes kept busy (default: one per other core, as "
+                    "trainsim profile compute)")
     args = ap.parse_args()
     if not args.db:
         raise SystemExit("no shipped profile for this CPU: give --db")
-    df = table(args.db)
+    df = table(args.db, args.busy)
     atomic_write_text(OUT, df.to_csv(index=False, float_format="%.4g"))
     print(df.drop(columns="extrapolated").round(2).to_string(index=False))
     err = df["error_pct"].abs()

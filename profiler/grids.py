@@ -65,7 +65,7 @@ def preset_grid(device: str, dtypes: list[str] | None = None) -> list[OpSpec]:
         out += [OpSpec(op, "", dt, grid, t, w) for op in _ELEMENTWISE
                 for t, w in itertools.product(p.tokens, p.widths)
                 if op != "rope" or w % ROPE_HEAD_DIM == 0]
-        out += [OpSpec("loss", "", dt, grid, t, v)
+        out += [OpSpec(loss, "", dt, grid, t, v) for loss in ("loss", "loss-parallel")
                 for t, v in itertools.product(p.tokens, p.vocabs)]
         out += [OpSpec("embedding", "", dt, grid, t, w, v) for t, w, v in
                 itertools.product(p.tokens, p.widths[::2], p.vocabs)]
@@ -89,7 +89,8 @@ def _pointwise(m: ModelSpec, tokens: int, tp: int) -> list[tuple[str, int, int]]
     h, act = m.hidden_size, "swiglu" if m.gated_mlp else "gelu"
     out = [(op, t, h) for op in (m.norm, "residual") + (("dropout",) if m.dropout else ())
            for t in {tokens, tokens // tp}]
-    out += [(act, tokens, m.ffn_hidden_size // tp), ("loss", tokens, m.vocab_size // tp)]
+    out += [(act, tokens, m.ffn_hidden_size // tp),
+            ("loss" if tp == 1 else "loss-parallel", tokens, m.vocab_size // tp)]
     if m.position_embedding == "rope":
         out.append(("rope", tokens, (m.q_dim + m.kv_dim) // tp))
     return out

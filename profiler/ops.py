@@ -113,6 +113,22 @@ def _loss(s: OpSpec, dt: torch.dtype, dev: str) -> tuple[Fn, Fn]:
     return _with_backward(lambda: F.cross_entropy(logits.float(), target), [logits])
 
 
+def _loss_parallel(s: OpSpec, dt: torch.dtype, dev: str) -> tuple[Fn, Fn]:
+    """One TP rank's share of a vocab-parallel cross-entropy (torch's ``loss_parallel``,
+    Megatron's): max, shifted exponentials and their sum, log, target pick — separate passes
+    over the local logits, their all-reduces left to the communication profile."""
+    logits = _leaf((s.m, s.n), dt, dev)
+    target = torch.randint(0, s.n, (s.m, 1), device=dev)
+
+    def forward() -> torch.Tensor:
+        x = logits.float()
+        shifted = x - x.amax(dim=-1, keepdim=True).detach()
+        logprobs = shifted - shifted.exp().sum(dim=-1, keepdim=True).log()
+        return -logprobs.gather(-1, target).mean()
+
+    return _with_backward(forward, [logits])
+
+
 def _optimizer(s: OpSpec, dt: torch.dtype, dev: str) -> tuple[Fn, Fn]:
     p = torch.nn.Parameter(torch.zeros(s.m, device=dev))
     p.grad = torch.randn_like(p)
@@ -138,6 +154,7 @@ def _layer(s: OpSpec, dt: torch.dtype, dev: str) -> tuple[Fn, Fn]:
 _BUILDERS = {"gemm": _gemm, "attention": _attention, "rmsnorm": _norm, "layernorm": _norm,
              "residual": _pointwise, "gelu": _pointwise, "swiglu": _pointwise,
              "dropout": _pointwise, "rope": _rope, "embedding": _embedding, "loss": _loss,
+             "loss-parallel": _loss_parallel,
              "optimizer": _optimizer, "layer": _layer}
 
 

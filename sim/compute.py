@@ -130,9 +130,10 @@ def logits_time(cm: CostModel, m: ModelSpec, plan: Plan) -> float:
     """Forward + backward of the final norm, output projection and cross-entropy loss."""
     tokens = plan.local_tokens
     local = tokens / (plan.tp if plan.sequence_parallel else 1)
+    loss = "loss-parallel" if plan.tp > 1 else "loss"  # vocab-parallel: unfused passes
     parts = _add(cm.elementwise(m.norm, local, m.hidden_size, plan.activation_dtype),
                  cm.gemm(tokens, m.vocab_size / plan.tp, m.hidden_size, plan.dtype),
-                 cm.elementwise("loss", tokens, m.vocab_size / plan.tp, plan.activation_dtype))
+                 cm.elementwise(loss, tokens, m.vocab_size / plan.tp, plan.activation_dtype))
     return parts[0] + parts[1]
 
 

@@ -28,7 +28,8 @@ ADAM_BYTES_PER_PARAM = 32.0  # read fp32 master, m, v, grad; write master, m, v,
 
 # Bytes streamed per element of the forward pass, per element-wise operation.
 _STREAM_ELEMS = {"layernorm": 2.0, "rmsnorm": 2.0, "residual": 3.0, "dropout": 2.5, "rope": 4.0,
-                 "gelu": 2.0, "swiglu": 3.0, "embedding": 1.0, "loss": 2.0}
+                 "gelu": 2.0, "swiglu": 3.0, "embedding": 1.0, "loss": 2.0,
+                 "loss-parallel": 2.0}  # vocab-parallel: profiled; the roofline as fused
 
 
 class CostModel(Protocol):
@@ -59,7 +60,7 @@ def op_flops(m: float, n: float, k: float) -> float:
 
 def op_bytes(op: str, tokens: float, width: float, dtype: str) -> float:
     """Bytes a forward element-wise op streams (``loss``: 16-bit logits in, fp32 out)."""
-    e = DTYPE_BYTES[dtype] if op != "loss" else 3.0
+    e = DTYPE_BYTES[dtype] if op not in ("loss", "loss-parallel") else 3.0
     return _STREAM_ELEMS[op] * tokens * width * e
 
 
