@@ -289,6 +289,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_optimize_parsers(sub, _MODEL_HELP, _CLUSTER_HELP)
     add_execute_parsers(sub, _MODEL_HELP, _CLUSTER_HELP)
     add_profile_parser(sub, _Parser)
+    from trainsim.scenario_cli import add_scenario_options
+    from trainsim.sweep_cli import add_sweep_parsers
+
+    add_scenario_options(sub)
+    add_sweep_parsers(sub, _MODEL_HELP, _CLUSTER_HELP, _Parser)
     return parser
 
 

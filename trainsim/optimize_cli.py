@@ -12,15 +12,17 @@ __all__ = ["add_optimize_parsers", "run_optimize"]
 EXIT_NO_PLAN = 3
 
 
-def run_optimize(model_ref: str, cluster_ref: str, gbs: int, seq: int, top: int,
+def run_optimize(model_ref: str, cluster_ref: Any, gbs: int, seq: int, top: int,
                  out: Path | None, as_json: bool, workers: int | None,
                  extras: bool = True) -> int:
+    """``cluster_ref`` is a preset, a TOML file, or a ClusterSpec (an edited scenario)."""
     from optimizer.report import format_report, summary, write_outputs
     from optimizer.search import optimize
-    from sim import load_cluster, load_model
+    from sim import ClusterSpec, load_cluster, load_model
     from sim.errors import NoFeasiblePlan
 
-    model, cluster = load_model(model_ref), load_cluster(cluster_ref)
+    model = load_model(model_ref)
+    cluster = cluster_ref if isinstance(cluster_ref, ClusterSpec) else load_cluster(cluster_ref)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)  # a bad --out fails before the search
     try:
