@@ -24,31 +24,48 @@ def default_busy() -> int:
     return max(0, (os.cpu_count() or 1) - 1)
 
 
-def _spin(stop: object, ready: object) -> None:
+def _spin(stop: object, ready: object, kind: str) -> None:
     import torch
 
     torch.set_num_threads(1)
-    a, b = torch.randn(1024, 256), torch.randn(256, 1024)
-    a @ b
+    if kind == "gemm":
+        a, b = torch.randn(1024, 256), torch.randn(256, 1024)
+
+        def work() -> object:
+            return a @ b
+    else:  # a small training step: GEMMs, attention, element-wise passes, autograd
+        from profiler.layer import ReferenceLayer
+        from sim.model import load_model
+
+        layer = ReferenceLayer(load_model("tiny"), 512)
+        x = torch.randn(2, 512, 256, requires_grad=True)
+
+        def work() -> object:
+            layer(x).sum().backward()
+            return None
+    work()
     ready.release()  # type: ignore[attr-defined]
     while not stop.is_set():  # type: ignore[attr-defined]
-        a @ b
+        work()
 
 
 @contextmanager
-def busy_neighbours(count: int) -> Iterator[None]:
-    """Run ``count`` single-thread GEMM loops in separate processes while the body runs."""
+def busy_neighbours(count: int, kind: str = "layer") -> Iterator[None]:
+    """Run ``count`` single-thread loops (of a small transformer layer's forward and
+    backward, or of one GEMM) in separate processes while the body runs."""
     if count <= 0:
         yield
         return
     ctx = mp.get_context("spawn")
     stop, ready = ctx.Event(), ctx.Semaphore(0)
-    procs = [ctx.Process(target=_spin, args=(stop, ready), daemon=True) for _ in range(count)]
+    procs = [ctx.Process(target=_spin, args=(stop, ready, kind), daemon=True)
+             for _ in range(count)]
     for p in procs:
         p.start()
     try:
         for _ in procs:  # every neighbour is busy before the first measurement
-            ready.acquire(timeout=120)
+            if not ready.acquire(timeout=120) or not all(p.is_alive() for p in procs):
+                raise RuntimeError("a busy-neighbour process did not start")
         yield
     finally:
         stop.set()
