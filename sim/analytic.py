@@ -2,10 +2,13 @@
 
 Per pipeline rank and micro-batch: layer compute (roofline, :mod:`sim.compute`) plus the
 tensor-, context-, expert- and pipeline-parallel communication on its critical path
-(alpha-beta over the fabric each group spans, :mod:`sim.alphabeta`). The pipeline runs at
-the pace of its slowest rank: ``m * t_max + (sum(t_r) - t_max) / vpp`` (the bubble of
-GPipe and 1F1B is ``(pp - 1) / vpp`` stage times). Data-parallel gradient reduction
-overlaps the last micro-batch's backward; the optimizer step streams its state through HBM.
+(alpha-beta over the fabric each group spans, :mod:`sim.alphabeta`), including the
+embedding's and output layer's TP collectives on the first and last stage and Megatron-LM's
+batched point-to-point calls. The pipeline runs at the pace of its slowest rank:
+``m * t_max + (sum(t_r) - t_max) / vpp`` (the bubble of GPipe and 1F1B is ``(pp - 1) / vpp``
+stage times). Data-parallel gradient reduction overlaps the last micro-batch's backward;
+with tied embeddings and pp > 1 the first and last stage then all-reduce the embedding's
+gradient; the optimizer step streams its state through HBM.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from sim.model import ModelSpec
 from sim.placement import group_span
 from sim.plan import Plan
 from sim.result import Timing
-from sim.stages import StageLayers, pipeline_rank_layers
+from sim.stages import StageLayers, edge_tp_collectives, pipeline_rank_layers
 
 __all__ = ["StageCost", "Timing", "stage_costs", "analytic_iteration", "memory_gib"]
 
@@ -47,6 +50,7 @@ class StageCost:
     pp_s: float
     dp: _DPCost
     optimizer_s: float
+    embedding_s: float = 0.0  # the tied embedding's gradient all-reduce (first, last stage)
 
     @property
     def per_microbatch_s(self) -> float:
@@ -55,7 +59,7 @@ class StageCost:
 
     @property
     def tail_s(self) -> float:
-        return self.dp.tail_exposed_s + self.optimizer_s
+        return self.dp.tail_exposed_s + self.embedding_s + self.optimizer_s
 
 
 class _Ctx:
@@ -66,7 +70,7 @@ class _Ctx:
         self.m, self.c, self.p, self.cost = model, cluster, plan, cost
         self.fabric: dict[str, Fabric] = {
             g: fabric_for(cluster, group_span(plan, cluster, g))
-            for g in ("tp", "cp", "ep", "pp", "dp", "edp")}
+            for g in ("tp", "cp", "ep", "pp", "dp", "edp", "emb")}
         self.dense = cm.layer_time(cost, model, plan)
         self.moe = cm.layer_time(cost, model, plan, moe=True) if model.is_moe else self.dense
         self.e = plan.activation_bytes
@@ -95,6 +99,48 @@ def _tp_per_layer(x: _Ctx) -> float:
         one = x.coll("tp", "all_reduce", size)
     passes = 3 if x.p.recompute == "full" else 2  # forward, backward, recomputed forward
     return 2 * one * passes
+
+
+def _tp_edges(x: _Ctx, st: StageLayers) -> float:
+    """TP collectives of the embedding and the output layer and loss (first, last stage)."""
+    return sum(x.coll("tp", coll, size)
+               for _, coll, size in edge_tp_collectives(x.m, x.p, st.first, st.last))
+
+
+def _p2p(x: _Ctx, st: StageLayers) -> float:
+    """Pipeline communication per micro-batch, in Megatron-LM's blocking batched calls
+    (:mod:`sim.schedule`): ``calls * alpha + messages * S/beta + receives * gather``. Each
+    TP rank sends ``S`` = 1/tp of the activation, and without sequence parallelism the
+    receiver all-gathers it. ``messages`` is the most a call sends or receives through the
+    rank's NIC, summed over its calls: interleaved 1F1B makes one call per forward +
+    backward step, with an activation and a gradient each way (two messages); 1F1B two
+    calls with one message each way; GPipe two calls, one message. The end stages have no
+    neighbour on one side: one message and one receive fewer per micro-batch (1F1B: one
+    call fewer too). They run at their own pace when they are the slowest rank (their
+    neighbours wait for them in each call); the pipeline formula takes the slowest rank."""
+    p = x.p
+    if p.pp == 1:
+        return 0.0
+    end = 1 if st.first or st.last else 0
+    if p.vpp > 1:
+        calls, messages = p.vpp, 2 * p.vpp - end
+    elif p.schedule == "gpipe":
+        calls, messages = 2, 2
+    else:
+        calls = messages = 2 - end
+    full = x.tokens * x.m.hidden_size * x.e
+    gather = x.coll("tp", "all_gather", full) if not p.sequence_parallel else 0.0
+    send = x.coll("pp", "send_recv", messages / calls * full / p.tp)
+    return calls * send + (2 * p.vpp - end) * gather
+
+
+def _embedding_allreduce(x: _Ctx, st: StageLayers) -> float:
+    """Megatron-LM's embedding group: with tied embeddings and pp > 1 the first and last
+    stage all-reduce the word embedding's gradient (vocab x hidden / tp, training dtype)
+    after the data-parallel reduction, before the optimizer step."""
+    if not x.m.tied_embeddings or x.p.pp == 1 or not (st.first or st.last):
+        return 0.0
+    return x.coll("emb", "all_reduce", x.m.vocab_size * x.m.hidden_size / x.p.tp * x.e)
 
 
 def _cp_per_layer(x: _Ctx, layer: cm.LayerTime) -> tuple[float, float]:
@@ -179,18 +225,13 @@ def stage_costs(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostMo
     x = _Ctx(model, cluster, plan, cost)
     tp_l, ep_l = _tp_per_layer(x), _ep_per_layer(x)
     cp_d, cp_e = _cp_per_layer(x, x.dense), _cp_per_layer(x, x.moe)
-    p2p = 0.0
-    if plan.pp > 1:  # each TP rank sends 1/tp; without SP the receiver all-gathers it back
-        full = x.tokens * model.hidden_size * x.e
-        gather = x.coll("tp", "all_gather", full) if not plan.sequence_parallel else 0.0
-        p2p = 2 * plan.vpp * (x.coll("pp", "send_recv", full / plan.tp) + gather)
     out = []
     for st in pipeline_rank_layers(plan, model):
         comp = _stage_compute(x, st)
         out.append(StageCost(
-            comp, st.total * tp_l, st.dense * cp_d[0] + st.moe * cp_e[0],
-            st.dense * cp_d[1] + st.moe * cp_e[1], st.moe * ep_l, p2p, _dp_costs(x, st, comp),
-            _optimizer(x, st)))
+            comp, st.total * tp_l + _tp_edges(x, st), st.dense * cp_d[0] + st.moe * cp_e[0],
+            st.dense * cp_d[1] + st.moe * cp_e[1], st.moe * ep_l, _p2p(x, st),
+            _dp_costs(x, st, comp), _optimizer(x, st), _embedding_allreduce(x, st)))
     return out
 
 
@@ -205,13 +246,14 @@ def analytic_iteration(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost:
     b, t = stages[slow], stages[tail_rank]
     breakdown = {
         "compute": m * b.compute_s, "tp": m * b.tp_s, "cp": m * b.cp_exposed_s,
-        "ep": m * b.ep_s, "pp": m * b.pp_s, "dp": m * b.dp.mb_exposed_s + t.dp.tail_exposed_s,
+        "ep": m * b.ep_s, "pp": m * b.pp_s + t.embedding_s,
+        "dp": m * b.dp.mb_exposed_s + t.dp.tail_exposed_s,
         "optimizer": t.optimizer_s, "bubble": pipe - m * times[slow]}
     comm = {
         "tp": {"exposed_s": m * b.tp_s, "overlapped_s": 0.0},
         "cp": {"exposed_s": m * b.cp_exposed_s, "overlapped_s": m * b.cp_overlapped_s},
         "ep": {"exposed_s": m * b.ep_s, "overlapped_s": 0.0},
-        "pp": {"exposed_s": m * b.pp_s, "overlapped_s": 0.0},
+        "pp": {"exposed_s": breakdown["pp"], "overlapped_s": 0.0},
         "dp": {"exposed_s": breakdown["dp"],
                "overlapped_s": m * b.dp.mb_overlapped_s + t.dp.tail_overlapped_s}}
     return Timing(pipe + t.tail_s, pipe, breakdown, comm)

@@ -4,9 +4,13 @@ A *unit* is one tensor-parallel group at one pipeline stage (its ranks run in lo
 Each unit runs its stage's schedule (:mod:`sim.schedule`): per micro-batch and virtual
 stage, per layer, compute (from the cost model) and the layer's collectives — TP
 all-reduces or all-gather/reduce-scatter, the context-parallel K/V ring beside the
-attention, expert all-to-alls — then sends activations (or gradients) to the next unit as
-flows on the network. Gradients are reduced in buckets on a separate data-parallel stream
-while backward goes on; ZeRO-3 prefetches each layer's weights; the optimizer step ends it.
+attention, expert all-to-alls; the embedding's and output layer's TP collectives — and
+between them Megatron-LM's blocking batched point-to-point calls
+(:func:`sim.schedule.stage_program`), whose transfers start once sender and receiver are
+both in their calls and run as flows on the network. Gradients are reduced in buckets on a
+separate data-parallel stream while backward goes on; ZeRO-3 prefetches each layer's
+weights; the first and last stage all-reduce the tied embedding's gradient; the optimizer
+step ends it.
 
 Reduction (default): one unit per stage; every collective's flows stand for those of the
 groups of its kind that run at the same time on that stage (see :mod:`sim.des_comm`), and
@@ -35,8 +39,8 @@ from sim.network import Network
 from sim.placement import group_span, groups_of, rank_coords
 from sim.plan import Plan
 from sim.result import Timing
-from sim.schedule import stage_ops
-from sim.stages import StageLayers, virtual_stage_layers
+from sim.schedule import Exchange, Msg, stage_program
+from sim.stages import StageLayers, edge_tp_collectives, virtual_stage_layers
 from sim.topology import Topology, build_topology
 
 __all__ = ["simulate_des", "dp_bucket_params", "CATEGORIES"]
@@ -89,7 +93,6 @@ class _Step:
         self.units = self._units()
         self.acct = {u: _Acct() for u in self.units}
         self.timeline: list[dict[str, Any]] = []
-        self._events: dict[tuple, simpy.Event] = {}
         self._meetings: dict[tuple, list[Any]] = {}
         self._memo: dict[tuple, tuple[float, list[tuple[int, float, float]]]] = {}
         self._copies: dict[tuple, list[list[int]]] = {}
@@ -229,11 +232,17 @@ class _Step:
                 "dp": self.p.dp * self.p.cp, "edp": self.p.dp // self.p.ep * self.p.cp}[kind]
 
     def _meet(self, key: tuple, members: int, start: Callable[[], simpy.Event]) -> simpy.Event:
-        entry = self._meetings.setdefault(key, [0, self.env.event()])
+        return self._meeting(key, members, start)[1]
+
+    def _meeting(self, key: tuple, members: int, start: Callable[[], simpy.Event]
+                 ) -> list[Any]:
+        """[arrived, done event, start time]: ``start`` runs once all ``members`` arrived."""
+        entry = self._meetings.setdefault(key, [0, self.env.event(), 0.0])
         entry[0] += 1
         if entry[0] == members:
+            entry[2] = self.env.now
             start().callbacks.append(partial(_succeed, entry[1]))
-        return entry[1]
+        return entry
 
     # Accounting ---------------------------------------------------------------------------
     def _add(self, u: Unit, what: str, seconds: float) -> None:
@@ -362,6 +371,7 @@ class _Step:
             compute, tp, ep = fast
             yield from self._compute(u, compute + fwd_extra, f"F{mb} v{vs}")
             yield from self._replay(u, tp, ep)
+            yield from self._edge(u, vs, "F", ("F", mb, vs))
             return
         yield from self._compute(u, fwd_extra, f"F{mb} v{vs} extra")
         gather = self._z3_gather(u, layers, 0, ("F", mb, vs))
@@ -373,6 +383,7 @@ class _Step:
             yield from self._with_cp(u, lt.forward, self._cp_bytes(), ("Fcp", mb, vs, i),
                                      f"F{mb} v{vs} L{i}")
             yield from self._comm_passes(u, moe, 1, ("F", mb, vs, i))
+        yield from self._edge(u, vs, "F", ("F", mb, vs))
 
     def backward(self, u: Unit, vs: int, mb: int) -> Proc:
         layers = self.vs_layers[vs]
@@ -383,6 +394,7 @@ class _Step:
             compute, tp, ep = fast
             yield from self._compute(u, compute + bwd_extra, f"B{mb} v{vs}")
             yield from self._replay(u, tp, ep)
+            yield from self._edge(u, vs, "B", ("B", mb, vs))
             return
         passes = 2 if self.p.recompute == "full" else 1
         gather = self._z3_gather(u, layers, len(layers) - 1, ("B", mb, vs))
@@ -401,9 +413,18 @@ class _Step:
             elif reduce_now:
                 self._grad_ready(u, *layer_rank_params(self.m, self.p, moe), ("B", mb, vs))
         yield from self._compute(u, bwd_extra, f"B{mb} v{vs} extra")
+        yield from self._edge(u, vs, "B", ("B", mb, vs))
         if reduce_now and self.p.zero_stage < 3:
             self._grad_ready(u, self._extra_params(vs), 0.0, ("B", mb, vs))
             self._flush(u, ("B", mb, vs))
+
+    def _edge(self, u: Unit, vs: int, which: str, tag: tuple) -> Proc:
+        """The TP collectives of the embedding (first virtual stage) or of the output layer
+        and loss (last) in pass ``which`` (:func:`sim.stages.edge_tp_collectives`)."""
+        ends = (vs == 0, vs == len(self.vs_layers) - 1)
+        for i, (when, coll, size) in enumerate(edge_tp_collectives(self.m, self.p, *ends)):
+            if when == which:
+                yield from self._blocking(u, "tp", coll, size, tag + ("edge", i))
 
     def _replay(self, u: Unit, tp: float, ep: float) -> Proc:
         """Memoised TP and EP collectives of a whole chunk, as one delay each."""
@@ -475,7 +496,8 @@ class _Step:
         self._dp_jobs[u].append(job)
 
     def finish(self, u: Unit, stage: StageLayers) -> Proc:
-        """Remaining gradient reduction, the optimizer step, ZeRO-1/2's weight gather."""
+        """Remaining gradient reduction, the embedding group's all-reduce, the optimizer
+        step, ZeRO-1/2's weight gather."""
         p = self.p
         if not p.overlap_grad_reduce and p.zero_stage < 2:
             dense, expert = rank_params(self.m, p, stage)
@@ -483,6 +505,7 @@ class _Step:
             self._flush(u, ("tail",))
         if self._dp_jobs[u]:
             yield from self._wait(u, "dp", simpy.AllOf(self.env, self._dp_jobs[u]), "dp wait")
+        yield from self._embedding_allreduce(u)
         dense, expert = rank_params(self.m, p, stage)
         shards = (p.dense_replicas, p.expert_replicas) if p.zero_stage >= 1 else (1, 1)
         seconds = cm.optimizer_time(self.cost, dense / shards[0] + expert / shards[1])
@@ -496,31 +519,42 @@ class _Step:
             self.acct[u].comm_total["dp"] += self.env.now - t0
 
     # Pipeline ----------------------------------------------------------------------------
-    def _event(self, key: tuple) -> simpy.Event:
-        if key not in self._events:
-            self._events[key] = self.env.event()
-        return self._events[key]
-
-    def _receive(self, u: Unit, key: tuple) -> Proc:
-        """Wait for an activation or gradient: waiting for the sender's compute is bubble,
-        waiting for the transfer is pipeline communication. Without sequence parallelism
-        each TP rank received 1/tp of it, so the TP group all-gathers it (Megatron-LM's
-        scatter/gather), which counts as pipeline communication too."""
+    def _exchange(self, u: Unit, x: Exchange) -> Proc:
+        """One of Megatron-LM's blocking batched point-to-point calls: each transfer starts
+        once its sender and receiver are both in their calls, and the call returns when all
+        of its transfers are done. Waiting for a peer to arrive is bubble, the transfers
+        pipeline communication. Without sequence parallelism each TP rank received 1/tp of
+        a tensor, so the TP group then all-gathers each one (Megatron-LM's scatter/gather),
+        which counts as pipeline communication too."""
         t0 = self.env.now
-        sent_at = yield self._event(key)
-        self._add(u, "bubble", max(0.0, min(sent_at, self.env.now) - t0))
-        self._add(u, "pp", self.env.now - max(t0, sent_at))
-        self._log(u, "pp", "recv", t0)
+        meetings = [self._post(u, self._peer(u, msg[2]), msg) for msg in x.sends]
+        meetings += [self._post(self._sender(u, msg), u, msg) for msg in x.recvs]
+        yield simpy.AllOf(self.env, [m[1] for m in meetings])
+        started = max(m[2] for m in meetings)
+        self._add(u, "bubble", max(0.0, started - t0))
+        self._add(u, "pp", self.env.now - max(t0, started))
+        self.acct[u].comm_total["pp"] += self.env.now - max(t0, started)
+        self._log(u, "pp", "p2p", t0)
         if self.p.tp > 1 and not self.p.sequence_parallel:
-            t1 = self.env.now
-            yield from self._wait(u, "pp", self.collective(u, "tp", "all_gather",
-                                                           self._tp_bytes(), ("gather",) + key),
-                                  "pp gather")
-            self.acct[u].comm_total["pp"] += self.env.now - t1
+            for msg in x.recvs:
+                t1 = self.env.now
+                yield from self._wait(u, "pp", self.collective(
+                    u, "tp", "all_gather", self._tp_bytes(), ("gather",) + msg), "pp gather")
+                self.acct[u].comm_total["pp"] += self.env.now - t1
+
+    def _post(self, a: Unit, b: Unit, msg: Msg) -> list[Any]:
+        """The meeting of sender ``a`` and receiver ``b`` over ``msg``."""
+        return self._meeting(("p2p", a, b, msg), 2,
+                             lambda: self.env.process(self._transfer(a, b, msg)))
 
     def _peer(self, u: Unit, vs: int) -> Unit:
         stage = vs % self.p.pp
         return Unit(stage, u.dp, u.cp, self._rank0(stage, u.dp, u.cp))
+
+    def _sender(self, u: Unit, msg: Msg) -> Unit:
+        """Who sends ``msg`` to ``u``: the previous virtual stage for an activation, the
+        next one for a gradient."""
+        return self._peer(u, msg[2] - 1 if msg[0] == "F" else msg[2] + 1)
 
     def _pairs(self, a: Unit, b: Unit) -> list[int]:
         """Devices (sender, receiver, sender, receiver, ...) of a stage boundary: each TP
@@ -540,42 +574,61 @@ class _Step:
                 for d in range(p.dp) for c in range(p.cp)]
         return self._p2p_copies[key]
 
-    def send(self, u: Unit, key: tuple, vs_to: int) -> Proc:
-        """Send an activation or gradient and wait until it has arrived: Megatron-LM's
-        pipeline sends complete before the next compute starts."""
-        sending = self.env.process(self._transfer(u, self._peer(u, vs_to), key))
-        t0 = self.env.now
-        yield sending
-        self._add(u, "pp", self.env.now - t0)
-
-    def _transfer(self, u: Unit, v: Unit, key: tuple) -> Proc:
+    def _transfer(self, u: Unit, v: Unit, msg: Msg) -> Proc:
         sent_at = self.env.now
         size = self.p.local_tokens * self.m.hidden_size * self._act / self.p.tp
         copies = self._boundary_copies(u, v) if self.reduce else None
         yield self.env.process(self.comm.run("p2p", "ring", self._pairs(u, v), size, copies))
-        self.acct[u].comm_total["pp"] += self.env.now - sent_at
         if self.record:
             self.timeline.append({"unit": u, "device": self.dev(u.rank0), "stream": "send",
-                                  "name": f"send {key[0]}{key[1]}", "start": sent_at,
+                                  "name": f"send {msg[0]}{msg[1]}", "start": sent_at,
                                   "end": self.env.now, "to_device": self.dev(v.rank0)})
-        self._event((v,) + key).succeed(sent_at)
+
+    def _embedding_allreduce(self, u: Unit) -> Proc:
+        """Megatron-LM's embedding group: with tied embeddings and pp > 1 the last stage
+        holds a copy of the word embedding, and after the data-parallel reduction each
+        first-stage rank all-reduces its vocab x hidden / tp gradient (training dtype) with
+        the last-stage rank of the same tp/dp/cp coordinates, before the optimizer step."""
+        p = self.p
+        if not self.m.tied_embeddings or p.pp == 1 or 0 < u.stage < p.pp - 1:
+            return
+        size = self.m.vocab_size * self.m.hidden_size / p.tp * self._act
+        span = group_span(p, self.c, "emb")
+        algorithm = default_algorithm("all_reduce", fabric_for(self.c, span), size)
+        meetings = []
+        for t in range(p.tp):
+            pair = self._embedding_pair(u.dp, u.cp, t)
+            copies = [self._embedding_pair(d, c, t) for d in range(p.dp)
+                      for c in range(p.cp)] if self.reduce else None
+            meetings.append(self._meeting(
+                ("emb", tuple(pair)), 2, partial(self._all_reduce, algorithm, pair, size,
+                                                 copies)))
+        t0 = self.env.now
+        yield simpy.AllOf(self.env, [m[1] for m in meetings])
+        started = max(m[2] for m in meetings)
+        self._add(u, "bubble", started - t0)
+        self._add(u, "pp", self.env.now - started)
+        self.acct[u].comm_total["pp"] += self.env.now - started
+        self._log(u, "pp", "embedding all-reduce", started)
+
+    def _all_reduce(self, algorithm: str, devices: list[int], size: float,
+                    copies: list[list[int]] | None) -> simpy.Process:
+        return self.env.process(self.comm.run("all_reduce", algorithm, devices, size, copies))
+
+    def _embedding_pair(self, dp: int, cp: int, t: int) -> list[int]:
+        """Devices of the ``t``-th TP rank of the first and of the last stage."""
+        first, last = self._rank0(0, dp, cp), self._rank0(self.p.pp - 1, dp, cp)
+        offset = t * self.strides["tp"]
+        return [self.dev(first + offset), self.dev(last + offset)]
 
     def unit(self, u: Unit, stage: StageLayers) -> Proc:
-        last = len(self.vs_layers) - 1
-        for kind, mb, chunk in stage_ops(self.p, u.stage):
-            vs = chunk * self.p.pp + u.stage
-            if kind == "F":
-                if vs > 0:
-                    yield from self._receive(u, (u, "F", mb, vs))
-                yield from self.forward(u, vs, mb)
-                if vs < last:
-                    yield from self.send(u, ("F", mb, vs + 1), vs + 1)
-            else:
-                if vs < last:
-                    yield from self._receive(u, (u, "B", mb, vs))
-                yield from self.backward(u, vs, mb)
-                if vs > 0:
-                    yield from self.send(u, ("B", mb, vs - 1), vs - 1)
+        for item in stage_program(self.p, u.stage):
+            if isinstance(item, Exchange):
+                yield from self._exchange(u, item)
+                continue
+            kind, mb, chunk = item
+            run = self.forward if kind == "F" else self.backward
+            yield from run(u, chunk * self.p.pp + u.stage, mb)
         self.acct[u].pipeline_end = self.env.now
         yield from self.finish(u, stage)
         self.acct[u].end = self.env.now

@@ -4,6 +4,8 @@ Ranks are laid out by ``plan.placement``, innermost dimension first: with the de
 ``tp-cp-ep-dp-pp`` the ``tp`` ranks of a group are consecutive devices. ``ep`` is the inner
 part of ``dp`` (``dp = ep * dp_outer``), so the ``dp`` group spans both the ``ep`` and the
 outer ``dp`` dimension, while expert weights are reduced over ``edp`` (the outer part only).
+``emb`` is Megatron-LM's embedding group: the first and the last rank of each pipeline group
+(they all-reduce the tied word embedding's gradient).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ GROUP_DIMS = {
     "tp": ("tp",), "cp": ("cp",), "ep": ("ep",), "pp": ("pp",),
     "dp": ("ep", "dp", "cp"),  # dense gradients: every replica of a weight (dp and cp)
     "edp": ("dp", "cp"),  # expert gradients: replicas of one expert shard
+    "emb": ("pp",),  # tied embedding gradients: the pipeline group's two ends only
 }
 
 
@@ -80,11 +83,11 @@ def _worst(spans: list[GroupSpan]) -> GroupSpan:
     return max(spans, key=lambda s: (s.cross_pod, s.nodes, -s.per_node))
 
 
-def _order_span(plan: Plan, dims: tuple[str, ...], g: int, pod: int, world: int
-                ) -> GroupSpan:
+def _order_span(plan: Plan, dims: tuple[str, ...], g: int, pod: int, world: int,
+                offsets: list[int]) -> GroupSpan:
     """With a rank order, groups differ only by their first rank ``b``, and how a group
-    falls on nodes depends only on ``b mod gpus_per_node``."""
-    offsets = _ranks(plan, dims, 0)
+    falls on nodes depends only on ``b mod gpus_per_node``. ``offsets``: the members'
+    ranks relative to ``b``."""
     worst = _worst([_span([r + o for o in offsets], g, pod)
                     for r in sorted(_residues(plan, dims, g))])
     cross = pod < world and max(_residues(plan, dims, pod)) + offsets[-1] >= pod
@@ -107,10 +110,13 @@ def _group_span(layout: tuple, gpus_per_node: int, pod_size: int, world_size: in
     plan = Plan(global_batch_size=dp, seq_len=2 * cp, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep,
                 placement=placement)
     dims = tuple(d for d in GROUP_DIMS[group] if dim_sizes(plan)[d] > 1)
+    offsets = _ranks(plan, dims, 0)
+    if group == "emb":  # first and last pipeline stage
+        offsets = sorted({offsets[0], offsets[-1]})
     if isinstance(plan.placement, str):
-        return _order_span(plan, dims, gpus_per_node, pod_size, world_size)
+        return _order_span(plan, dims, gpus_per_node, pod_size, world_size, offsets)
     table = plan.placement
-    return _worst([_span([table[r] for r in _ranks(plan, dims, b)], gpus_per_node, pod_size)
+    return _worst([_span([table[b + o] for o in offsets], gpus_per_node, pod_size)
                    for b in _ranks(plan, _others(dims), 0)])
 
 
@@ -128,4 +134,6 @@ def groups_of(plan: Plan, group: str, fixed: dict[str, int]) -> list[list[int]]:
     base0 = sum(fixed[d] * strides[d] for d in fixed)
     free = tuple(d for d in DIMS if d not in dims and d not in fixed)
     offsets = _ranks(plan, dims, 0)
+    if group == "emb":
+        offsets = sorted({offsets[0], offsets[-1]})
     return [[b + o for o in offsets] for b in _ranks(plan, free, base0)]

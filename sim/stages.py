@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from sim.model import ModelSpec
 from sim.plan import Plan
 
-__all__ = ["StageLayers", "virtual_stage_layers", "pipeline_rank_layers"]
+__all__ = ["StageLayers", "virtual_stage_layers", "pipeline_rank_layers", "edge_tp_collectives"]
 
 
 @dataclass(frozen=True)
@@ -52,3 +52,28 @@ def pipeline_rank_layers(plan: Plan, model: ModelSpec) -> list[StageLayers]:
         start += n
     return [StageLayers(dense[r], moe[r], r == 0, r == plan.pp - 1)
             for r in range(plan.pp)]
+
+
+def edge_tp_collectives(model: ModelSpec, plan: Plan, first: bool, last: bool
+                        ) -> list[tuple[str, str, float]]:
+    """``(pass, collective, bytes)`` per micro-batch of the tensor-parallel collectives of
+    the input embedding (``first``) and of the output layer and loss (``last``), as
+    Megatron-LM runs them: the vocab-parallel embedding all-reduces its output in the
+    forward (with sequence parallelism reduce-scatters it, and all-gathers its gradient in
+    the backward); the output layer all-reduces its input gradient in the backward (with
+    sequence parallelism it all-gathers its input in the forward and reduce-scatters the
+    gradient); the vocab-parallel cross-entropy all-reduces three fp32 values per token
+    (max logit, target logit, sum of exponentials). None of them is recomputed."""
+    if plan.tp == 1:
+        return []
+    full = plan.local_tokens * model.hidden_size * plan.activation_bytes
+    sp = plan.sequence_parallel
+    out: list[tuple[str, str, float]] = []
+    if first:
+        out.append(("F", "reduce_scatter" if sp else "all_reduce", full))
+        out += [("B", "all_gather", full)] if sp else []
+    if last:
+        out += [("F", "all_gather", full)] if sp else []
+        out += [("F", "all_reduce", 4.0 * plan.local_tokens)] * 3
+        out.append(("B", "reduce_scatter" if sp else "all_reduce", full))
+    return out

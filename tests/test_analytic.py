@@ -43,7 +43,9 @@ def test_1f1b_bubble_is_p_minus_1_over_m_plus_p_minus_1():
 def test_gpipe_has_the_same_bubble_but_more_memory():
     a = simulate(GPT3, A100_16, plan(global_batch_size=32))
     g = simulate(GPT3, A100_16, plan(global_batch_size=32, schedule="gpipe"))
-    assert g.bubble_fraction == pytest.approx(a.bubble_fraction)
+    # the same (pp - 1) stage times; GPipe's end stages make two pipeline calls per
+    # micro-batch where 1F1B's make one, so their stage time differs by one send
+    assert g.bubble_fraction == pytest.approx(a.bubble_fraction, rel=1e-3)
     assert g.peak_memory_gib > a.peak_memory_gib
 
 
@@ -127,3 +129,61 @@ def test_megatron_table1_validation_targets():
 
     err = validation_table()["error_pct"].abs()
     assert err.mean() <= 10 and err.max() <= 20
+
+
+# Megatron-LM's pipeline-specific communication ---------------------------------------------
+# dgx-a100: 25 GB/s NIC per GPU at 92%, 2 us across the network + 3 us in the node
+A100_NIC_Bps, A100_ALPHA_S = 25e9 * 0.92, 5e-6
+
+
+def test_embedding_allreduce_by_hand():
+    """Tied embeddings, pp > 1: the first and last stage all-reduce the word embedding's
+    gradient (50257 x 12288 / tp8, fp16) over a 2-rank group across two nodes: a ring of
+    two is 2 alpha + S / beta."""
+    costs = stage_costs(GPT3, A100_16, plan(), roofline_for(A100_16.gpu))
+    size = 50257 * 12288 / 8 * 2
+    by_hand = 2 * A100_ALPHA_S + size / A100_NIC_Bps
+    assert [c.embedding_s for c in costs] == pytest.approx([by_hand, 0, 0, by_hand], rel=1e-12)
+    untied = dataclasses.replace(GPT3, tied_embeddings=False)
+    assert {c.embedding_s for c in stage_costs(untied, A100_16, plan(),
+                                              roofline_for(A100_16.gpu))} == {0.0}
+    r = simulate(GPT3, A100_16, plan())
+    assert r.breakdown["pp"] >= by_hand
+
+
+def test_1f1b_end_stages_make_one_pipeline_call_per_microbatch():
+    """1F1B with sequence parallelism (no gather): a middle stage sends an activation and
+    a gradient per micro-batch (two calls), an end stage one; each TP rank sends 1/8."""
+    costs = stage_costs(GPT3, A100_16, plan(), roofline_for(A100_16.gpu))
+    send = A100_ALPHA_S + 2048 * 12288 * 2 / 8 / A100_NIC_Bps
+    assert [c.pp_s for c in costs] == pytest.approx([send, 2 * send, 2 * send, send],
+                                                   rel=1e-12)
+
+
+def test_interleaved_calls_carry_two_messages():
+    """Interleaved (vpp 2): two calls per micro-batch, each an activation and a gradient
+    through the NIC (alpha + 2 S / beta); the end stages one message fewer."""
+    p = plan(schedule="interleaved-1f1b", vpp=2)
+    costs = stage_costs(GPT3, A100_16, p, roofline_for(A100_16.gpu))
+    s = 2048 * 12288 * 2 / 8 / A100_NIC_Bps
+    middle, end = 2 * (A100_ALPHA_S + 2 * s), 2 * (A100_ALPHA_S + 1.5 * s)
+    assert [c.pp_s for c in costs] == pytest.approx([end, middle, middle, end], rel=1e-12)
+
+
+def test_embedding_and_output_layer_tp_collectives():
+    """The first stage all-reduces the embedding output (no SP), the last stage the output
+    layer's input gradient plus three fp32 values per token for the loss."""
+    from sim.stages import edge_tp_collectives
+
+    p = plan(sequence_parallel=False)
+    full = 2048 * 12288 * 2
+    assert edge_tp_collectives(GPT3, p, True, False) == [("F", "all_reduce", full)]
+    assert edge_tp_collectives(GPT3, p, False, True) == [("F", "all_reduce", 4 * 2048)] * 3 + [
+        ("B", "all_reduce", full)]
+    assert edge_tp_collectives(GPT3, plan(), True, True) == [
+        ("F", "reduce_scatter", full), ("B", "all_gather", full), ("F", "all_gather", full)] + [
+        ("F", "all_reduce", 4 * 2048)] * 3 + [("B", "reduce_scatter", full)]
+    assert edge_tp_collectives(GPT3, plan(tp=1, dp=32, sequence_parallel=False), True,
+                               True) == []
+    costs = stage_costs(GPT3, A100_16, p, roofline_for(A100_16.gpu))
+    assert costs[0].tp_s > costs[1].tp_s == costs[2].tp_s < costs[3].tp_s
