@@ -93,18 +93,27 @@ STARTUP_S = 120.0  # a rank's first report may take this long (imports, model bu
 
 
 def _last_progress(folder: Path, nproc: int, started: float, timeout_s: float
-                   ) -> tuple[float, str]:
-    """(deadline of the rank closest to it, that rank's description): a rank must report
-    within ``timeout_s`` of its last report, or of the start plus the startup allowance."""
-    worst = (math.inf, "")
+                   ) -> tuple[float, str, float]:
+    """(earliest deadline of any rank, the rank to blame, the time of its last report): a rank must report within
+    ``timeout_s`` of its last report, or of the start plus the startup allowance. When one
+    rank stalls the others soon wait for it inside a collective, and which of them reported
+    last is a race; the rank to blame is the one that got least far (then the oldest)."""
+    deadline = math.inf
+    behind: tuple[int, float, str] = (1 << 62, math.inf, "")
     for r in range(nproc):
         f = folder / f"progress{r}"
-        parts = f.read_text().split(maxsplit=1) if f.exists() else []
-        deadline, what = (float(parts[0]) + timeout_s, parts[1].strip()) if len(parts) == 2 \
-            else (started + max(timeout_s, STARTUP_S), "starting")
-        if deadline < worst[0]:
-            worst = (deadline, f"rank {r} ({what})")
-    return worst
+        parts = f.read_text().split(maxsplit=2) if f.exists() else []
+        if len(parts) == 3:
+            when, stage, what = float(parts[0]), int(parts[1]), parts[2].strip()
+            mine = when + timeout_s
+        else:
+            when, stage, what = started, 0, "starting"
+            mine = started + max(timeout_s, STARTUP_S)
+        deadline = min(deadline, mine)
+        behind = min(behind, (stage, when, f"rank {r} ({what})"))
+    if behind[0] == 0:  # ranks that did start wait for this one: give it the allowance
+        deadline = started + max(timeout_s, STARTUP_S)
+    return deadline, behind[2], behind[1]
 
 
 def _failure(folder: Path, nproc: int, returncode: int) -> str:
@@ -122,11 +131,11 @@ def _watch(proc: subprocess.Popen, folder: Path, nproc: int, timeout_s: float,
     started = time.time()
     while proc.poll() is None:
         seen.update(_children(proc.pid))
-        deadline, who = _last_progress(folder, nproc, started, timeout_s)
-        if time.time() > deadline:
-            limit = f"{timeout_s:g} s" if "starting" not in who else \
-                f"{max(timeout_s, STARTUP_S):g} s of start-up"
-            raise ExecutionError(f"{who} made no progress for {limit}: stopped all ranks")
+        deadline, who, since = _last_progress(folder, nproc, started, timeout_s)
+        now = time.time()
+        if now > deadline:
+            raise ExecutionError(f"{who} made no progress for {now - since:.0f} s (timeout "
+                                 f"{timeout_s:g} s): stopped all ranks")
         if any((folder / f"error{r}.txt").exists() for r in range(nproc)):
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout_s)  # torchrun stops the other ranks itself

@@ -210,10 +210,11 @@ def record_step(runner: Runner, step: int, trace_path: Path) -> list[tuple[str, 
     return attribute(recorder.log, traced, nested)
 
 
-def _progress(out: Path, rank: int, text: str) -> None:
-    """Atomic (rename), so the launcher never reads a half-written file."""
+def _progress(out: Path, rank: int, stage: int, text: str) -> None:
+    """Atomic (rename), so the launcher never reads a half-written file. ``stage`` counts
+    how far the rank got (it only grows), so the launcher can blame the rank behind."""
     tmp = out / f".progress{rank}"
-    tmp.write_text(f"{time.time()} {text}\n")
+    tmp.write_text(f"{time.time()} {stage} {text}\n")
     tmp.replace(out / f"progress{rank}")
 
 
@@ -228,13 +229,13 @@ def run(cfg: dict[str, Any], out: Path, rank: int) -> dict[str, Any]:
             if fault["kind"] == "crash":
                 raise RuntimeError(f"injected crash at step {step}")
             time.sleep(10**6)  # injected hang
-        _progress(out, rank, f"in step {step + 1} of {total}")
+        _progress(out, rank, 2 * step + 1, f"in step {step + 1} of {total}")
         dist.barrier()
         t0 = time.perf_counter()
         loss = runner.step(step)
         times.append(time.perf_counter() - t0)
         losses.append(loss)
-        _progress(out, rank, f"finished step {step + 1} of {total}")
+        _progress(out, rank, 2 * step + 2, f"finished step {step + 1} of {total}")
     log = record_step(runner, total, out / f"trace{rank}.json")
     peak = torch.cuda.max_memory_allocated() if runner.device.type == "cuda" else _rss_bytes()
     return {"rank": rank, "step_s": times, "loss": losses, "peak_bytes": peak,

@@ -573,7 +573,7 @@ def test_version(capsys):
 # option fails here, and checked against the parser so that a new one must be added.
 HELP_OPTIONS: dict[tuple[str, ...], list[str]] = {
     (): ["--version", "simulate", "plan", "models", "hardware", "cluster", "topology", "plot",
-         "demo", "optimize", "export", "profile", "sweep"],
+         "demo", "optimize", "export", "profile", "sweep", "execute", "compare"],
     ("optimize",): ["--model", "--cluster", "--global-batch-size", "--seq-len", "--top",
                     "--workers", "--json", "--out", "--set", "--scenario"],
     ("export",): ["--plan", "--model", "--cluster", "--format", "--out"],
@@ -599,11 +599,18 @@ HELP_OPTIONS: dict[tuple[str, ...], list[str]] = {
     ("demo",): ["--out"],
     ("profile",): ["compute", "comm", "show", "import-trace"],
     ("profile", "compute"): ["--model", "--device", "--threads", "--dtype", "--tp",
-                             "--micro-batch", "--seq-len", "--db", "--force"],
+                             "--micro-batch", "--seq-len", "--db", "--force", "--busy"],
     ("profile", "comm"): ["--nproc", "--collectives", "--min-bytes", "--max-bytes", "--rounds",
                           "--timeout", "--db"],
     ("profile", "show"): ["--db"],
     ("profile", "import-trace"): ["trace", "--top", "--json"],
+    ("execute",): ["--model", "--plan", "--nproc", "--steps", "--warmup", "--device",
+                   "--threads", "--timeout", "--scale-layers", "--scale-hidden",
+                   "--inject-fault", "--json"],
+    ("compare",): ["--model", "--plan", "--nproc", "--steps", "--warmup", "--device",
+                   "--threads", "--timeout", "--scale-layers", "--scale-hidden",
+                   "--inject-fault", "--json", "--cluster", "--profile", "--fidelity",
+                   "--calibrate"],
 }
 
 
