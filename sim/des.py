@@ -21,7 +21,7 @@ flow; on symmetric cases both give the same iteration time.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -43,7 +43,7 @@ from sim.schedule import Exchange, Msg, stage_program
 from sim.stages import StageLayers, edge_tp_collectives, virtual_stage_layers
 from sim.topology import Topology, build_topology
 
-__all__ = ["simulate_des", "dp_bucket_params", "CATEGORIES"]
+__all__ = ["simulate_des", "dp_bucket_params", "reducible", "CATEGORIES"]
 
 CATEGORIES = ("compute", "tp", "cp", "ep", "pp", "dp", "optimizer", "bubble")
 Proc = Generator[Any, Any, Any]
@@ -80,7 +80,8 @@ class _Step:
     """One simulated iteration."""
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel,
-                 topo: Topology, reduce: bool, record: bool) -> None:
+                 topo: Topology, reduce: bool, record: bool,
+                 compute_scale: Sequence[float] | None = None) -> None:
         self.m, self.c, self.p, self.cost, self.topo = model, cluster, plan, cost, topo
         self.reduce, self.record = reduce, record
         self.env = _CountingEnv()
@@ -91,6 +92,7 @@ class _Step:
         self.moe_t = cm.layer_time(cost, model, plan, moe=True) if model.is_moe else self.dense_t
         self.vs_layers = self._virtual_layers()
         self.units = self._units()
+        self.scale = {u: self._unit_scale(u, compute_scale) for u in self.units}
         self.acct = {u: _Acct() for u in self.units}
         self.timeline: list[dict[str, Any]] = []
         self._meetings: dict[tuple, list[Any]] = {}
@@ -130,6 +132,12 @@ class _Step:
         dps, cps = (range(1), range(1)) if self.reduce else (range(p.dp), range(p.cp))
         return [Unit(s, d, c, self._rank0(s, d, c)) for s in range(p.pp) for d in dps
                 for c in cps]
+
+    def _unit_scale(self, u: Unit, compute_scale: Sequence[float] | None) -> float:
+        """A TP group runs in lock step: its compute takes its slowest device's time."""
+        if compute_scale is None:
+            return 1.0
+        return max(compute_scale[d] for d in self._tp_devices(u.rank0))
 
     def _tp_devices(self, rank0: int) -> list[int]:
         return [self.dev(rank0 + t * self.strides["tp"]) for t in range(self.p.tp)]
@@ -261,7 +269,7 @@ class _Step:
         return value
 
     def _compute(self, u: Unit, seconds: float, name: str) -> Proc:
-        yield from self._wait(u, "compute", self.env.timeout(seconds), name)
+        yield from self._wait(u, "compute", self.env.timeout(seconds * self.scale[u]), name)
 
     def _blocking(self, u: Unit, kind: str, coll: str, size: float, tag: tuple) -> Proc:
         t0 = self.env.now
@@ -509,7 +517,8 @@ class _Step:
         dense, expert = rank_params(self.m, p, stage)
         shards = (p.dense_replicas, p.expert_replicas) if p.zero_stage >= 1 else (1, 1)
         seconds = cm.optimizer_time(self.cost, dense / shards[0] + expert / shards[1])
-        yield from self._wait(u, "optimizer", self.env.timeout(seconds), "optimizer")
+        yield from self._wait(u, "optimizer", self.env.timeout(seconds * self.scale[u]),
+                              "optimizer")
         if p.zero_stage in (1, 2):
             t0 = self.env.now
             yield from self._wait(u, "dp", simpy.AllOf(self.env, [
@@ -664,14 +673,44 @@ def _communication(a: _Acct) -> dict[str, dict[str, float]]:
     return out
 
 
+def reducible(plan: Plan, compute_scale: Sequence[float] | None,
+              dev: Callable[[int], int] | None = None) -> bool:
+    """Whether one unit per stage can stand for all: every rank of a pipeline stage has the
+    same compute scale (``dev`` maps a logical rank to its device)."""
+    if compute_scale is None:
+        return True
+    dev = dev or (lambda r: r)
+    sizes, strides = rank_coords(plan)
+    seen: dict[int, float] = {}
+    for r in range(plan.world_size):
+        stage = r // strides["pp"] % sizes["pp"]
+        if seen.setdefault(stage, compute_scale[dev(r)]) != compute_scale[dev(r)]:
+            return False
+    return True
+
+
 def simulate_des(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel,
                  reduce: bool = True, record: bool = False,
-                 topology: Topology | None = None) -> Timing:
-    """Simulate one iteration; ``record`` keeps the per-unit timeline (for traces)."""
+                 topology: Topology | None = None,
+                 compute_scale: Sequence[float] | None = None) -> Timing:
+    """Simulate one iteration; ``record`` keeps the per-unit timeline (for traces).
+    ``compute_scale`` multiplies every compute duration of each device (index = device;
+    1.2 is 20% slower): stragglers, or other GPU types relative to the cost model's.
+    Reduction needs every rank of a stage to have the same scale; where they differ the
+    simulation runs in full and says so."""
     from sim.stages import pipeline_rank_layers
 
-    step = _Step(model, cluster, plan, cost, topology or build_topology(cluster), reduce,
-                 record)
+    if compute_scale is not None:
+        if len(compute_scale) != cluster.world_size:
+            raise ValueError(f"compute_scale has {len(compute_scale)} entries for "
+                             f"{cluster.world_size} devices")
+        if any(not (x > 0) for x in compute_scale):
+            raise ValueError("compute_scale entries must be > 0")
+    pl = plan.placement
+    full_needed = reduce and not reducible(
+        plan, compute_scale, None if isinstance(pl, str) else (lambda r: pl[r]))
+    step = _Step(model, cluster, plan, cost, topology or build_topology(cluster),
+                 reduce and not full_needed, record, compute_scale)
     stages = pipeline_rank_layers(plan, model)
     for u in step.units:
         step.env.process(step.unit(u, stages[u.stage]))
@@ -679,6 +718,8 @@ def simulate_des(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostM
     critical = max(step.units, key=lambda u: (step.acct[u].end, -u.stage))
     a = step.acct[critical]
     breakdown = dict(a.spent)
-    info = {"reduced": reduce, "units": len(step.units), "events": step.env.processed}
+    info = {"reduced": step.reduce, "units": len(step.units), "events": step.env.processed}
+    if full_needed:
+        info["not_reduced_because"] = "ranks of one pipeline stage run at different speeds"
     return Timing(a.end, a.pipeline_end, breakdown, _communication(a), _links(step, a.end),
                   info, step.timeline)

@@ -234,3 +234,25 @@ def test_des_embedding_allreduce_by_hand():
     spans = [e["end"] - e["start"] for e in t.timeline if e["name"] == "embedding all-reduce"]
     assert spans == pytest.approx([by_hand, by_hand], rel=1e-9)
     assert t.breakdown["pp"] > by_hand
+
+
+def test_compute_scale_uniform_is_exact_and_a_slow_rank_turns_reduction_off():
+    m, c = load_model("llama3-8b"), load_cluster("dgx-h100:2")
+    p = Plan(global_batch_size=8, seq_len=2048, dp=4, tp=2, pp=2)
+    cost = roofline_for(c.gpu)
+    base = simulate_des(m, c, p, cost)
+    same = simulate_des(m, c, p, cost, compute_scale=[1.0] * c.world_size)
+    assert same.iteration_s == base.iteration_s and same.simulation["reduced"]
+    # a whole stage twice as slow is still one unit per stage
+    stage1 = [1.0] * 8 + [2.0] * 8  # default placement: stage 1 holds ranks 8..15
+    slow_stage = simulate_des(m, c, p, cost, compute_scale=stage1)
+    assert slow_stage.simulation["reduced"] and slow_stage.iteration_s > base.iteration_s
+    one = [1.0] * c.world_size
+    one[9] = 1.5
+    slow = simulate_des(m, c, p, cost, compute_scale=one)
+    assert not slow.simulation["reduced"] and "not_reduced_because" in slow.simulation
+    full = simulate_des(m, c, p, cost, reduce=False, compute_scale=one)
+    assert slow.iteration_s == full.iteration_s
+    assert base.iteration_s < slow.iteration_s < slow_stage.iteration_s
+    with pytest.raises(ValueError, match="entries"):
+        simulate_des(m, c, p, cost, compute_scale=[1.0])
