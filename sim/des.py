@@ -33,6 +33,7 @@ from sim.alphabeta import default_algorithm, fabric_for
 from sim.cluster import ClusterSpec
 from sim.costmodel import CostModel
 from sim.des_comm import CommEngine
+from sim.links import link_table
 from sim.memory import layer_rank_params, rank_params
 from sim.model import ModelSpec
 from sim.network import Network
@@ -81,12 +82,16 @@ class _Step:
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel,
                  topo: Topology, reduce: bool, record: bool,
-                 compute_scale: Sequence[float] | None = None) -> None:
+                 compute_scale: Sequence[float] | None = None,
+                 comm: CommEngine | None = None, devices: Sequence[int] | None = None) -> None:
+        """``comm`` (its environment and network) is shared when several jobs run on one
+        fabric (:mod:`sim.multijob`); ``devices`` maps the plan's devices to the cluster's
+        (the job's slice of a larger cluster)."""
         self.m, self.c, self.p, self.cost, self.topo = model, cluster, plan, cost, topo
-        self.reduce, self.record = reduce, record
-        self.env = _CountingEnv()
-        self.net = Network(self.env, topo.cap, topo.lat)
-        self.comm = CommEngine(self.env, topo, self.net)
+        self.reduce, self.record, self.devices = reduce, record, devices
+        self.env = comm.env if comm else _CountingEnv()
+        self.net = comm.net if comm else Network(self.env, topo.cap, topo.lat)
+        self.comm = comm or CommEngine(self.env, topo, self.net)
         self.sizes, self.strides = rank_coords(plan)
         self.dense_t = cm.layer_time(cost, model, plan)
         self.moe_t = cm.layer_time(cost, model, plan, moe=True) if model.is_moe else self.dense_t
@@ -111,7 +116,8 @@ class _Step:
     # Layout -------------------------------------------------------------------------------
     def dev(self, rank: int) -> int:
         pl = self.p.placement
-        return rank if isinstance(pl, str) else pl[rank]
+        d = rank if isinstance(pl, str) else pl[rank]
+        return d if self.devices is None else self.devices[d]
 
     def _virtual_layers(self) -> list[list[bool]]:
         """Per virtual stage, each layer's MoE flag."""
@@ -652,16 +658,9 @@ def _succeed(done: simpy.Event, _started: simpy.Event) -> None:
     done.succeed()
 
 
-def _links(step: _Step, seconds: float, top: int = 10) -> list[dict[str, Any]]:
+def _links(step: _Step, seconds: float, top: int | None = 10) -> list[dict[str, Any]]:
     """The busiest links: utilisation = bytes / (capacity x iteration)."""
-    t = step.topo
-    stats = step.net.stats
-    used = [(float(stats.bytes[i]) / (t.cap[i] * seconds), f"{t.links[i][0]}->{t.links[i][1]}",
-             float(stats.bytes[i]), float(stats.busy_s[i]))
-            for i in (stats.bytes > 0).nonzero()[0]]
-    used.sort(key=lambda r: (-r[0], r[1]))
-    return [{"link": name, "bytes": b, "utilization": util, "busy_fraction": busy / seconds}
-            for util, name, b, busy in used[:top]]
+    return link_table(step.topo, step.net.stats.bytes, step.net.stats.busy_s, seconds, top)
 
 
 def _communication(a: _Acct) -> dict[str, dict[str, float]]:
@@ -692,8 +691,10 @@ def reducible(plan: Plan, compute_scale: Sequence[float] | None,
 def simulate_des(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel,
                  reduce: bool = True, record: bool = False,
                  topology: Topology | None = None,
-                 compute_scale: Sequence[float] | None = None) -> Timing:
-    """Simulate one iteration; ``record`` keeps the per-unit timeline (for traces).
+                 compute_scale: Sequence[float] | None = None,
+                 top_links: int | None = 10) -> Timing:
+    """Simulate one iteration; ``record`` keeps the per-unit timeline (for traces);
+    ``top_links`` busiest links are reported (``None``: every used link).
     ``compute_scale`` multiplies every compute duration of each device (index = device;
     1.2 is 20% slower): stragglers, or other GPU types relative to the cost model's.
     Reduction needs every rank of a stage to have the same scale; where they differ the
@@ -721,5 +722,6 @@ def simulate_des(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostM
     info = {"reduced": step.reduce, "units": len(step.units), "events": step.env.processed}
     if full_needed:
         info["not_reduced_because"] = "ranks of one pipeline stage run at different speeds"
-    return Timing(a.end, a.pipeline_end, breakdown, _communication(a), _links(step, a.end),
+    return Timing(a.end, a.pipeline_end, breakdown, _communication(a),
+                  _links(step, a.end, top_links),
                   info, step.timeline)
