@@ -330,7 +330,8 @@ class _Step:
         yield from self._wait(u, "cp", ring, "cp ring")
         self.acct[u].comm_total["cp"] += ring_end[0] - t0
 
-    def _fast(self, layers: list[bool], backward: bool) -> tuple[float, float, float] | None:
+    def _fast(self, u: Unit, layers: list[bool], backward: bool
+              ) -> tuple[float, float, float] | None:
         """(compute, tp, ep) seconds of a whole chunk when nothing in it interacts with
         other traffic (TP and EP memoised, no CP, no ZeRO-3)."""
         p = self.p
@@ -340,21 +341,23 @@ class _Step:
             return None
         passes = (2 if p.recompute == "full" else 1) if backward else 1
         moe_layers = sum(layers)
-        tp1 = sum(self._solo("tp", c, self._tp_bytes(), passes * len(layers))
+        tp1 = sum(self._solo(u, "tp", c, self._tp_bytes(), passes * len(layers))
                   for c in self._tp_ops())
-        ep1 = 2 * self._solo("ep", "all_to_all", self._ep_bytes(), 2 * passes * moe_layers) \
+        ep1 = 2 * self._solo(u, "ep", "all_to_all", self._ep_bytes(),
+                             2 * passes * moe_layers) \
             if p.ep > 1 and moe_layers else 0.0
         compute = sum((lt.backward + self._recompute(lt)) if backward else lt.forward
                       for lt in (self.moe_t if moe else self.dense_t for moe in layers))
         return compute, passes * len(layers) * tp1, passes * moe_layers * ep1
 
-    def _solo(self, kind: str, coll: str, size: float, times: float) -> float:
+    def _solo(self, u: Unit, kind: str, coll: str, size: float, times: float) -> float:
         """A memoised collective's seconds; it is replayed ``times`` (all TP groups of the
-        unit, or for other kinds the groups of all its TP ranks, are credited)."""
+        unit, or for other kinds the groups of all its TP ranks, are credited: their links
+        carry the bytes)."""
         algorithm = self._algorithm(kind, coll, size)
         total = 0.0
-        for group in self._groups(self.units[0], kind):
-            copies = self._all_copies(kind, 0, group) if self.reduce else None
+        for group in self._groups(u, kind):
+            copies = self._all_copies(kind, u.stage, group) if self.reduce else None
             total = max(total, self.memo_time(kind, coll, algorithm, group, size, copies,
                                               times))
         return total
@@ -380,7 +383,7 @@ class _Step:
     def forward(self, u: Unit, vs: int, mb: int) -> Proc:
         layers = self.vs_layers[vs]
         fwd_extra, _ = self._extras(vs)
-        fast = self._fast(layers, backward=False)
+        fast = self._fast(u, layers, backward=False)
         if fast:
             compute, tp, ep = fast
             yield from self._compute(u, compute + fwd_extra, f"F{mb} v{vs}")
@@ -403,7 +406,7 @@ class _Step:
         layers = self.vs_layers[vs]
         _, bwd_extra = self._extras(vs)
         reduce_now = self._reduces_after(mb)
-        fast = None if reduce_now else self._fast(layers, backward=True)
+        fast = None if reduce_now else self._fast(u, layers, backward=True)
         if fast:
             compute, tp, ep = fast
             yield from self._compute(u, compute + bwd_extra, f"B{mb} v{vs}")
