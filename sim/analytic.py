@@ -13,6 +13,7 @@ gradient; the optimizer step streams its state through HBM.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sim import compute as cm
@@ -220,24 +221,27 @@ def _optimizer(x: _Ctx, st: StageLayers) -> float:
     return cm.optimizer_time(x.cost, params)
 
 
-def stage_costs(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel
-                ) -> list[StageCost]:
+def stage_costs(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel,
+                stage_scale: Sequence[float] | None = None) -> list[StageCost]:
+    """Per pipeline rank; ``stage_scale`` multiplies a stage's compute and optimizer step
+    (stragglers: the stage's slowest rank, :func:`sim.faults.stage_scales`)."""
     x = _Ctx(model, cluster, plan, cost)
     tp_l, ep_l = _tp_per_layer(x), _ep_per_layer(x)
     cp_d, cp_e = _cp_per_layer(x, x.dense), _cp_per_layer(x, x.moe)
     out = []
     for st in pipeline_rank_layers(plan, model):
-        comp = _stage_compute(x, st)
+        k = 1.0 if stage_scale is None else stage_scale[len(out)]
+        comp = k * _stage_compute(x, st)
         out.append(StageCost(
             comp, st.total * tp_l + _tp_edges(x, st), st.dense * cp_d[0] + st.moe * cp_e[0],
             st.dense * cp_d[1] + st.moe * cp_e[1], st.moe * ep_l, _p2p(x, st),
-            _dp_costs(x, st, comp), _optimizer(x, st), _embedding_allreduce(x, st)))
+            _dp_costs(x, st, comp), k * _optimizer(x, st), _embedding_allreduce(x, st)))
     return out
 
 
-def analytic_iteration(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel
-                       ) -> Timing:
-    stages = stage_costs(model, cluster, plan, cost)
+def analytic_iteration(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel,
+                       stage_scale: Sequence[float] | None = None) -> Timing:
+    stages = stage_costs(model, cluster, plan, cost, stage_scale)
     m, v = plan.num_microbatches, plan.vpp
     times = [s.per_microbatch_s for s in stages]
     slow = max(range(len(stages)), key=lambda r: times[r])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from sim.analytic import analytic_iteration, memory_gib
 from sim.cluster import ClusterSpec
 from sim.costmodel import CostModel, roofline_for
@@ -11,22 +13,49 @@ from sim.model import ModelSpec
 from sim.plan import Plan, validate
 from sim.result import Result, Timing
 
+if TYPE_CHECKING:
+    from sim.faults import Faults
+
 __all__ = ["simulate", "FIDELITIES"]
 
 FIDELITIES = ("analytic", "des")
 
 
 def simulate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, fidelity: str = "analytic",
-             *, reduce: bool = True, trace: str | None = None) -> Result:
+             *, reduce: bool = True, trace: str | None = None,
+             faults: Faults | None = None) -> Result:
     """Predict one training iteration of ``model`` on ``cluster`` under ``plan``. The DES
-    tier can run without symmetry reduction (``reduce=False``) and write a Chrome trace."""
+    tier can run without symmetry reduction (``reduce=False``) and write a Chrome trace.
+    ``faults``: stragglers and link failures (:mod:`sim.faults`)."""
     if fidelity not in FIDELITIES:
         raise SpecError("fidelity", f"must be one of {', '.join(FIDELITIES)}, got {fidelity!r}")
     validate(plan, model, cluster)
     cost = cost_model_for(cluster)
+    if faults is not None and not faults.empty:
+        return _with_faults(model, cluster, plan, fidelity, cost, faults, reduce, trace)
     timing = _des(model, cluster, plan, cost, reduce, trace) if fidelity == "des" else \
         _analytic(model, cluster, plan, cost)
     return _result(model, cluster, plan, fidelity, timing, cost)
+
+
+def _with_faults(model: ModelSpec, cluster: ClusterSpec, plan: Plan, fidelity: str,
+                 cost: CostModel, faults: Faults, reduce: bool, trace: str | None) -> Result:
+    """Stragglers in both tiers (the analytic one per stage, at its slowest rank), slowed
+    and failed links in the DES, which then runs unreduced."""
+    import dataclasses
+
+    from sim.faults import fault_inputs
+
+    f = fault_inputs(faults, cluster, plan, fidelity, reduce)
+    if fidelity == "des":
+        timing = _des(model, cluster, plan, cost, f.reduce, trace, **f.des_kwargs)
+    else:
+        timing = analytic_iteration(model, cluster, plan, cost, f.stage_scale)
+    timing.simulation.update(f.info)
+    result = _result(model, cluster, plan, fidelity, timing, cost)
+    notes = f.notes + ([f"step cannot complete: {timing.simulation['cannot_complete']}"]
+                       if "cannot_complete" in timing.simulation else [])
+    return dataclasses.replace(result, warnings=[*result.warnings, *notes])
 
 
 def _analytic(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel) -> Timing:
@@ -34,13 +63,15 @@ def _analytic(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostMode
 
 
 def _des(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel, reduce: bool,
-         trace: str | None) -> Timing:
+         trace: str | None, **faults: Any) -> Timing:
+    """``faults``: simulate_des's topology, compute_scale and link_failures."""
     import time
 
     from sim.des import simulate_des
 
     t0 = time.perf_counter()
-    out = simulate_des(model, cluster, plan, cost, reduce=reduce, record=trace is not None)
+    out = simulate_des(model, cluster, plan, cost, reduce=reduce, record=trace is not None,
+                       **faults)
     out.simulation["wall_s"] = time.perf_counter() - t0
     if trace:
         from sim.trace import write_chrome_trace

@@ -21,6 +21,7 @@ flow; on symmetric cases both give the same iteration time.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -691,17 +692,38 @@ def reducible(plan: Plan, compute_scale: Sequence[float] | None,
     return True
 
 
+def _run_with_failures(step: _Step, failures: Sequence[tuple[float, Sequence[int], str]]
+                       ) -> Timing | None:
+    """Run the step with links failing; the Timing of a step that cannot complete."""
+    from sim.faults import CannotComplete, install_failures
+
+    step.exclusive = set()  # re-routed flows may cross any link: nothing is memoised
+    install_failures(step.env, step.net, step.topo, failures)
+    try:
+        step.env.run()
+    except CannotComplete as exc:
+        info = {"reduced": step.reduce, "units": len(step.units),
+                "events": step.env.processed, "completed": False,
+                "cannot_complete": f"{exc} (at {step.env.now:.6g} s)"}
+        zero = dict.fromkeys(CATEGORIES, 0.0)
+        return Timing(math.inf, math.inf, zero, _communication(_Acct()), [], info, [])
+    return None
+
+
 def simulate_des(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel,
                  reduce: bool = True, record: bool = False,
                  topology: Topology | None = None,
                  compute_scale: Sequence[float] | None = None,
-                 top_links: int | None = 10) -> Timing:
+                 top_links: int | None = 10,
+                 link_failures: Sequence[tuple[float, Sequence[int], str]] = ()) -> Timing:
     """Simulate one iteration; ``record`` keeps the per-unit timeline (for traces);
     ``top_links`` busiest links are reported (``None``: every used link).
     ``compute_scale`` multiplies every compute duration of each device (index = device;
     1.2 is 20% slower): stragglers, or other GPU types relative to the cost model's.
     Reduction needs every rank of a stage to have the same scale; where they differ the
-    simulation runs in full and says so."""
+    simulation runs in full and says so. ``link_failures`` (time_s, link ids, name) fail
+    links mid-step (:mod:`sim.faults`; run it unreduced): when a flow has no path left the
+    step cannot complete, and the Timing says so with an infinite iteration time."""
     from sim.stages import pipeline_rank_layers
 
     if compute_scale is not None:
@@ -718,7 +740,12 @@ def simulate_des(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostM
     stages = pipeline_rank_layers(plan, model)
     for u in step.units:
         step.env.process(step.unit(u, stages[u.stage]))
-    step.env.run()
+    if link_failures:
+        stalled = _run_with_failures(step, link_failures)
+        if stalled is not None:
+            return stalled
+    else:
+        step.env.run()
     critical = max(step.units, key=lambda u: (step.acct[u].end, -u.stage))
     a = step.acct[critical]
     breakdown = dict(a.spent)

@@ -13,7 +13,7 @@ pairs, so a flow that stands for thousands of links costs one array, not a loop.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,6 +111,7 @@ class Network:
         self._rates = np.zeros(0)
         self._last = 0.0
         self._wake: simpy.Event | None = None
+        self.detour: Callable[[Flow], None] | None = None  # re-routes a flow in place
 
     def transfer(self, links: Sequence[int] | np.ndarray, size_bytes: float,
                  weights: Sequence[float] | np.ndarray | None = None,
@@ -129,7 +130,18 @@ class Network:
     def _start(self, flow: Flow, latency_s: float) -> Generator[simpy.Event, Any, None]:
         yield self.env.timeout(latency_s)
         self._advance()
+        if self.detour is not None:
+            self.detour(flow)
         self.flows.append(flow)
+        self._rerate()
+
+    def reroute(self, detour: Callable[[Flow], None]) -> None:
+        """From now on ``detour`` re-routes every flow (those in flight now, and each new
+        one as it joins); the flows are re-rated on their new paths."""
+        self._advance()
+        self.detour = detour
+        for f in self.flows:
+            detour(f)
         self._rerate()
 
     def _advance(self) -> None:

@@ -15,6 +15,9 @@ def _pct(x: float, total: float) -> str:
 
 def format_result(r: Result) -> str:
     it = r.iteration_time_s
+    if "cannot_complete" in r.simulation:
+        return (f"{r.model} on {r.cluster} ({r.gpus} devices), fidelity {r.fidelity}\n"
+                f"  STEP CANNOT COMPLETE: {r.simulation['cannot_complete']}")
     lines = [
         f"{r.model} on {r.cluster} ({r.gpus} devices), fidelity {r.fidelity}",
         f"  iteration time        {it:.4g} s   ({r.num_microbatches} micro-batches)",

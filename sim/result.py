@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,4 +50,8 @@ class Result:
     simulation: dict[str, Any] = field(default_factory=dict)  # DES events, units, reduced
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+        """Fields by name; a step that cannot complete (infinite time) has ``null``."""
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        if not math.isfinite(self.iteration_time_s):
+            out["iteration_time_s"] = None
+        return out

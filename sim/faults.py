@@ -1,0 +1,359 @@
+"""Stragglers and failures: slow GPUs, nodes and links, and links that fail mid-step.
+
+A :class:`Faults` is a cluster-independent description, parsed from the command line or a
+scenario file; :func:`resolve` turns it into numbers for one cluster:
+
+* a **compute scale** per device (1.3 = every compute duration 30% longer): the product of
+  its fixed GPU factor, its node's, and any drawn ones;
+* a **link scale** per link id (2 = half the capacity), from fixed factors on named links
+  and drawn ones (one draw per cable, both directions alike);
+* **failures**: link ids that stop carrying traffic at a simulated time.
+
+Draws are seeded (``numpy.random.default_rng(seed)``), one distribution after the other in
+the order given: ``lognormal:SIGMA`` is ``exp(SIGMA z)`` with ``z`` standard normal (median
+1, so some devices come out faster than nominal), ``uniform:LO:HI`` uniform in [LO, HI].
+
+Links are named by their end vertices: ``gpu5``, ``sw3`` (node 3's NVSwitch), ``nic3.0``
+(node 3's first NIC), ``pod0``, ``core``, ``rail0.1``, ``spine2``, ``rt4``; a link is
+``A-B`` (both directions) and a vertex alone means every link touching it (a NIC).
+
+A failed link: every flow crossing it, in flight or started later, is re-routed on a
+shortest path (hops) of the graph without the failed links (:class:`Detour`); a flow with
+no such path raises :class:`CannotComplete`, which the DES reports as a step that cannot
+complete.
+
+>>> parse_straggler("node:3=1.2")
+('node', '3', 1.2)
+>>> vertex_name(("nic", 3, 0)), vertex_name(7)
+('nic3.0', 'gpu7')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import networkx as nx
+import numpy as np
+import simpy
+
+from sim.cluster import ClusterSpec
+from sim.errors import SpecError
+from sim.network import Flow, Network
+from sim.plan import Plan
+from sim.topology import Topology
+
+__all__ = ["Faults", "Dist", "Resolved", "CannotComplete", "Detour", "parse_straggler",
+           "parse_dist", "parse_failure", "faults_from_options", "resolve", "vertex_name",
+           "link_ids", "stage_scales", "perturbed_topology", "install_failures", "SCOPES",
+           "DISTRIBUTIONS", "FaultInputs", "fault_inputs"]
+
+SCOPES = ("gpu", "node", "link")
+DISTRIBUTIONS = {"lognormal": 1, "uniform": 2}  # name -> number of parameters
+
+
+class CannotComplete(RuntimeError):
+    """A flow has no path left: the step cannot complete."""
+
+
+@dataclass(frozen=True)
+class Dist:
+    """Slow-down factors drawn per ``scope`` member from ``kind`` with ``params``."""
+
+    scope: str
+    kind: str
+    params: tuple[float, ...]
+
+    def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        if self.kind == "lognormal":
+            return np.exp(self.params[0] * rng.standard_normal(n))
+        return rng.uniform(self.params[0], self.params[1], n)
+
+    def label(self) -> str:
+        return f"{self.scope}:{self.kind}:" + ":".join(f"{p:g}" for p in self.params)
+
+
+@dataclass(frozen=True)
+class Faults:
+    """Fixed factors (``(scope, name, factor)``), distributions, a seed, and link failures
+    (``(link name, time_s)``)."""
+
+    factors: tuple[tuple[str, str, float], ...] = ()
+    dists: tuple[Dist, ...] = ()
+    seed: int = 0
+    failures: tuple[tuple[str, float], ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not (self.factors or self.dists or self.failures)
+
+    @property
+    def touches_links(self) -> bool:
+        return bool(self.failures) or any(s == "link" for s, _, _ in self.factors) \
+            or any(d.scope == "link" for d in self.dists)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"stragglers": [f"{s}:{n}={f:g}" for s, n, f in self.factors],
+                "distributions": [d.label() for d in self.dists], "seed": self.seed,
+                "link_failures": [f"{n}@{t:g}" for n, t in self.failures]}
+
+
+@dataclass
+class Resolved:
+    """A :class:`Faults` for one cluster."""
+
+    compute_scale: list[float] | None
+    link_scale: dict[int, float] = field(default_factory=dict)
+    failures: list[tuple[float, list[int], str]] = field(default_factory=list)
+
+
+# Parsing ------------------------------------------------------------------------------------
+def _number(option: str, text: str, rule: str = "a positive number") -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise SpecError(option, f"must be {rule}, got {text!r}")
+    return value
+
+
+def parse_straggler(text: str, option: str = "--straggler") -> tuple[str, str, float]:
+    """``gpu:5=1.3``, ``node:3=1.2`` or ``link:nic3.0-pod0=2`` -> (scope, name, factor)."""
+    target, sep, value = text.partition("=")
+    scope, colon, name = target.strip().partition(":")
+    if not sep or not colon or scope not in SCOPES or not name.strip():
+        raise SpecError(option, f"must be SCOPE:NAME=FACTOR with SCOPE one of "
+                        f"{', '.join(SCOPES)} (e.g. gpu:5=1.3), got {text!r}")
+    name = name.strip()
+    if scope != "link" and not name.isdigit():
+        raise SpecError(option, f"a {scope} is a non-negative integer index, got {name!r}")
+    return scope, name, _number(option, value.strip(), "a slow-down factor > 0")
+
+
+def parse_dist(text: str, option: str = "--straggler-dist") -> Dist:
+    """``lognormal:0.1`` (per GPU), ``node:uniform:1:1.3``, ``link:lognormal:0.2``."""
+    parts = [p.strip() for p in text.split(":")]
+    scope = parts.pop(0) if parts and parts[0] in SCOPES else "gpu"
+    kind = parts.pop(0) if parts else ""
+    if kind not in DISTRIBUTIONS or len(parts) != DISTRIBUTIONS[kind]:
+        raise SpecError(option, "must be [gpu:|node:|link:]lognormal:SIGMA or "
+                        f"[gpu:|node:|link:]uniform:LO:HI, got {text!r}")
+    params = tuple(_number(option, p) for p in parts)
+    if kind == "uniform" and params[0] > params[1]:
+        raise SpecError(option, f"uniform needs LO <= HI, got {text!r}")
+    return Dist(scope, kind, params)
+
+
+def parse_failure(text: str, option: str = "--fail-link") -> tuple[str, float]:
+    """``nic3.0-pod0@0.5``: the link (or every link of a vertex) fails at 0.5 s."""
+    name, sep, when = text.rpartition("@")
+    if not sep or not name.strip():
+        raise SpecError(option, f"must be LINK@SECONDS (e.g. nic3.0-pod0@0.5), got {text!r}")
+    try:
+        t = float(when)
+    except ValueError:
+        t = math.nan
+    if not (math.isfinite(t) and t >= 0):
+        raise SpecError(option, f"the time after '@' must be seconds >= 0, got {when!r}")
+    return name.strip(), t
+
+
+def faults_from_options(stragglers: Sequence[str] = (), dists: Sequence[str] = (),
+                        seed: int = 0, failures: Sequence[str] = ()) -> Faults:
+    """A :class:`Faults` from command-line (or scenario file) strings."""
+    return Faults(tuple(parse_straggler(s) for s in stragglers),
+                  tuple(parse_dist(d) for d in dists), seed,
+                  tuple(parse_failure(f) for f in failures))
+
+
+# Names on the topology ----------------------------------------------------------------------
+def vertex_name(v: object) -> str:
+    if isinstance(v, int):
+        return f"gpu{v}"
+    assert isinstance(v, tuple)
+    return str(v[0]) + ".".join(str(x) for x in v[1:])
+
+
+def link_ids(topo: Topology, name: str, option: str) -> list[int]:
+    """Link ids (both directions) of ``A-B``, or of every link touching vertex ``A``."""
+    names = {vertex_name(v): v for v in topo.graph.nodes}
+    ends = name.split("-") if name not in names else [name]
+    unknown = [e for e in ends if e not in names]
+    if len(ends) > 2 or unknown:
+        raise SpecError(option, f"{name!r} is not a link or vertex of {topo.cluster.name} "
+                        "(links are A-B of vertices gpuN, swN, nicN.K, podN, core, railP.K, "
+                        "spineJ, rtN)")
+    g = topo.graph
+    if len(ends) == 1:
+        v = names[ends[0]]
+        return sorted(g.edges[e]["lid"] for e in [*g.out_edges(v), *g.in_edges(v)])
+    a, b = names[ends[0]], names[ends[1]]
+    if not g.has_edge(a, b):
+        raise SpecError(option, f"there is no link between {ends[0]} and {ends[1]}")
+    return [topo.lid(a, b), topo.lid(b, a)]
+
+
+# Resolving ----------------------------------------------------------------------------------
+def _index(option: str, scope: str, name: str, count: int, cluster: ClusterSpec) -> int:
+    i = int(name)
+    if i >= count:
+        raise SpecError(option, f"{scope} {i} is not in {cluster.name} ({scope}s 0..{count - 1})")
+    return i
+
+
+def resolve(faults: Faults, cluster: ClusterSpec, topo: Topology) -> Resolved:
+    """Per-device compute scale, per-link capacity divisors and failures on ``topo``."""
+    world, per_node = cluster.world_size, cluster.gpus_per_node
+    scale = np.ones(world)
+    links: dict[int, float] = {}
+    for scope, name, factor in faults.factors:
+        if scope == "gpu":
+            scale[_index("--straggler", scope, name, world, cluster)] *= factor
+        elif scope == "node":
+            i = _index("--straggler", scope, name, cluster.nodes, cluster)
+            scale[i * per_node:(i + 1) * per_node] *= factor
+        else:
+            for lid in link_ids(topo, name, "--straggler"):
+                links[lid] = links.get(lid, 1.0) * factor
+    rng = np.random.default_rng(faults.seed)
+    for d in faults.dists:
+        if d.scope == "gpu":
+            scale *= d.draw(rng, world)
+        elif d.scope == "node":
+            scale *= np.repeat(d.draw(rng, cluster.nodes), per_node)
+        else:
+            cables = d.draw(rng, len(topo.links) // 2)  # add_link appends both directions
+            for lid in range(len(topo.links)):
+                links[lid] = links.get(lid, 1.0) * float(cables[lid // 2])
+    failures = [(t, link_ids(topo, name, "--fail-link"), name) for name, t in faults.failures]
+    compute = None if np.all(scale == 1.0) else [float(x) for x in scale]
+    return Resolved(compute, links, sorted(failures, key=lambda f: f[0]))
+
+
+def stage_scales(plan: Plan, compute_scale: Sequence[float] | None,
+                 dev: Any = None) -> list[float] | None:
+    """Per pipeline stage, its slowest rank's compute scale: a TP group runs at its slowest
+    device, and the data-parallel gradient sync waits for the slowest replica (the
+    analytic tier's approximation)."""
+    if compute_scale is None:
+        return None
+    from sim.placement import rank_coords
+
+    sizes, strides = rank_coords(plan)
+    out = [0.0] * plan.pp
+    for r in range(plan.world_size):
+        stage = r // strides["pp"] % sizes["pp"]
+        out[stage] = max(out[stage], compute_scale[dev(r) if dev else r])
+    return out
+
+
+def perturbed_topology(topo: Topology, link_scale: dict[int, float]) -> Topology:
+    """A copy of ``topo`` whose link ``i`` carries ``cap[i] / link_scale[i]``."""
+    if not link_scale:
+        return topo
+    cap = [c / link_scale.get(i, 1.0) for i, c in enumerate(topo.cap)]
+    return dataclasses.replace(topo, cap=cap, _routes={}, _router_paths={})
+
+
+# Failures in the DES ------------------------------------------------------------------------
+class Detour:
+    """Re-routes flows around failed links: shortest paths (hops) on the graph without
+    them, cached per endpoint pair."""
+
+    def __init__(self, topo: Topology) -> None:
+        self.topo = topo
+        self.failed: set[int] = set()
+        self.names: dict[int, str] = {}
+        self._paths: dict[tuple[object, object], tuple[int, ...]] = {}
+        g = topo.graph
+        self.view = nx.subgraph_view(
+            g, filter_edge=lambda u, v: g.edges[u, v]["lid"] not in self.failed)
+
+    def fail(self, lids: Sequence[int], label: str) -> None:
+        self.failed.update(lids)
+        self.names.update(dict.fromkeys(lids, label))
+        self._paths.clear()
+
+    def path(self, src: object, dst: object, lid: int) -> tuple[int, ...]:
+        key = (src, dst)
+        if key not in self._paths:
+            try:
+                hops = nx.shortest_path(self.view, src, dst)
+            except nx.NetworkXNoPath:
+                raise CannotComplete(
+                    f"no path from {vertex_name(src)} to {vertex_name(dst)} without the failed "
+                    f"link(s) {self.names[lid]}") from None
+            self._paths[key] = tuple(self.topo.lid(a, b) for a, b in zip(hops, hops[1:]))
+        return self._paths[key]
+
+    def __call__(self, flow: Flow) -> None:
+        """Re-route ``flow`` in place if it crosses a failed link."""
+        hit = [int(i) for i in flow.lid if int(i) in self.failed]
+        if not hit:
+            return
+        src, dst = self.topo.links[int(flow.lid[0])][0], self.topo.links[int(flow.lid[-1])][1]
+        lids = self.path(src, dst, hit[0])
+        flow.links = lids
+        flow.lid = np.asarray(lids, dtype=np.int64)
+        flow.w = np.full(len(lids), float(flow.w[0]))
+
+
+def install_failures(env: simpy.Environment, net: Network, topo: Topology,
+                     failures: Sequence[tuple[float, Sequence[int], str]]) -> None:
+    """Fail each ``(time_s, link ids, name)`` at its time on ``net`` (flows on it re-routed;
+    :class:`CannotComplete` raised out of ``env.run()`` when one has no path)."""
+    detour = Detour(topo)
+    for time_s, lids, name in failures:
+        label = f"{name} (failed at {time_s:g} s)"
+        env.process(_fail_at(env, net, detour, time_s, lids, label))
+
+
+def _fail_at(env: simpy.Environment, net: Network, detour: Detour, time_s: float,
+             lids: Sequence[int], label: str) -> Generator[simpy.Event, Any, None]:
+    yield env.timeout(time_s)
+    detour.fail(lids, label)
+    net.reroute(detour)
+
+
+# What a simulation tier takes ---------------------------------------------------------------
+@dataclass
+class FaultInputs:
+    """``faults`` resolved for one simulation: the analytic tier's per-stage scale, the
+    DES's keyword arguments, whether it may reduce, notes for the result's warnings and
+    a summary for its ``simulation`` dict."""
+
+    stage_scale: list[float] | None
+    des_kwargs: dict[str, Any]
+    reduce: bool
+    notes: list[str]
+    info: dict[str, Any]
+
+
+def fault_inputs(faults: Faults, cluster: ClusterSpec, plan: Plan, fidelity: str,
+                 reduce: bool) -> FaultInputs:
+    from sim.topology import build_topology
+
+    topo = build_topology(cluster)
+    r = resolve(faults, cluster, topo)
+    links = bool(r.link_scale) or bool(r.failures)
+    pl = plan.placement
+    dev = None if isinstance(pl, str) else pl.__getitem__
+    scale = r.compute_scale
+    info: dict[str, Any] = {"faults": faults.to_dict() | {
+        "slowest_gpu_scale": max(scale) if scale else 1.0,
+        "slowest_link_scale": max(r.link_scale.values(), default=1.0)}}
+    notes = []
+    if fidelity != "des" and links:
+        notes.append("the analytic tier ignores link slow-downs and failures "
+                     "(use --fidelity des)")
+    if fidelity == "des" and links and reduce:
+        info["not_reduced_because"] = "a slowed or failed link breaks the symmetry of the " \
+            "data-parallel replicas"
+    kwargs = {"topology": perturbed_topology(topo, r.link_scale), "compute_scale": scale,
+              "link_failures": r.failures}
+    return FaultInputs(stage_scales(plan, scale, dev), kwargs, reduce and not links, notes,
+                       info)
