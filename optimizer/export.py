@@ -167,6 +167,10 @@ def export(fmt: str, plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> dict
     from sim.plan import validate
 
     validate(plan, model, cluster)
+    if plan.micro_batches_per_replica is not None and fmt in FORMATS:
+        raise SpecError(f"--format {fmt}", f"micro_batches_per_replica "
+                        f"{list(plan.micro_batches_per_replica)} is not expressible: {fmt} gives "
+                        "every data-parallel replica the same batch (export the even-split plan)")
     if fmt == "deepspeed":
         check_deepspeed(deepspeed_config(plan))
     if fmt == "megatron":

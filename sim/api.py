@@ -9,6 +9,13 @@ from sim.cluster import ClusterSpec
 from sim.costmodel import CostModel, roofline_for
 from sim.errors import SpecError
 from sim.flops import hardware_flops_per_token, model_flops_per_token
+from sim.hetero import (
+    combine_scales,
+    gpu_compute_scales,
+    mean_peak_tflops,
+    memory_verdict,
+    replica_analytic,
+)
 from sim.model import ModelSpec
 from sim.plan import Plan, validate
 from sim.result import Result, Timing
@@ -33,8 +40,9 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, fidelity: str =
     cost = cost_model_for(cluster)
     if faults is not None and not faults.empty:
         return _with_faults(model, cluster, plan, fidelity, cost, faults, reduce, trace)
-    timing = _des(model, cluster, plan, cost, reduce, trace) if fidelity == "des" else \
-        _analytic(model, cluster, plan, cost)
+    scales = gpu_compute_scales(model, cluster, plan)  # GPU types other than the cost model's
+    timing = _des(model, cluster, plan, cost, reduce, trace, compute_scale=scales) \
+        if fidelity == "des" else _analytic(model, cluster, plan, cost, scales)
     return _result(model, cluster, plan, fidelity, timing, cost)
 
 
@@ -47,8 +55,13 @@ def _with_faults(model: ModelSpec, cluster: ClusterSpec, plan: Plan, fidelity: s
     from sim.faults import fault_inputs
 
     f = fault_inputs(faults, cluster, plan, fidelity, reduce)
+    gpu_scales = gpu_compute_scales(model, cluster, plan)
+    scales = combine_scales(gpu_scales, f.des_kwargs["compute_scale"])  # stragglers x GPU type
     if fidelity == "des":
-        timing = _des(model, cluster, plan, cost, f.reduce, trace, **f.des_kwargs)
+        timing = _des(model, cluster, plan, cost, f.reduce, trace,
+                      **(f.des_kwargs | {"compute_scale": scales}))
+    elif gpu_scales is not None or plan.micro_batches_per_replica is not None:
+        timing = _analytic(model, cluster, plan, cost, scales)
     else:
         timing = analytic_iteration(model, cluster, plan, cost, f.stage_scale)
     timing.simulation.update(f.info)
@@ -58,8 +71,13 @@ def _with_faults(model: ModelSpec, cluster: ClusterSpec, plan: Plan, fidelity: s
     return dataclasses.replace(result, warnings=[*result.warnings, *notes])
 
 
-def _analytic(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel) -> Timing:
-    return analytic_iteration(model, cluster, plan, cost)
+def _analytic(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel,
+              scales: list[float] | None = None) -> Timing:
+    """Per replica when devices differ in speed or replicas in micro-batches
+    (:func:`sim.hetero.replica_analytic`)."""
+    if scales is None and plan.micro_batches_per_replica is None:
+        return analytic_iteration(model, cluster, plan, cost)
+    return replica_analytic(model, cluster, plan, cost, scales)
 
 
 def _des(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel, reduce: bool,
@@ -88,13 +106,12 @@ def _result(model: ModelSpec, cluster: ClusterSpec, plan: Plan, fidelity: str, t
     model_tf = model_flops_per_token(model, plan.seq_len) * tokens / per_gpu_s
     hw_tf = hardware_flops_per_token(model, plan.seq_len, plan.recompute) * tokens / per_gpu_s
     mem = memory_gib(model, cluster, plan)
-    peak = max(r["total"] for r in mem)
-    capacity = cluster.gpu.memory_gib
+    peak, capacity = memory_verdict(model, cluster, plan)  # each stage against its own GPUs
     return Result(
         fidelity=fidelity, model=model.name, cluster=cluster.name, gpus=gpus,
         iteration_time_s=t.iteration_s, tokens_per_s=tokens / t.iteration_s,
         model_tflops_per_gpu=model_tf, hardware_tflops_per_gpu=hw_tf,
-        mfu=model_tf / cluster.gpu.peak_tflops(plan.dtype), peak_memory_gib=peak,
+        mfu=model_tf / mean_peak_tflops(cluster, plan.dtype), peak_memory_gib=peak,
         memory_capacity_gib=capacity, fits_in_memory=peak <= capacity,
         bubble_fraction=t.breakdown["bubble"] / t.pipeline_s if t.pipeline_s else 0.0,
         num_microbatches=plan.num_microbatches, breakdown=t.breakdown,

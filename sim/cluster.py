@@ -1,7 +1,14 @@
 """ClusterSpec: nodes of accelerators, the fabric inside a node and the network between.
 
-Built from a preset name (``dgx-a100:16``, ``dgx-h100:4``, ``hgx-h200:2``, ``cpu:2``) or a
-TOML file (see README). Every field is validated here, with the field named in the error.
+Built from a preset name (``dgx-a100:16``, ``dgx-h100:4``, ``hgx-h200:2``, ``cpu:2``, or
+presets joined by ``+`` for a mixed cluster: ``dgx-a100:8+dgx-h100:8``) or a TOML file (see
+README). Every field is validated here, with the field named in the error.
+
+A heterogeneous cluster lists ``node_groups``: consecutive runs of nodes, each with its own
+GPU type and optionally its own NIC rate and count and node-fabric bandwidth (the cluster's
+values otherwise; the node fabric then follows the group's GPU). All groups share
+``gpus_per_node``, the fabric kind and the network topology. ``cluster.gpu`` is the first
+group's GPU (what a homogeneous code path sees); :meth:`ClusterSpec.gpu_of` gives a device's.
 """
 
 from __future__ import annotations
@@ -18,8 +25,8 @@ from sim.errors import SpecError, field_name
 from sim.hardware import HardwareSpec, cpu_device_name, get_hardware
 from sim.io import read_text
 
-__all__ = ["IntraNode", "InterNode", "ClusterSpec", "load_cluster", "preset_names",
-           "INTRA_KINDS", "TOPOLOGIES"]
+__all__ = ["IntraNode", "InterNode", "NodeGroup", "ClusterSpec", "load_cluster",
+           "preset_names", "INTRA_KINDS", "TOPOLOGIES"]
 
 INTRA_KINDS = ("nvswitch", "pcie", "nvlink-mesh", "loopback")
 PCIE_GBPS = 32.0  # PCIe Gen4 x16, per direction
@@ -50,6 +57,23 @@ class InterNode:
 
 
 @dataclass(frozen=True)
+class NodeGroup:
+    """``nodes`` consecutive nodes of one GPU type; ``None`` rates are the cluster's (the
+    node fabric: the group GPU's NVLink rate, or PCIe), filled in by :class:`ClusterSpec`."""
+
+    nodes: int
+    gpu: HardwareSpec
+    nic_Gbps: float | None = None
+    nics_per_node: int | None = None
+    intra_GBps: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"nodes": self.nodes, "gpu": self.gpu.name,
+                "inter_node": {"nic_Gbps": self.nic_Gbps, "nics_per_node": self.nics_per_node},
+                "intra_node": {"bandwidth_GBps": self.intra_GBps}}
+
+
+@dataclass(frozen=True)
 class ClusterSpec:
     name: str
     nodes: int
@@ -58,11 +82,13 @@ class ClusterSpec:
     intra_node: IntraNode = field(default_factory=IntraNode)
     inter_node: InterNode = field(default_factory=InterNode)
     profile: str | None = None  # profile DB directory (issue: profiler)
+    node_groups: tuple[NodeGroup, ...] = ()  # empty: one group of every node
 
     def __post_init__(self) -> None:
         _check_int("nodes", self.nodes)
         _check_int("gpus_per_node", self.gpus_per_node)
         _check_choice("intra_node.kind", self.intra_node.kind, INTRA_KINDS)
+        object.__setattr__(self, "node_groups", _resolve_groups(self))
         if self.intra_node.bandwidth_GBps is None:
             default = PCIE_GBPS if self.intra_node.kind == "pcie" else self.gpu.nvlink_GBps
             object.__setattr__(self, "intra_node",
@@ -86,8 +112,41 @@ class ClusterSpec:
 
     @property
     def intra_GBps(self) -> float:
-        """Node-fabric bandwidth per device, per direction (always set after init)."""
+        """Node-fabric bandwidth per device, per direction (always set after init); of a
+        heterogeneous cluster the slowest group's (the closed-form tier's bottleneck)."""
+        if self.node_groups:
+            return min(float(g.intra_GBps or 0.0) for g in self.node_groups)
         return float(self.intra_node.bandwidth_GBps or 0.0)
+
+    @property
+    def heterogeneous(self) -> bool:
+        """True when node groups differ in GPU type or rates."""
+        return len({(g.gpu, g.nic_Gbps, g.nics_per_node, g.intra_GBps)
+                    for g in self.node_groups}) > 1
+
+    def group_of_node(self, node: int) -> NodeGroup | None:
+        """The node group holding ``node`` (``None`` for a cluster without groups)."""
+        for g in self.node_groups:
+            if node < g.nodes:
+                return g
+            node -= g.nodes
+        return None
+
+    def gpu_of(self, device: int) -> HardwareSpec:
+        g = self.group_of_node(device // self.gpus_per_node)
+        return g.gpu if g else self.gpu
+
+    def node_intra_GBps(self, node: int) -> float:
+        """Node-fabric bandwidth per device of ``node``, per direction."""
+        g = self.group_of_node(node)
+        return float(g.intra_GBps) if g and g.intra_GBps else self.intra_GBps
+
+    def node_nics(self, node: int) -> tuple[float, int]:
+        """(NIC Gb/s, NICs) of ``node``."""
+        g = self.group_of_node(node)
+        if g is None or g.nic_Gbps is None or g.nics_per_node is None:
+            return self.inter_node.nic_Gbps, self.inter_node.nics_per_node
+        return g.nic_Gbps, g.nics_per_node
 
     @property
     def world_size(self) -> int:
@@ -100,14 +159,52 @@ class ClusterSpec:
 
     @property
     def nic_GBps_per_gpu(self) -> float:
-        """Inter-node bandwidth share of one device, per direction, in GB/s."""
-        inter = self.inter_node
-        return inter.nic_Gbps / 8.0 * inter.nics_per_node / self.gpus_per_node
+        """Inter-node bandwidth share of one device, per direction, in GB/s (of a
+        heterogeneous cluster the slowest group's)."""
+        nics = [self.node_nics(0)] if not self.node_groups else \
+            [(g.nic_Gbps or 0.0, g.nics_per_node or 0) for g in self.node_groups]
+        return min(rate / 8.0 * n / self.gpus_per_node for rate, n in nics)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "nodes": self.nodes, "gpus_per_node": self.gpus_per_node,
-                "gpu": self.gpu.name, "intra_node": dataclasses.asdict(self.intra_node),
-                "inter_node": dataclasses.asdict(self.inter_node), "profile": self.profile}
+        out = {"name": self.name, "nodes": self.nodes, "gpus_per_node": self.gpus_per_node,
+               "gpu": self.gpu.name, "intra_node": dataclasses.asdict(self.intra_node),
+               "inter_node": dataclasses.asdict(self.inter_node), "profile": self.profile}
+        if self.node_groups:
+            out["node_groups"] = [g.to_dict() for g in self.node_groups]
+        return out
+
+
+def _resolve_groups(c: ClusterSpec) -> tuple[NodeGroup, ...]:
+    """The groups, validated, with the cluster's rates filled in where a group has none."""
+    groups = c.node_groups
+    if not isinstance(groups, tuple) or any(not isinstance(g, NodeGroup) for g in groups):
+        raise SpecError("node_groups", "must be a list of node groups")
+    for i, g in enumerate(groups):
+        name = f"node_groups[{i}]"
+        _check_int(f"{name}.nodes", g.nodes)
+        for attr, field_ in (("nic_Gbps", "inter_node.nic_Gbps"),
+                             ("intra_GBps", "intra_node.bandwidth_GBps")):
+            if getattr(g, attr) is not None:
+                _check_positive(f"{name}.{field_}", getattr(g, attr))
+        if g.nics_per_node is not None:
+            _check_int(f"{name}.inter_node.nics_per_node", g.nics_per_node)
+    if groups and sum(g.nodes for g in groups) != c.nodes:
+        raise SpecError("node_groups", f"nodes {'+'.join(str(g.nodes) for g in groups)} = "
+                        f"{sum(g.nodes for g in groups)} != nodes = {c.nodes}")
+    if groups and groups[0].gpu != c.gpu:
+        raise SpecError("gpu", f"must be the first node group's GPU {groups[0].gpu.name!r} "
+                        f"(set GPUs per group in node_groups), got {c.gpu.name!r}")
+    return tuple(_fill_group(c, g) for g in groups)
+
+
+def _fill_group(c: ClusterSpec, g: NodeGroup) -> NodeGroup:
+    kind, explicit = c.intra_node.kind, c.intra_node.bandwidth_GBps
+    own_default = PCIE_GBPS if kind == "pcie" else g.gpu.nvlink_GBps
+    first_default = PCIE_GBPS if kind == "pcie" else c.gpu.nvlink_GBps
+    intra = g.intra_GBps or (own_default if explicit in (None, first_default) else explicit)
+    return dataclasses.replace(
+        g, nic_Gbps=g.nic_Gbps if g.nic_Gbps is not None else c.inter_node.nic_Gbps,
+        nics_per_node=g.nics_per_node or c.inter_node.nics_per_node, intra_GBps=intra)
 
 
 def _check_int(name: str, value: Any) -> None:
@@ -142,10 +239,23 @@ _DGX = {
 
 
 def preset_names() -> list[str]:
-    return [f"{k}:NODES" for k in _DGX] + ["cpu:RANKS"]
+    return [f"{k}:NODES" for k in _DGX] + ["cpu:RANKS", "PRESET+PRESET (mixed)"]
+
+
+def _mixed_preset(name: str) -> ClusterSpec:
+    """Presets joined by ``+``: one node group each, the network of the first."""
+    parts = [_preset(part) for part in name.split("+")]
+    if any(p.gpu.name == "cpu" for p in parts):
+        raise SpecError("cluster", f"{name!r}: cpu presets cannot be mixed")
+    groups = tuple(NodeGroup(p.nodes, p.gpu, p.inter_node.nic_Gbps, p.inter_node.nics_per_node,
+                             p.intra_GBps) for p in parts)
+    return dataclasses.replace(parts[0], name=name, nodes=sum(p.nodes for p in parts),
+                               node_groups=groups)
 
 
 def _preset(name: str) -> ClusterSpec:
+    if "+" in name:
+        return _mixed_preset(name)
     kind, _, count = name.partition(":")
     if kind not in _DGX and kind != "cpu":
         raise SpecError("cluster", f"unknown preset or missing file {name!r} "
@@ -184,7 +294,51 @@ def _table(data: dict[str, Any], key: str, cls: type) -> Any:
     return cls(**sub)
 
 
-_TOP_KEYS = {"name", "nodes", "gpus_per_node", "gpu", "intra_node", "inter_node", "profile"}
+_TOP_KEYS = {"name", "nodes", "gpus_per_node", "gpu", "intra_node", "inter_node", "profile",
+             "node_groups"}
+_GROUP_KEYS = {"nodes": None, "gpu": None, "inter_node": ("nic_Gbps", "nics_per_node"),
+               "intra_node": ("bandwidth_GBps",)}
+
+
+def _group_from_dict(i: int, data: Any) -> NodeGroup:
+    name = f"node_groups[{i}]"
+    if not isinstance(data, dict):
+        raise SpecError(name, "must be a TOML table ([[node_groups]])")
+    unknown = sorted(set(data) - set(_GROUP_KEYS))
+    if unknown:
+        raise SpecError(f"{name}.{field_name(unknown[0])}",
+                        f"unknown field (known: {', '.join(_GROUP_KEYS)})")
+    for key in ("nodes", "gpu"):
+        if key not in data:
+            raise SpecError(f"{name}.{key}", "is required in a node group")
+    if not isinstance(data["gpu"], str):
+        raise SpecError(f"{name}.gpu", f"must be a catalog name, got {data['gpu']!r}")
+    sub: dict[str, Any] = {}
+    for key in ("inter_node", "intra_node"):
+        table = data.get(key, {})
+        if not isinstance(table, dict):
+            raise SpecError(f"{name}.{key}", "must be a TOML table")
+        bad = sorted(set(table) - set(_GROUP_KEYS[key] or ()))
+        if bad:
+            raise SpecError(f"{name}.{key}.{field_name(bad[0])}", "unknown field (known: "
+                            f"{', '.join(_GROUP_KEYS[key] or ())})")
+        sub.update(table)
+    return NodeGroup(data["nodes"], get_hardware(data["gpu"]), sub.get("nic_Gbps"),
+                     sub.get("nics_per_node"), sub.get("bandwidth_GBps"))
+
+
+def _groups_from_dict(data: dict[str, Any]) -> tuple[NodeGroup, ...]:
+    """The ``[[node_groups]]``; with them ``nodes`` and ``gpu`` follow from the groups."""
+    raw = data.get("node_groups")
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or not raw:
+        raise SpecError("node_groups", "must be a non-empty list of tables ([[node_groups]])")
+    groups = tuple(_group_from_dict(i, g) for i, g in enumerate(raw))
+    data.setdefault("nodes", sum(g.nodes for g in groups
+                                 if isinstance(g.nodes, int) and not isinstance(g.nodes, bool)))
+    data.setdefault("gpu", groups[0].gpu.name)
+    return groups
 
 
 def cluster_from_dict(data: dict[str, Any], name: str, base: Path | None = None) -> ClusterSpec:
@@ -193,6 +347,8 @@ def cluster_from_dict(data: dict[str, Any], name: str, base: Path | None = None)
     if unknown:
         raise SpecError(field_name(unknown[0]),
                         f"unknown field (known: {', '.join(sorted(_TOP_KEYS))})")
+    data = dict(data)
+    groups = _groups_from_dict(data)
     for key in ("nodes", "gpus_per_node", "gpu"):
         if key not in data:
             raise SpecError(key, "is required in a cluster file")
@@ -205,7 +361,7 @@ def cluster_from_dict(data: dict[str, Any], name: str, base: Path | None = None)
         profile = str(base / profile)
     return ClusterSpec(str(data.get("name", name)), data["nodes"], data["gpus_per_node"],
                        get_hardware(data["gpu"]), _table(data, "intra_node", IntraNode),
-                       _table(data, "inter_node", InterNode), profile)
+                       _table(data, "inter_node", InterNode), profile, groups)
 
 
 def load_cluster(ref: str) -> ClusterSpec:

@@ -39,7 +39,7 @@ from sim.memory import layer_rank_params, rank_params
 from sim.model import ModelSpec
 from sim.network import Network
 from sim.placement import group_span, groups_of, rank_coords
-from sim.plan import Plan
+from sim.plan import Plan, replica_plan
 from sim.result import Timing
 from sim.schedule import Exchange, Msg, stage_program
 from sim.stages import StageLayers, edge_tp_collectives, virtual_stage_layers
@@ -406,7 +406,10 @@ class _Step:
     def backward(self, u: Unit, vs: int, mb: int) -> Proc:
         layers = self.vs_layers[vs]
         _, bwd_extra = self._extras(vs)
-        reduce_now = self._reduces_after(mb)
+        reduce_now = self._reduces_after(u, mb)
+        # replicas meet in the gradient reduction after their last micro-batch, whichever
+        # it is (uneven splits); ZeRO-2 reduces after every one
+        gtag = ("B", mb if self.p.zero_stage == 2 else "last", vs)
         fast = None if reduce_now else self._fast(u, layers, backward=True)
         if fast:
             compute, tp, ep = fast
@@ -429,12 +432,12 @@ class _Step:
             if self.p.zero_stage == 3:
                 self._z3_reduce(u, moe, ("B", mb, vs, i))
             elif reduce_now:
-                self._grad_ready(u, *layer_rank_params(self.m, self.p, moe), ("B", mb, vs))
+                self._grad_ready(u, *layer_rank_params(self.m, self.p, moe), gtag)
         yield from self._compute(u, bwd_extra, f"B{mb} v{vs} extra")
         yield from self._edge(u, vs, "B", ("B", mb, vs))
         if reduce_now and self.p.zero_stage < 3:
-            self._grad_ready(u, self._extra_params(vs), 0.0, ("B", mb, vs))
-            self._flush(u, ("B", mb, vs))
+            self._grad_ready(u, self._extra_params(vs), 0.0, gtag)
+            self._flush(u, gtag)
 
     def _edge(self, u: Unit, vs: int, which: str, tag: tuple) -> Proc:
         """The TP collectives of the embedding (first virtual stage) or of the output layer
@@ -465,12 +468,12 @@ class _Step:
         return out
 
     # Data parallelism --------------------------------------------------------------------
-    def _reduces_after(self, mb: int) -> bool:
+    def _reduces_after(self, u: Unit, mb: int) -> bool:
         """Whether gradients are reduced during this micro-batch's backward."""
         p = self.p
         if p.zero_stage == 2:
             return True
-        return p.overlap_grad_reduce and mb == p.num_microbatches - 1
+        return p.overlap_grad_reduce and mb == p.replica_microbatches[u.dp] - 1
 
     def _grad_ready(self, u: Unit, dense: float, expert: float, tag: tuple) -> None:
         pending = self._pending.setdefault(u, [0.0, 0.0])
@@ -641,7 +644,7 @@ class _Step:
         return [self.dev(first + offset), self.dev(last + offset)]
 
     def unit(self, u: Unit, stage: StageLayers) -> Proc:
-        for item in stage_program(self.p, u.stage):
+        for item in stage_program(replica_plan(self.p, u.dp), u.stage):
             if isinstance(item, Exchange):
                 yield from self._exchange(u, item)
                 continue
@@ -678,8 +681,11 @@ def _communication(a: _Acct) -> dict[str, dict[str, float]]:
 
 def reducible(plan: Plan, compute_scale: Sequence[float] | None,
               dev: Callable[[int], int] | None = None) -> bool:
-    """Whether one unit per stage can stand for all: every rank of a pipeline stage has the
-    same compute scale (``dev`` maps a logical rank to its device)."""
+    """Whether one unit per stage can stand for all: every replica runs as many
+    micro-batches and every rank of a pipeline stage has the same compute scale (``dev``
+    maps a logical rank to its device)."""
+    if len(set(plan.replica_microbatches)) > 1:
+        return False
     if compute_scale is None:
         return True
     dev = dev or (lambda r: r)
@@ -751,7 +757,9 @@ def simulate_des(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostM
     breakdown = dict(a.spent)
     info = {"reduced": step.reduce, "units": len(step.units), "events": step.env.processed}
     if full_needed:
-        info["not_reduced_because"] = "ranks of one pipeline stage run at different speeds"
+        info["not_reduced_because"] = "ranks of one pipeline stage run at different speeds" \
+            if len(set(plan.replica_microbatches)) == 1 else \
+            "data-parallel replicas run different numbers of micro-batches"
     return Timing(a.end, a.pipeline_end, breakdown, _communication(a),
                   _links(step, a.end, top_links),
                   info, step.timeline)

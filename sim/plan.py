@@ -20,7 +20,8 @@ if TYPE_CHECKING:
     from sim.cluster import ClusterSpec
     from sim.model import ModelSpec
 
-__all__ = ["Plan", "validate", "load_plan", "save_plan", "SCHEMA_VERSION", "DEFAULT_PLACEMENT"]
+__all__ = ["Plan", "validate", "load_plan", "save_plan", "replica_plan", "SCHEMA_VERSION",
+           "DEFAULT_PLACEMENT"]
 
 SCHEMA_VERSION = 1
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
@@ -62,6 +63,9 @@ class Plan:
     layers_per_stage: tuple[int, ...] | None = None
     attention: str = "flash"  # "standard" materialises the s x s scores (Megatron 2021)
     overlap_grad_reduce: bool = True
+    # Micro-batches of each data-parallel replica when they differ (heterogeneous clusters):
+    # dp counts summing to global_batch_size / micro_batch_size; null: an even split.
+    micro_batches_per_replica: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         validate(self)
@@ -72,7 +76,15 @@ class Plan:
 
     @property
     def num_microbatches(self) -> int:
+        """Micro-batches per replica (with an uneven split: the most any replica runs)."""
+        if self.micro_batches_per_replica:
+            return max(self.micro_batches_per_replica)
         return self.global_batch_size // (self.dp * self.micro_batch_size)
+
+    @property
+    def replica_microbatches(self) -> tuple[int, ...]:
+        """Micro-batches of each data-parallel replica."""
+        return self.micro_batches_per_replica or (self.num_microbatches,) * self.dp
 
     @property
     def activation_dtype(self) -> str:
@@ -110,8 +122,8 @@ class Plan:
         d["collectives"] = dict(self.collectives)
         d["placement"] = self.placement if isinstance(self.placement, str) else list(
             self.placement)
-        d["layers_per_stage"] = None if self.layers_per_stage is None else list(
-            self.layers_per_stage)
+        for name in ("layers_per_stage", "micro_batches_per_replica"):
+            d[name] = None if d[name] is None else list(d[name])
         return {"schema_version": SCHEMA_VERSION, **d}
 
     @classmethod
@@ -138,14 +150,26 @@ def _tuples(data: dict[str, Any]) -> dict[str, Any]:
     out = dict(data)
     if isinstance(out.get("placement"), list):
         out["placement"] = tuple(out["placement"])
-    if isinstance(out.get("layers_per_stage"), list):
-        out["layers_per_stage"] = tuple(out["layers_per_stage"])
+    for name in ("layers_per_stage", "micro_batches_per_replica"):
+        if isinstance(out.get(name), list):
+            out[name] = tuple(out[name])
     coll = out.get("collectives", {})
     if not isinstance(coll, dict):
         raise SpecError("plan.collectives", f"must be an object mapping group to algorithm, "
                         f"got {coll!r}")
     out["collectives"] = tuple(sorted(coll.items()))
     return out
+
+
+def replica_plan(plan: Plan, replica: int) -> Plan:
+    """The even-split plan in which every replica runs as many micro-batches as ``replica``
+    does in ``plan`` (what that replica's pipeline schedule follows); ``plan`` itself when
+    the split is even."""
+    if plan.micro_batches_per_replica is None:
+        return plan
+    m = plan.micro_batches_per_replica[replica]
+    return dataclasses.replace(plan, global_batch_size=m * plan.dp * plan.micro_batch_size,
+                               micro_batches_per_replica=None)
 
 
 # Validation -----------------------------------------------------------------------------
@@ -197,19 +221,41 @@ def _check_fields(plan: Plan) -> None:
 
 
 def _check_lists(plan: Plan) -> None:
-    lps = plan.layers_per_stage
-    if lps is not None and (not isinstance(lps, tuple) or any(
-            isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in lps)):
-        raise SpecError("plan.layers_per_stage", f"must be null or a list of positive "
-                        f"integers, got {lps!r}")
+    for name in ("layers_per_stage", "micro_batches_per_replica"):
+        lps = getattr(plan, name)
+        if lps is not None and (not isinstance(lps, tuple) or any(
+                isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in lps)):
+            raise SpecError(f"plan.{name}", f"must be null or a list of positive "
+                            f"integers, got {lps!r}")
     if not isinstance(plan.collectives, tuple) or any(
             not isinstance(pair, tuple) or len(pair) != 2 for pair in plan.collectives):
         raise SpecError("plan.collectives", "must be an object mapping group to algorithm")
 
 
+def _check_uneven(plan: Plan) -> None:
+    """An uneven micro-batch split: one count per replica, summing to the batch; replicas
+    meet only in the gradient reduction after their last backward (no ZeRO-2/3, no EP)."""
+    mbr, name = plan.micro_batches_per_replica, "plan.micro_batches_per_replica"
+    assert mbr is not None
+    if len(mbr) != plan.dp:
+        raise SpecError(name, f"must list dp = {plan.dp} counts, got {list(mbr)}")
+    if sum(mbr) * plan.micro_batch_size != plan.global_batch_size:
+        raise SpecError(name, f"sum {'+'.join(map(str, mbr))} = {sum(mbr)} micro-batches x "
+                        f"micro_batch_size {plan.micro_batch_size} != global_batch_size "
+                        f"{plan.global_batch_size}")
+    if plan.zero_stage > 1 or plan.ep > 1:
+        raise SpecError(name, f"needs zero_stage <= 1 and ep = 1 (replicas must not meet per "
+                        f"micro-batch), got zero_stage={plan.zero_stage}, ep={plan.ep}")
+    if plan.schedule == "interleaved-1f1b" and any(m % plan.pp for m in mbr):
+        raise SpecError(name, f"interleaved-1f1b needs every count a multiple of pp = "
+                        f"{plan.pp}, got {list(mbr)}")
+
+
 def _check_batch(plan: Plan) -> None:
     per_step = plan.dp * plan.micro_batch_size
-    if plan.global_batch_size % per_step:
+    if plan.micro_batches_per_replica is not None:
+        _check_uneven(plan)
+    elif plan.global_batch_size % per_step:
         raise SpecError("plan.global_batch_size", f"must be a multiple of dp*micro_batch_size = "
                         f"{plan.dp}*{plan.micro_batch_size} = {per_step}, "
                         f"got {plan.global_batch_size}")
@@ -230,7 +276,7 @@ def _check_schedule(plan: Plan) -> None:
             raise SpecError("plan.vpp", f"interleaved-1f1b needs pp > 1 and vpp >= 2, got "
                             f"pp={plan.pp}, vpp={plan.vpp}")
         m = plan.num_microbatches
-        if m % plan.pp:
+        if m % plan.pp and plan.micro_batches_per_replica is None:
             raise SpecError("plan.global_batch_size", f"interleaved-1f1b needs micro-batches a "
                             f"multiple of pp: global_batch_size/(dp*micro_batch_size) = "
                             f"{plan.global_batch_size}/({plan.dp}*{plan.micro_batch_size}) = "
@@ -296,7 +342,8 @@ def _check_cluster(plan: Plan, c: ClusterSpec) -> None:
     if plan.world_size != c.world_size:
         raise SpecError("plan.dp*tp*pp*cp", f"{plan.dp}*{plan.tp}*{plan.pp}*{plan.cp} = "
                         f"{plan.world_size} != {c.world_size} GPUs of cluster {c.name!r}")
-    c.gpu.peak_tflops(plan.dtype)  # raises for a dtype the device lacks
+    for gpu in {c.gpu, *(g.gpu for g in c.node_groups)}:
+        gpu.peak_tflops(plan.dtype)  # raises for a dtype a device lacks
     nvls = [g for g, a in plan.collectives if a == "nvls"]
     if nvls and (c.intra_node.kind != "nvswitch" or not c.gpu.nvls_eff):
         raise SpecError(f"plan.collectives.{nvls[0]}", f"nvls needs NVSwitch in-switch "

@@ -43,7 +43,7 @@ __all__ = ["Scenario", "Edit", "CLUSTER_KEYS", "PLAN_KEYS", "parse_value", "pars
 
 Edit = tuple[str, Any]
 
-CLUSTER_KEYS = (("nodes", "gpus_per_node", "gpu", "profile")
+CLUSTER_KEYS = (("nodes", "gpus_per_node", "gpu", "profile", "node_groups")
                 + tuple(f"intra_node.{f.name}" for f in dataclasses.fields(IntraNode))
                 + tuple(f"inter_node.{f.name}" for f in dataclasses.fields(InterNode)))
 PLAN_KEYS = tuple(f.name for f in dataclasses.fields(Plan))
@@ -141,7 +141,12 @@ def apply_cluster_edits(cluster: ClusterSpec, edits: Iterable[Edit], name: str |
     if not any(k == "intra_node.bandwidth_GBps" for k, _ in edits) \
             and _intra_is_default(cluster):
         data["intra_node"]["bandwidth_GBps"] = None
-    if not isinstance(data["gpu"], str):
+    keys = {k for k, _ in edits}
+    if "node_groups" in keys:  # nodes and GPU follow the new groups unless edited too
+        for k in ("nodes", "gpu"):
+            if k not in keys:
+                data.pop(k)
+    if "gpu" in data and not isinstance(data["gpu"], str):
         raise SpecError("gpu", f"must be a catalog name, got {data['gpu']!r}")
     data["name"] = name or f"{cluster.name}[{edit_label(edits)}]"
     return cluster_from_dict(data, data["name"])

@@ -88,27 +88,34 @@ def _node_fabric(t: Topology, node: int) -> None:
     intra = c.intra_node
     devices = range(node * g, (node + 1) * g)
     lat = intra.latency_us * 1e-6
+    rate_Bps, gpu = c.node_intra_GBps(node) * 1e9, c.gpu_of(node * g)  # this node's own
     if intra.kind == "nvlink-mesh":
-        per_peer = c.intra_GBps * 1e9 * c.gpu.comm_eff / max(1, g - 1)
+        per_peer = rate_Bps * gpu.comm_eff / max(1, g - 1)
         for a, b in itertools.combinations(devices, 2):
             t.add_link(a, b, per_peer, lat)
         return
-    eff = PCIE_EFFICIENCY if intra.kind == "pcie" else c.gpu.comm_eff
+    eff = PCIE_EFFICIENCY if intra.kind == "pcie" else gpu.comm_eff
     for d in devices:
-        t.add_link(d, ("sw", node), c.intra_GBps * 1e9 * eff, lat / 2)
+        t.add_link(d, ("sw", node), rate_Bps * eff, lat / 2)
 
 
 def _nics(t: Topology, node: int) -> None:
     c = t.cluster
-    g, n_nics = c.gpus_per_node, c.inter_node.nics_per_node
-    nic_Bps = c.inter_node.nic_Gbps / 8 * 1e9 * NIC_EFFICIENCY
+    g, n_nics = c.gpus_per_node, c.node_nics(node)[1]
+    nic_Bps = _nic_Bps(c, node)
     for local in range(g):
         k = local * n_nics // g
         t.add_link(node * g + local, ("nic", node, k), nic_Bps, c.intra_node.latency_us * 5e-7)
 
 
-def _nic_Bps(c: ClusterSpec) -> float:
-    return c.inter_node.nic_Gbps / 8 * 1e9 * NIC_EFFICIENCY
+def _nic_Bps(c: ClusterSpec, node: int) -> float:
+    """Achievable bytes/s of one NIC of ``node`` (node groups may differ)."""
+    return c.node_nics(node)[0] / 8 * 1e9 * NIC_EFFICIENCY
+
+
+def _node_Bps(c: ClusterSpec, node: int) -> float:
+    """All NICs of ``node`` together."""
+    return c.node_nics(node)[1] * _nic_Bps(c, node)
 
 
 def _fat_tree(t: Topology) -> None:
@@ -116,13 +123,15 @@ def _fat_tree(t: Topology) -> None:
     lat = c.inter_node.latency_us * 1e-6
     nodes_per_pod = c.pod_size // c.gpus_per_node
     pods = math.ceil(c.nodes / nodes_per_pod)
-    for node, k in itertools.product(range(c.nodes), range(c.inter_node.nics_per_node)):
-        t.add_link(("nic", node, k), ("pod", node // nodes_per_pod), _nic_Bps(c), lat / 2)
+    for node in range(c.nodes):
+        for k in range(c.node_nics(node)[1]):
+            t.add_link(("nic", node, k), ("pod", node // nodes_per_pod), _nic_Bps(c, node),
+                       lat / 2)
     if pods > 1:
-        up = nodes_per_pod * c.inter_node.nics_per_node * _nic_Bps(c) \
-            / c.inter_node.oversubscription
         for p in range(pods):
-            t.add_link(("pod", p), ("core",), up, lat / 4)
+            members = range(p * nodes_per_pod, min(c.nodes, (p + 1) * nodes_per_pod))
+            up = nodes_per_pod * max(_node_Bps(c, n) for n in members)  # as a full pod's
+            t.add_link(("pod", p), ("core",), up / c.inter_node.oversubscription, lat / 4)
 
 
 def _rail(t: Topology) -> None:
@@ -130,25 +139,26 @@ def _rail(t: Topology) -> None:
     lat, nics = c.inter_node.latency_us * 1e-6, c.inter_node.nics_per_node
     nodes_per_pod = c.pod_size // c.gpus_per_node
     pods = math.ceil(c.nodes / nodes_per_pod)
-    for node, k in itertools.product(range(c.nodes), range(nics)):
-        t.add_link(("nic", node, k), ("rail", node // nodes_per_pod, k), _nic_Bps(c), lat / 2)
-    up = nodes_per_pod * _nic_Bps(c) / nics / c.inter_node.oversubscription
+    for node in range(c.nodes):
+        for k in range(c.node_nics(node)[1]):
+            t.add_link(("nic", node, k), ("rail", node // nodes_per_pod, k), _nic_Bps(c, node),
+                       lat / 2)
+    up = nodes_per_pod * _nic_Bps(c, 0) / nics / c.inter_node.oversubscription
     for p, k, j in itertools.product(range(pods), range(nics), range(nics)):
         t.add_link(("rail", p, k), ("spine", j), up, lat / 4)
 
 
-def _router_links(t: Topology, node_Bps: float) -> None:
+def _router_links(t: Topology) -> None:
     c = t.cluster
-    for node, k in itertools.product(range(c.nodes), range(c.inter_node.nics_per_node)):
-        t.add_link(("nic", node, k), ("rt", node), node_Bps, 0.0)
+    for node in range(c.nodes):
+        for k in range(c.node_nics(node)[1]):
+            t.add_link(("nic", node, k), ("rt", node), _node_Bps(c, node), 0.0)
 
 
 def _torus(t: Topology, ndims: int) -> None:
     c = t.cluster
     dims = torus_dims(c.nodes, ndims)
-    node_Bps = c.inter_node.nics_per_node * _nic_Bps(c)
-    _router_links(t, node_Bps)
-    hop_Bps = node_Bps / (2 * ndims)  # the node's NICs spread over its 2*ndims neighbours
+    _router_links(t)
     lat = c.inter_node.latency_us * 1e-6 / 2
     for node in range(c.nodes):
         coord = _coord(node, dims)
@@ -158,6 +168,8 @@ def _torus(t: Topology, ndims: int) -> None:
                 nxt[d] = (coord[d] + 1) % size
                 other = _index(tuple(nxt), dims)
                 if not t.graph.has_edge(("rt", node), ("rt", other)):
+                    # the NICs spread over 2*ndims neighbours; the slower end sets the rate
+                    hop_Bps = min(_node_Bps(c, node), _node_Bps(c, other)) / (2 * ndims)
                     t.add_link(("rt", node), ("rt", other), hop_Bps, lat)
 
 
@@ -165,8 +177,8 @@ def _dragonfly(t: Topology) -> None:
     c = t.cluster
     size = max(1, math.isqrt(c.nodes))
     groups = math.ceil(c.nodes / size)
-    node_Bps = c.inter_node.nics_per_node * _nic_Bps(c)
-    _router_links(t, node_Bps)
+    node_Bps = min(_node_Bps(c, n) for n in range(c.nodes))  # the slowest node's, for all
+    _router_links(t)
     lat = c.inter_node.latency_us * 1e-6 / 2
     for grp in range(groups):
         members = range(grp * size, min(c.nodes, (grp + 1) * size))
@@ -222,8 +234,8 @@ def _intra(t: Topology, src: int, dst: int) -> list[Vertex]:
 
 def _nic(t: Topology, device: int) -> Vertex:
     c = t.cluster
-    local = device % c.gpus_per_node
-    return ("nic", t.node_of(device), local * c.inter_node.nics_per_node // c.gpus_per_node)
+    local, node = device % c.gpus_per_node, t.node_of(device)
+    return ("nic", node, local * c.node_nics(node)[1] // c.gpus_per_node)
 
 
 def _nic_index(nic: Vertex) -> tuple[int, int]:

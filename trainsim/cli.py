@@ -147,6 +147,12 @@ def cmd_cluster(args: argparse.Namespace) -> int:
           f"{c.intra_node.kind} {c.intra_node.bandwidth_GBps} GB/s/dir; "
           f"{c.inter_node.topology} {c.inter_node.nics_per_node} x {c.inter_node.nic_Gbps} Gb/s "
           f"NICs per node ({c.nic_GBps_per_gpu:.1f} GB/s per device)")
+    if not args.json:
+        first = 0
+        for g in c.node_groups:  # a mixed cluster's groups, in node order
+            print(f"  nodes {first}-{first + g.nodes - 1}: {g.gpu.name}; {g.intra_GBps:g} "
+                  f"GB/s/dir node fabric; {g.nics_per_node} x {g.nic_Gbps:g} Gb/s NICs")
+            first += g.nodes
     return 0
 
 
