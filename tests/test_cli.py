@@ -573,12 +573,16 @@ def test_version(capsys):
 # option fails here, and checked against the parser so that a new one must be added.
 HELP_OPTIONS: dict[tuple[str, ...], list[str]] = {
     (): ["--version", "simulate", "plan", "models", "hardware", "cluster", "topology", "plot",
-         "demo", "optimize", "export", "profile", "sweep", "execute", "compare"],
+         "demo", "optimize", "export", "profile", "sweep", "execute", "compare", "goodput"],
     ("optimize",): ["--model", "--cluster", "--global-batch-size", "--seq-len", "--top",
                     "--workers", "--json", "--out", "--set", "--scenario"],
     ("export",): ["--plan", "--model", "--cluster", "--format", "--out"],
     ("simulate",): ["--model", "--cluster", "--plan", "--fidelity", "--profile", "--trace",
-                    "--no-reduce", "--json", "--out", "--set", "--scenario"],
+                    "--no-reduce", "--json", "--out", "--set", "--scenario", "--straggler",
+                    "--straggler-dist", "--seed", "--fail-link"],
+    ("goodput",): ["--iteration-s", "--model", "--cluster", "--plan", "--fidelity", "--gpus",
+                   "--mtbf-hours", "--mtbf-node-hours", "--iterations", "--checkpoint-every",
+                   "--ckpt-write-s", "--restart-s", "--monte-carlo", "--seed", "--json"],
     ("topology",): ["--cluster", "--png", "--no-bisection"],
     ("plot",): ["timeline", "sweep", "sensitivity"],
     ("plot", "timeline"): ["trace", "--out"],

@@ -51,6 +51,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     from sim import SpecError, load_cluster, load_model, load_plan, simulate
     from sim.report import format_result
+    from trainsim.faults_cli import faults_of
 
     model, cluster = load_model(args.model), load_cluster(args.cluster)
     if args.profile:
@@ -59,7 +60,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.fidelity != "des" and (args.trace or args.no_reduce):
         raise SpecError("--trace/--no-reduce", "need --fidelity des")
     result = simulate(model, cluster, plan, fidelity=args.fidelity, reduce=not args.no_reduce,
-                      trace=args.trace)
+                      trace=args.trace, faults=faults_of(args))
     if args.out:
         _write_run(Path(args.out), result, model, cluster, plan)
     print(json.dumps(result.to_dict(), indent=2) if args.json else format_result(result))
@@ -300,6 +301,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_scenario_options(sub)
     add_sweep_parsers(sub, _MODEL_HELP, _CLUSTER_HELP, _Parser)
+    from trainsim.faults_cli import add_fault_options, add_goodput_parser
+
+    add_fault_options(sub)
+    add_goodput_parser(sub, _MODEL_HELP, _CLUSTER_HELP)
     return parser
 
 

@@ -67,6 +67,7 @@ def _scenario_inputs(args: argparse.Namespace, s: Any, base: Any, plan: Any) -> 
 def _simulate(args: argparse.Namespace, scenarios: list[Any]) -> int:
     from sim import SpecError, load_model, load_plan
     from sim.scenario import Scenario
+    from trainsim.faults_cli import faults_of
 
     if args.fidelity != "des" and (args.trace or args.no_reduce):
         raise SpecError("--trace/--no-reduce", "need --fidelity des")
@@ -74,6 +75,7 @@ def _simulate(args: argparse.Namespace, scenarios: list[Any]) -> int:
         raise SpecError("--trace", "writes one scenario's trace; the file has "
                         f"{len(scenarios)} scenarios")
     model, base, plan = load_model(args.model), _base_cluster(args), load_plan(args.plan)
+    faults_of(args)  # bad straggler/failure options fail before anything runs
     inputs = [_scenario_inputs(args, s, base, plan) for s in scenarios]  # all valid first
     if len(scenarios) == 1:
         return _simulate_one(args, model, *inputs[0])
@@ -90,9 +92,10 @@ def _simulate_one(args: argparse.Namespace, model: Any, cluster: Any, plan: Any)
     from sim import simulate
     from sim.report import format_result
     from trainsim.cli import _write_run
+    from trainsim.faults_cli import faults_of
 
     result = simulate(model, cluster, plan, fidelity=args.fidelity, reduce=not args.no_reduce,
-                      trace=args.trace)
+                      trace=args.trace, faults=faults_of(args))
     if args.out:
         _write_run(Path(args.out), result, model, cluster, plan)
     print(json.dumps(result.to_dict(), indent=2) if args.json else format_result(result))
@@ -102,9 +105,11 @@ def _simulate_one(args: argparse.Namespace, model: Any, cluster: Any, plan: Any)
 def _try_simulate(args: argparse.Namespace, model: Any, cluster: Any, plan: Any) -> Any:
     """The result, or the one-line error when the plan does not suit this scenario."""
     from sim import SpecError, simulate
+    from trainsim.faults_cli import faults_of
 
     try:
-        return simulate(model, cluster, plan, fidelity=args.fidelity, reduce=not args.no_reduce)
+        return simulate(model, cluster, plan, fidelity=args.fidelity, reduce=not args.no_reduce,
+                        faults=faults_of(args))
     except SpecError as exc:
         return str(exc)
 
