@@ -90,7 +90,9 @@ class _Step:
         (the job's slice of a larger cluster)."""
         self.m, self.c, self.p, self.cost, self.topo = model, cluster, plan, cost, topo
         self.reduce, self.record, self.devices = reduce, record, devices
-        self.env = comm.env if comm else _CountingEnv()
+        env = comm.env if comm else _CountingEnv()
+        assert isinstance(env, _CountingEnv)  # a shared one counts events too
+        self.env = env
         self.net = comm.net if comm else Network(self.env, topo.cap, topo.lat)
         self.comm = comm or CommEngine(self.env, topo, self.net)
         self.sizes, self.strides = rank_coords(plan)

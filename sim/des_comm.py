@@ -31,8 +31,6 @@ Shape = tuple[np.ndarray, np.ndarray, float, int]  # links, weights, latency, fl
 class CommEngine:
     def __init__(self, env: simpy.Environment, topo: Topology, net: Network) -> None:
         self.env, self.topo, self.net = env, topo, net
-        g = topo.cluster.gpu
-        self.nvls_weight = g.comm_eff / g.nvls_eff if g.nvls_eff else 1.0
         self._plans: dict[tuple, list[tuple[Phase, list[Shape], float, float]]] = {}
         self._alive: list[object] = []
 
@@ -54,8 +52,14 @@ class CommEngine:
                     count[link] = count.get(link, 0) + 1
         links = sorted(count)
         f = flows[0]
-        scale = self.nvls_weight if f.to_switch or f.from_switch else 1.0
+        scale = self.nvls_weight(copies[0][f.src]) if f.to_switch or f.from_switch else 1.0
         return np.asarray(links), np.asarray([scale * count[link] for link in links])
+
+    def nvls_weight(self, device: int) -> float:
+        """Weight of an in-switch reduction flow: the switch serves it ``nvls_eff /
+        comm_eff`` times faster than a plain transfer (of the device's own GPU type)."""
+        g = self.topo.cluster.gpu_of(device)
+        return g.comm_eff / g.nvls_eff if g.nvls_eff else 1.0
 
     def _flows(self, devices: list[int], phase: Phase, copies: list[list[int]] | None,
                key: tuple) -> list[Shape]:
@@ -68,7 +72,7 @@ class CommEngine:
         out = []
         for i, f in enumerate(phase.flows):
             p = self.path(devices, f)
-            w = self.nvls_weight if f.to_switch or f.from_switch else 1.0
+            w = self.nvls_weight(devices[f.src]) if f.to_switch or f.from_switch else 1.0
             out.append((np.asarray(p), np.full(len(p), w), self.topo.path_latency(p), i))
         return out
 

@@ -573,7 +573,8 @@ def test_version(capsys):
 # option fails here, and checked against the parser so that a new one must be added.
 HELP_OPTIONS: dict[tuple[str, ...], list[str]] = {
     (): ["--version", "simulate", "plan", "models", "hardware", "cluster", "topology", "plot",
-         "demo", "optimize", "export", "profile", "sweep", "execute", "compare", "goodput"],
+         "demo", "optimize", "export", "profile", "sweep", "execute", "compare", "goodput",
+         "cosim"],
     ("optimize",): ["--model", "--cluster", "--global-batch-size", "--seq-len", "--top",
                     "--workers", "--json", "--out", "--set", "--scenario"],
     ("export",): ["--plan", "--model", "--cluster", "--format", "--out"],
@@ -584,7 +585,9 @@ HELP_OPTIONS: dict[tuple[str, ...], list[str]] = {
                    "--mtbf-hours", "--mtbf-node-hours", "--iterations", "--checkpoint-every",
                    "--ckpt-write-s", "--restart-s", "--monte-carlo", "--seed", "--json"],
     ("topology",): ["--cluster", "--png", "--no-bisection"],
-    ("plot",): ["timeline", "sweep", "sensitivity"],
+    ("plot",): ["timeline", "sweep", "sensitivity", "links"],
+    ("plot", "links"): ["result", "--model", "--cluster", "--plan", "--set", "--out"],
+    ("cosim",): ["--cluster", "--job", "--set", "--iterations", "--no-reduce", "--json"],
     ("plot", "timeline"): ["trace", "--out"],
     ("plot", "sweep"): ["results", "--x", "--y", "--hue", "--where", "--out"],
     ("plot", "sensitivity"): ["results", "--y", "--out"],

@@ -305,6 +305,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_fault_options(sub)
     add_goodput_parser(sub, _MODEL_HELP, _CLUSTER_HELP)
+    from trainsim.cosim_cli import add_cosim_parsers
+
+    add_cosim_parsers(sub, _CLUSTER_HELP, _MODEL_HELP)
     return parser
 
 
