@@ -22,7 +22,9 @@ def plan_label(p: Plan) -> str:
     parts += [f"{p.schedule}" + (f"x{p.vpp}" if p.vpp > 1 else "")] if p.pp > 1 else []
     parts += ["pp-inner"] if p.placement != "tp-cp-ep-dp-pp" else []
     parts += [f"{g}:{a}" for g, a in p.collectives]
-    parts += ["uneven"] if p.layers_per_stage else []
+    parts += ["layers:" + "/".join(map(str, p.layers_per_stage))] if p.layers_per_stage else []
+    parts += ["mbs:" + "/".join(map(str, p.micro_batches_per_replica))] \
+        if p.micro_batches_per_replica else []
     return " ".join(parts)
 
 
@@ -48,6 +50,12 @@ def summary(rep: SearchReport, top: int) -> dict[str, Any]:
     if rep.baseline is not None:
         out["baseline"] = _row(0, rep.baseline) | {"plan_json": rep.baseline.plan.to_dict()}
         out["speedup_over_baseline"] = rep.baseline.best_s / best.best_s
+    if rep.homogeneous is not None and rep.balanced is not None:
+        out["heterogeneous"] = {
+            "homogeneous_assumption": _row(0, rep.homogeneous)
+            | {"plan_json": rep.homogeneous.plan.to_dict()},
+            "balanced": _row(0, rep.balanced) | {"plan_json": rep.balanced.plan.to_dict()},
+            "gain_pct": 100 * (rep.homogeneous.best_s / rep.balanced.best_s - 1)}
     if best.plan.zero_stage == 3:
         out["warnings"].append("the winner uses ZeRO-3, whose cost model is not calibrated "
                                "(README: 1.6-4.9x optimistic against SC'21 Table 2)")
@@ -71,6 +79,14 @@ def format_report(s: dict[str, Any]) -> str:
     lines.append(f"lower bound {s['lower_bound_s']:.4g} s (all FLOPs at the best GEMM rate): "
                  f"optimality gap {100 * s['optimality_gap']:.1f}%")
     lines += [f"local move: {m}" for m in s["moves"]]
+    if "heterogeneous" in s:
+        h = s["heterogeneous"]
+        even, bal = h["homogeneous_assumption"], h["balanced"]
+        lines += [f"mixed cluster, homogeneous assumption (even split): {even['iteration_s']:.4g} "
+                  f"s  {even['plan']}",
+                  f"mixed cluster, balanced: {bal['iteration_s']:.4g} s  {bal['plan']}",
+                  f"gain of balancing: {h['gain_pct']:.1f}% (both simulated on the mixed "
+                  f"cluster, {bal['tier']})"]
     lines += [f"warning: {w}" for w in s["warnings"]]
     return "\n".join(lines)
 

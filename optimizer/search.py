@@ -18,12 +18,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from optimizer.space import SearchSpace, divisors
-from sim.analytic import analytic_iteration
 from sim.api import cost_model_for, simulate
 from sim.cluster import ClusterSpec
 from sim.errors import NoFeasiblePlan, SpecError
 from sim.flops import model_flops_per_token
-from sim.memory import GIB, peak_memory
+from sim.hetero import analytic_timing, memory_verdict
 from sim.model import ModelSpec
 from sim.plan import Plan, validate
 from sim.result import Result
@@ -57,6 +56,9 @@ class SearchReport:
     lower_bound_s: float
     wall_s: float
     moves: list[str] = field(default_factory=list)
+    # mixed clusters: the best even-split plan and the best balanced one (optimizer.balance)
+    homogeneous: Candidate | None = None
+    balanced: Candidate | None = None
 
     @property
     def best(self) -> Candidate:
@@ -76,8 +78,8 @@ def _score(plans: list[Plan]) -> list[tuple[float, float]]:
     m, c, cost = _CTX["model"], _CTX["cluster"], _CTX["cost"]
     out = []
     for p in plans:
-        peak = max(r.total for r in peak_memory(m, p, c.gpu.reserved_gib)) / GIB
-        seconds = analytic_iteration(m, c, p, cost).iteration_s if peak <= c.gpu.memory_gib \
+        peak, capacity = memory_verdict(m, c, p)  # each stage against its own GPUs
+        seconds = analytic_timing(m, c, p, cost).iteration_s if peak <= capacity \
             else float("inf")
         out.append((seconds, peak))
     return out
@@ -126,18 +128,25 @@ def megatron_heuristic(space: SearchSpace) -> Plan | None:
                         recompute=recompute, sequence_parallel=tp > 1, dtype=space.dtype,
                         attention=space.attention,
                         overlap_grad_reduce=space.overlap_grad_reduce)
-            if max(r.total for r in peak_memory(m, plan, c.gpu.reserved_gib)) / GIB \
-                    <= c.gpu.memory_gib:
+            if _fits(m, c, plan):
                 return plan
     return None
 
 
+def _fits(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> bool:
+    peak, capacity = memory_verdict(model, cluster, plan)
+    return peak <= capacity
+
+
 def lower_bound_s(space: SearchSpace) -> float:
-    """All model FLOPs at the device's best GEMM rate on every device at once."""
+    """All model FLOPs at each device's best GEMM rate on every device at once."""
     c = space.cluster
     flops = model_flops_per_token(space.model, space.seq_len) * space.global_batch_size \
         * space.seq_len
-    return flops / (c.world_size * c.gpu.peak_tflops(space.dtype) * 1e12 * c.gpu.gemm_eff_max)
+    groups = [(g.nodes * c.gpus_per_node, g.gpu) for g in c.node_groups] or \
+        [(c.world_size, c.gpu)]
+    rate = sum(n * gpu.peak_tflops(space.dtype) * 1e12 * gpu.gemm_eff_max for n, gpu in groups)
+    return flops / rate
 
 
 # Infeasibility ---------------------------------------------------------------------------
@@ -316,6 +325,47 @@ def optimize(model: ModelSpec, cluster: ClusterSpec, global_batch_size: int, seq
     best, tried, moved, log = _local_search(space, best,
                                             {_plan_key(c.plan) for c in shortlist}, workers)
     ranked = sorted(shortlist + tried, key=lambda c: (c.best_s, _plan_key(c.plan)))
+    homogeneous, balanced, extra = _balance(space, ranked, feasible, workers) \
+        if cluster.heterogeneous else (None, None, [])
+    ranked = sorted(ranked + extra, key=lambda c: (c.best_s, _plan_key(c.plan)))
     return SearchReport(model.name, cluster.name, len(plans), len(feasible),
-                        len(shortlist) + moved, feasible, ranked, baseline,
-                        lower_bound_s(space), time.perf_counter() - t0, log)
+                        len(shortlist) + moved + len(extra), feasible, ranked, baseline,
+                        lower_bound_s(space), time.perf_counter() - t0, log,
+                        homogeneous, balanced)
+
+
+BALANCE_SEEDS = 3  # even-split plans the balancing starts from: the DES's best, and the
+# analytic tier's best that have something to balance
+
+
+def _balance(space: SearchSpace, ranked: list[Candidate], feasible: list[Candidate],
+             workers: int) -> tuple[Candidate | None, Candidate | None, list[Candidate]]:
+    """On a mixed cluster: the best even-split plan (the homogeneous assumption, simulated
+    on the real cluster), balanced variants of the best few (:mod:`optimizer.balance`),
+    refined with the analytic tier and simulated with the DES, and the best of them all
+    (the even plan itself when no variant beats it)."""
+    from optimizer.balance import balanced_variants, refine
+
+    m, c = space.model, space.cluster
+    even = [x for x in ranked
+            if x.plan.layers_per_stage is None and x.plan.micro_batches_per_replica is None]
+    if not even:
+        return None, None, []
+    cost, seen = cost_model_for(c), {_plan_key(x.plan) for x in ranked}
+    variants: dict[str, tuple[str, Plan]] = {}
+    seeds = [(x, balanced_variants(m, c, x.plan)) for x in even[:BALANCE_SEEDS]]
+    more = ((x, balanced_variants(m, c, x.plan)) for x in feasible[:500])
+    seeds += [xv for xv in more if xv[1]][:BALANCE_SEEDS]
+    for _, found in seeds:
+        for name, p in found:
+            if _fits(m, c, p):
+                p = refine(m, c, p, cost, lambda q: _fits(m, c, q))
+                if _plan_key(p) not in seen:
+                    variants.setdefault(_plan_key(p), (name, p))
+    todo = list(variants.values())
+    scores = _pool_map(_score, [[p for _, p in todo]], 1, m, c)[0] if todo else []
+    results = _pool_map(_des, [p for _, p in todo], workers, m, c)
+    extra = [Candidate(p, s, pk, r, f"balanced: {name}") for (name, p), (s, pk), r in zip(
+        todo, scores, results, strict=True)]
+    best = min(extra + [even[0]], key=lambda x: (x.best_s, _plan_key(x.plan)))
+    return even[0], best, extra

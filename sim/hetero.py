@@ -33,7 +33,8 @@ from sim.plan import Plan, replica_plan
 from sim.result import Timing
 
 __all__ = ["gpu_compute_scales", "combine_scales", "replica_stage_scales", "stage_devices",
-           "memory_verdict", "mean_peak_tflops", "replica_analytic"]
+           "memory_verdict", "mean_peak_tflops", "replica_analytic", "replica_timings",
+           "analytic_timing"]
 
 
 def _layer_s(gpu: HardwareSpec, model: ModelSpec, plan: Plan) -> float:
@@ -101,9 +102,10 @@ def memory_verdict(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> tuple[
     GPU type among its devices with the least room (own memory and reserve); the plan fits
     when peak <= capacity. On a homogeneous cluster: the largest peak and the GPU's memory."""
     ref = cluster.gpu.reserved_gib
-    rows = [mb.total / GIB - ref for mb in peak_memory(model, plan, ref)]
+    totals = [mb.total / GIB for mb in peak_memory(model, plan, ref)]
     if not cluster.heterogeneous:
-        return max(rows) + ref, cluster.gpu.memory_gib
+        return max(totals), cluster.gpu.memory_gib
+    rows = [t - ref for t in totals]
     best: tuple[float, float, float] | None = None
     for stage, need in enumerate(rows):
         gpu = min(_stage_gpus(cluster, plan, stage),
@@ -122,20 +124,40 @@ def mean_peak_tflops(cluster: ClusterSpec, dtype: str) -> float:
     return sum(g.nodes * g.gpu.peak_tflops(dtype) for g in cluster.node_groups) / cluster.nodes
 
 
-def replica_analytic(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel,
-                     scales: Sequence[float] | None) -> Timing:
-    """The analytic tier replica by replica: each distinct replica (its micro-batch count,
-    each stage at its slowest device's scale) runs as an even plan of its own; the step is
-    the slowest one's, since the gradient reduction waits for every replica (each
-    replica's reduction is taken to overlap its own last backward: the documented
-    approximation)."""
+def replica_timings(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel,
+                    scales: Sequence[float] | None) -> list[Timing]:
+    """The analytic tier replica by replica: each replica (its micro-batch count, each stage
+    at its slowest device's scale) runs as an even plan of its own; alike replicas share
+    one evaluation."""
     from sim.analytic import analytic_iteration
 
     per_stage = replica_stage_scales(plan, scales)
     seen: dict[tuple, Timing] = {}
+    out = []
     for d, m in enumerate(plan.replica_microbatches):
         key = (m, tuple(per_stage[d]))
         if key not in seen:
             seen[key] = analytic_iteration(model, cluster, replica_plan(plan, d), cost,
                                            per_stage[d] if scales is not None else None)
-    return max(seen.values(), key=lambda t: t.iteration_s)
+        out.append(seen[key])
+    return out
+
+
+def replica_analytic(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel,
+                     scales: Sequence[float] | None) -> Timing:
+    """The slowest replica's :func:`replica_timings`: the gradient reduction waits for
+    every replica (each one's reduction is taken to overlap its own last backward: the
+    documented approximation)."""
+    return max(replica_timings(model, cluster, plan, cost, scales),
+               key=lambda t: t.iteration_s)
+
+
+def analytic_timing(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel
+                    ) -> Timing:
+    """The analytic tier on any cluster: per replica where devices or replicas differ."""
+    from sim.analytic import analytic_iteration
+
+    scales = gpu_compute_scales(model, cluster, plan)
+    if scales is None and plan.micro_batches_per_replica is None:
+        return analytic_iteration(model, cluster, plan, cost)
+    return replica_analytic(model, cluster, plan, cost, scales)

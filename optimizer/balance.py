@@ -1,0 +1,145 @@
+"""Balancing a plan on a heterogeneous cluster: more layers on the pipeline stages of faster
+GPUs, more micro-batches for the data-parallel replicas of faster GPUs.
+
+A stage's speed is the inverse of its slowest device's compute scale (over every replica,
+since all replicas share one layer split); a replica's is the inverse of its slowest
+stage's. Counts start proportional to speed (largest remainder, at least one each) and are
+then refined with the analytic tier, moving one layer or one micro-batch (``pp`` of them
+under interleaved 1F1B) from the slowest stage or replica to the fastest while the step
+gets shorter.
+
+>>> proportional(10, [1.0, 1.5])
+[4, 6]
+>>> proportional(12, [1.0, 3.0], unit=2)
+[4, 8]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+from sim.cluster import ClusterSpec
+from sim.costmodel import CostModel
+from sim.errors import SpecError
+from sim.hetero import gpu_compute_scales, replica_stage_scales, replica_timings
+from sim.model import ModelSpec
+from sim.plan import Plan, validate
+
+__all__ = ["proportional", "balanced_variants", "refine"]
+
+
+def proportional(total: int, weights: Sequence[float], unit: int = 1) -> list[int]:
+    """``total`` split in multiples of ``unit`` proportionally to ``weights``, at least one
+    ``unit`` each, by largest remainder (ties to the lower index)."""
+    units = total // unit
+    share = [w / sum(weights) * units for w in weights]
+    out = [max(1, int(s)) for s in share]
+    order = sorted(range(len(out)), key=lambda i: (-(share[i] - int(share[i])), i))
+    k = 0
+    while sum(out) < units:
+        out[order[k % len(out)]] += 1
+        k += 1
+    while sum(out) > units:  # minimums pushed it over: take from the largest
+        out[max(range(len(out)), key=lambda i: (out[i], -i))] -= 1
+    return [n * unit for n in out]
+
+
+def _layers(plan: Plan, model: ModelSpec, stage_speed: list[float]) -> tuple[int, ...]:
+    weights = [stage_speed[k % plan.pp] for k in range(plan.pp * plan.vpp)]
+    return tuple(proportional(model.num_layers, weights))
+
+
+def _micro(plan: Plan, replica_speed: list[float]) -> tuple[int, ...]:
+    unit = plan.pp if plan.schedule == "interleaved-1f1b" else 1
+    total = plan.global_batch_size // plan.micro_batch_size
+    return tuple(proportional(total, replica_speed, unit))
+
+
+def balanced_variants(model: ModelSpec, cluster: ClusterSpec, plan: Plan
+                      ) -> list[tuple[str, Plan]]:
+    """Uneven layers, uneven micro-batches and both, where the devices' speeds differ
+    across stages or replicas (none on a homogeneous cluster); only valid plans."""
+    rs = replica_stage_scales(plan, gpu_compute_scales(model, cluster, plan))
+    stage_speed = [1 / max(rs[d][s] for d in range(plan.dp)) for s in range(plan.pp)]
+    replica_speed = [1 / max(row) for row in rs]
+    edits: list[tuple[str, dict]] = []
+    if plan.pp > 1 and len(set(stage_speed)) > 1:
+        edits.append(("layers", {"layers_per_stage": _layers(plan, model, stage_speed)}))
+    if plan.dp > 1 and len(set(replica_speed)) > 1 and plan.zero_stage <= 1 and plan.ep == 1:
+        edits.append(("micro-batches",
+                      {"micro_batches_per_replica": _micro(plan, replica_speed)}))
+    if len(edits) == 2:
+        edits.append(("layers + micro-batches", edits[0][1] | edits[1][1]))
+    out = []
+    for name, change in edits:
+        try:
+            candidate = dataclasses.replace(plan, **change)
+            validate(candidate, model, cluster)
+        except SpecError:
+            continue
+        out.append((name, candidate))
+    return out
+
+
+def _moves(plan: Plan, classes: list[list[int]]) -> list[Plan]:
+    """One layer between any two stages; one micro-batch (``pp`` under interleaved 1F1B)
+    from the fullest replica of one speed class to the emptiest of another."""
+    out = []
+    lps = plan.layers_per_stage
+    for a, b in _pairs(len(lps) if lps else 0):
+        if lps and lps[a] > 1:
+            new = list(lps)
+            new[a], new[b] = new[a] - 1, new[b] + 1
+            out.append(dataclasses.replace(plan, layers_per_stage=tuple(new)))
+    mbr = plan.micro_batches_per_replica
+    unit = plan.pp if plan.schedule == "interleaved-1f1b" else 1
+    for ca, cb in _pairs(len(classes) if mbr else 0):
+        assert mbr is not None
+        a = max(classes[ca], key=lambda d: (mbr[d], -d))
+        b = min(classes[cb], key=lambda d: (mbr[d], d))
+        if mbr[a] > unit:
+            new = list(mbr)
+            new[a], new[b] = new[a] - unit, new[b] + unit
+            out.append(dataclasses.replace(plan, micro_batches_per_replica=tuple(new)))
+    return out
+
+
+def _pairs(n: int) -> list[tuple[int, int]]:
+    return [(a, b) for a in range(n) for b in range(n) if a != b]
+
+
+def _speed_classes(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> list[list[int]]:
+    """Replicas grouped by their stages' scales (replicas alike in speed)."""
+    rs = replica_stage_scales(plan, gpu_compute_scales(model, cluster, plan))
+    groups: dict[tuple[float, ...], list[int]] = {}
+    for d, row in enumerate(rs):
+        groups.setdefault(tuple(row), []).append(d)
+    return list(groups.values())
+
+
+def _objective(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel
+               ) -> tuple[float, ...]:
+    """Replica step times, slowest first: the step, then how close the others are to it
+    (so that evening out one of several equally slow replicas counts as progress)."""
+    scales = gpu_compute_scales(model, cluster, plan)
+    times = [t.iteration_s for t in replica_timings(model, cluster, plan, cost, scales)]
+    return tuple(sorted(times, reverse=True))
+
+
+def refine(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel,
+           fits: Callable[[Plan], bool], rounds: int = 64) -> Plan:
+    """Greedy descent over :func:`_moves` on the analytic replica times, slowest first
+    (compared as tuples); ``fits``: the memory check; at most ``rounds`` moves."""
+    best = _objective(model, cluster, plan, cost)
+    classes = _speed_classes(model, cluster, plan)
+    for _ in range(rounds):
+        scored = [(_objective(model, cluster, p, cost), i, p)
+                  for i, p in enumerate(_moves(plan, classes)) if fits(p)]
+        if not scored:
+            break
+        objective, _, candidate = min(scored, key=lambda t: (t[0], t[1]))
+        if objective >= best:
+            break
+        plan, best = candidate, objective
+    return plan
