@@ -2,7 +2,9 @@
 
 A point is a dict of parameter values, one per axis of the grid: cluster keys
 (``inter_node.nic_Gbps``, ``gpu``, ``nodes``, ...), plan keys (``tp``, ``pp``,
-``micro_batch_size``, ``recompute``, ...), ``fidelity`` (analytic or des) and ``model``.
+``micro_batch_size``, ``recompute``, ...), ``fidelity`` (analytic or des), ``model`` and
+``straggler`` (a slow-down factor as on ``simulate --straggler``: ``node:3=1.2``; a list
+of them, or ``none``).
 Fixed edits (``--set``) apply to every point. The plan of a point is the base plan (a plan
 file, else the defaults) with the fixed and the point's plan edits; ``dp`` fills the
 cluster (``world / (tp*pp*cp)``) unless it is set or varied. With ``optimize`` the
@@ -26,6 +28,7 @@ from typing import Any
 from sim.api import FIDELITIES, simulate
 from sim.cluster import ClusterSpec, load_cluster
 from sim.errors import NoFeasiblePlan, SpecError, field_name
+from sim.faults import Faults, faults_from_options
 from sim.model import ModelSpec, load_model
 from sim.plan import Plan, load_plan
 from sim.result import Result
@@ -41,7 +44,7 @@ from sim.scenario import (
 __all__ = ["SweepSpec", "EXTRA_KEYS", "grid_points", "point_key", "sort_key", "check_spec",
            "evaluate_point", "plan_for_point"]
 
-EXTRA_KEYS = ("fidelity", "model")
+EXTRA_KEYS = ("fidelity", "model", "straggler")
 _OPTIMIZE_PLAN_KEYS = ("global_batch_size", "seq_len", "dtype")  # what optimize takes
 SCHEMA_VERSION = 1
 
@@ -129,6 +132,8 @@ def _check_values(spec: SweepSpec) -> None:
         if fidelity not in FIDELITIES:
             raise SpecError("fidelity", f"must be one of {', '.join(FIDELITIES)}, "
                             f"got {fidelity!r}")
+    for value in _values(spec, "straggler", "none"):
+        _faults(value)
     for ref in _values(spec, "model", spec.model):
         if not isinstance(ref, str):
             raise SpecError("model", f"must be a zoo name or a file, got {ref!r}")
@@ -176,6 +181,17 @@ def _cluster(ref: str) -> ClusterSpec:
     return _CLUSTERS[ref]
 
 
+def _faults(value: Any) -> Faults | None:
+    """A ``straggler`` value: ``none``, ``node:3=1.2`` or a list of such."""
+    if value == "none":
+        return None
+    items = value if isinstance(value, list) else [value]
+    if not all(isinstance(v, str) for v in items):
+        raise SpecError("straggler", f"must be SCOPE:NAME=FACTOR (e.g. node:3=1.2), a list "
+                        f"of them, or none; got {value!r}")
+    return faults_from_options([str(v) for v in items], option="straggler")
+
+
 def _base_plan_fields(spec: SweepSpec) -> dict[str, Any]:
     if spec.plan_file is None:
         return {}
@@ -217,7 +233,8 @@ def evaluate_point(spec: SweepSpec, params: dict[str, Any]) -> dict[str, Any]:
         if spec.optimize:
             return head | _optimized(spec, model, cluster, edits, fidelity)
         plan = plan_for_point(spec, params, cluster)
-        return head | _figures(simulate(model, cluster, plan, fidelity), plan)
+        faults = _faults(edits.get("straggler", "none"))
+        return head | _figures(simulate(model, cluster, plan, fidelity, faults=faults), plan)
     except NoFeasiblePlan as exc:
         return head | {"status": "infeasible", "error": str(exc)}
     except SpecError as exc:

@@ -163,9 +163,10 @@ def parse_failure(text: str, option: str = "--fail-link") -> tuple[str, float]:
 
 
 def faults_from_options(stragglers: Sequence[str] = (), dists: Sequence[str] = (),
-                        seed: int = 0, failures: Sequence[str] = ()) -> Faults:
-    """A :class:`Faults` from command-line (or scenario file) strings."""
-    return Faults(tuple(parse_straggler(s) for s in stragglers),
+                        seed: int = 0, failures: Sequence[str] = (),
+                        option: str = "--straggler") -> Faults:
+    """A :class:`Faults` from command-line (or sweep) strings."""
+    return Faults(tuple(parse_straggler(s, option) for s in stragglers),
                   tuple(parse_dist(d) for d in dists), seed,
                   tuple(parse_failure(f) for f in failures))
 

@@ -253,3 +253,16 @@ def test_goodput_command(capsys, plan_file):
 
 def test_faults_empty():
     assert Faults().empty and not faults_from_options(["gpu:0=1.1"]).empty
+
+
+def test_sweep_varies_a_straggler():
+    from optimizer.sweep import SweepSpec, check_spec, evaluate_point
+
+    spec = SweepSpec("tiny", "dgx-a100:2", fixed=(("global_batch_size", 16), ("seq_len", 256)),
+                     axes=(("straggler", ("none", "node:1=1.5")),))
+    check_spec(spec)
+    rows = [evaluate_point(spec, {"straggler": v}) for v in ("none", "node:1=1.5")]
+    assert rows[1]["iteration_time_s"] > rows[0]["iteration_time_s"]
+    bad = SweepSpec("tiny", "dgx-a100:2", fixed=spec.fixed, axes=(("straggler", ("node:1",)),))
+    with pytest.raises(SpecError, match="^straggler: must be SCOPE:NAME=FACTOR"):
+        check_spec(bad)

@@ -141,7 +141,8 @@ def add_sweep_parsers(sub: Any, model_help: str, cluster_help: str, parser_class
                    "optimize, top, [set] and [vary] tables (the command line wins)")
     p.add_argument("--vary", action="append", default=[], metavar="KEY=V1,V2,...",
                    help="an axis of the grid, e.g. inter_node.nic_Gbps=100,200,400 or tp=1,2,4 "
-                   "or gpu=a100-sxm4-80gb,h100-sxm5-80gb or fidelity=analytic,des (repeatable)")
+                   "or gpu=a100-sxm4-80gb,h100-sxm5-80gb or fidelity=analytic,des or "
+                   "straggler=none,node:3=1.2,node:3=1.5 (repeatable)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="set_edits",
                    help="a fixed edit of every point (cluster or plan key; repeatable)")
     p.add_argument("--plan", metavar="FILE", help="base plan JSON (default: plan defaults)")
