@@ -49,7 +49,7 @@ from sim.topology import Topology
 __all__ = ["Faults", "Dist", "Resolved", "CannotComplete", "Detour", "parse_straggler",
            "parse_dist", "parse_failure", "faults_from_options", "resolve", "vertex_name",
            "link_ids", "stage_scales", "perturbed_topology", "install_failures", "SCOPES",
-           "DISTRIBUTIONS", "FaultInputs", "fault_inputs"]
+           "DISTRIBUTIONS", "FaultInputs", "fault_inputs", "with_edits"]
 
 SCOPES = ("gpu", "node", "link")
 DISTRIBUTIONS = {"lognormal": 1, "uniform": 2}  # name -> number of parameters
@@ -358,3 +358,27 @@ def fault_inputs(faults: Faults, cluster: ClusterSpec, plan: Plan, fidelity: str
               "link_failures": r.failures}
     return FaultInputs(stage_scales(plan, scale, dev), kwargs, reduce and not links, notes,
                        info)
+
+
+def with_edits(faults: Faults | None, edits: Sequence[tuple[str, Any]]) -> Faults | None:
+    """``faults`` plus scenario edits ``faults.straggler``, ``faults.straggler_dist``,
+    ``faults.fail_link`` (a string or a list: appended) and ``faults.seed`` (replaces)."""
+    if not edits:
+        return faults
+    f = faults or Faults()
+    for key, value in edits:
+        name = key.removeprefix("faults.")
+        if name == "seed":
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise SpecError(key, f"must be an integer, got {value!r}")
+            f = dataclasses.replace(f, seed=value)
+            continue
+        items = value if isinstance(value, list) else [value]
+        if not all(isinstance(v, str) for v in items):
+            raise SpecError(key, f"must be a string or a list of strings, got {value!r}")
+        parse = {"straggler": parse_straggler, "straggler_dist": parse_dist,
+                 "fail_link": parse_failure}[name]
+        parsed = tuple(parse(v, key) for v in items)  # type: ignore[operator]
+        field = {"straggler": "factors", "straggler_dist": "dists", "fail_link": "failures"}
+        f = dataclasses.replace(f, **{field[name]: getattr(f, field[name]) + parsed})
+    return f

@@ -3,7 +3,9 @@
 An edit is a dotted key and a value, from the command line (``--set inter_node.nic_Gbps=800``)
 or a TOML file. Cluster keys are those of a cluster file (``nodes``, ``gpu``,
 ``intra_node.bandwidth_GBps``, ``inter_node.topology``, ...); plan keys are the plan's fields
-(``tp``, ``micro_batch_size``, ``recompute``, ...). An edited cluster is rebuilt through
+(``tp``, ``micro_batch_size``, ``recompute``, ...); ``faults.straggler``,
+``faults.straggler_dist``, ``faults.seed`` and ``faults.fail_link`` add stragglers and
+failures as on the command line (:mod:`sim.faults`). An edited cluster is rebuilt through
 :func:`sim.cluster.cluster_from_dict`, so a bad value fails with the same one-line error as
 in a cluster file. A field still at its derived default (the node fabric's bandwidth, which
 follows the GPU's NVLink rate or PCIe) follows an edit of what it derives from.
@@ -37,9 +39,10 @@ from sim.hardware import get_hardware
 from sim.io import read_text
 from sim.plan import Plan
 
-__all__ = ["Scenario", "Edit", "CLUSTER_KEYS", "PLAN_KEYS", "parse_value", "parse_assignment",
-           "flatten_edits", "check_key", "is_cluster_key", "apply_cluster_edits",
-           "apply_plan_edits", "load_scenarios", "scenarios_from_args", "edit_label"]
+__all__ = ["Scenario", "Edit", "CLUSTER_KEYS", "PLAN_KEYS", "FAULT_KEYS", "parse_value",
+           "parse_assignment", "flatten_edits", "check_key", "is_cluster_key",
+           "apply_cluster_edits", "apply_plan_edits", "load_scenarios", "scenarios_from_args",
+           "edit_label", "check_fault"]
 
 Edit = tuple[str, Any]
 
@@ -47,6 +50,7 @@ CLUSTER_KEYS = (("nodes", "gpus_per_node", "gpu", "profile", "node_groups")
                 + tuple(f"intra_node.{f.name}" for f in dataclasses.fields(IntraNode))
                 + tuple(f"inter_node.{f.name}" for f in dataclasses.fields(InterNode)))
 PLAN_KEYS = tuple(f.name for f in dataclasses.fields(Plan))
+FAULT_KEYS = ("faults.straggler", "faults.straggler_dist", "faults.seed", "faults.fail_link")
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
 
 
@@ -63,7 +67,13 @@ class Scenario:
 
     @property
     def plan_edits(self) -> tuple[Edit, ...]:
-        return tuple(e for e in self.edits if not is_cluster_key(e[0]))
+        return tuple(e for e in self.edits if not is_cluster_key(e[0])
+                     and e[0] not in FAULT_KEYS)
+
+    @property
+    def fault_edits(self) -> tuple[Edit, ...]:
+        """Stragglers and failures (:func:`sim.faults.with_edits`)."""
+        return tuple(e for e in self.edits if e[0] in FAULT_KEYS)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "edits": dict(self.edits)}
@@ -97,12 +107,13 @@ def is_cluster_key(key: str) -> bool:
 def check_key(key: str, extra: Sequence[str] = ()) -> None:
     """Raise a one-line error naming ``key`` unless it is a cluster or plan key (or one of
     ``extra``)."""
-    if key in CLUSTER_KEYS or key in PLAN_KEYS or key in extra:
+    if key in CLUSTER_KEYS or key in PLAN_KEYS or key in FAULT_KEYS or key in extra:
         return
     shown = key if all(part.isidentifier() for part in key.split(".")) else field_name(key)
     if key in ("schema_version", "name"):
         raise SpecError(shown, "cannot be edited in a scenario")
-    known = ", ".join(list(extra) + list(CLUSTER_KEYS) + ["plan fields: " + ", ".join(PLAN_KEYS)])
+    known = ", ".join(list(extra) + list(CLUSTER_KEYS) + list(FAULT_KEYS)
+                      + ["plan fields: " + ", ".join(PLAN_KEYS)])
     raise SpecError(shown, f"unknown scenario key (known: {known})")
 
 
@@ -161,7 +172,7 @@ def _intra_is_default(cluster: ClusterSpec) -> bool:
 
 def apply_plan_edits(plan: Plan, edits: Iterable[Edit]) -> Plan:
     """``plan`` with the plan keys of ``edits`` replaced, validated by :class:`Plan`."""
-    edits = [e for e in edits if not is_cluster_key(e[0])]
+    edits = [e for e in edits if not is_cluster_key(e[0]) and e[0] not in FAULT_KEYS]
     return plan_from_fields({**plan.to_dict(), **dict(edits)}) if edits else plan
 
 
@@ -178,6 +189,13 @@ def check_gpu(value: Any) -> None:
     if not isinstance(value, str):
         raise SpecError("gpu", f"must be a catalog name, got {value!r}")
     get_hardware(value)
+
+
+def check_fault(key: str, value: Any) -> None:
+    """A ``faults.*`` edit must parse (checked before anything runs)."""
+    from sim.faults import with_edits
+
+    with_edits(None, [(key, value)])
 
 
 # Files and the command line -----------------------------------------------------------------
@@ -211,6 +229,8 @@ def _checked(edits: list[Edit], where: str) -> list[Edit]:
             check_key(key)
             if key == "gpu":
                 check_gpu(value)
+            if key in FAULT_KEYS:
+                check_fault(key, value)
         except SpecError as exc:
             raise SpecError(where + exc.field, exc.rule) from None
     return edits
@@ -223,6 +243,8 @@ def scenarios_from_args(sets: Sequence[str], scenario_file: str | None) -> list[
     for key, value in edits:
         if key == "gpu":
             check_gpu(value)
+        if key in FAULT_KEYS:
+            check_fault(key, value)
     if scenario_file is None:
         return [Scenario(edit_label(edits), tuple(edits))]
     return [dataclasses.replace(s, edits=s.edits + tuple(edits))

@@ -266,3 +266,16 @@ def test_sweep_varies_a_straggler():
     bad = SweepSpec("tiny", "dgx-a100:2", fixed=spec.fixed, axes=(("straggler", ("node:1",)),))
     with pytest.raises(SpecError, match="^straggler: must be SCOPE:NAME=FACTOR"):
         check_spec(bad)
+
+
+def test_scenario_file_faults(capsys, tmp_path, plan_file):
+    toml = tmp_path / "whatif.toml"
+    toml.write_text('[scenario.slow]\nfaults.straggler = "node:1=1.5"\n'
+                    '[scenario.spread]\nfaults = { straggler_dist = "lognormal:0.1", seed = 3 }\n')
+    args = ["simulate", "--model", "tiny", "--cluster", "dgx-a100:2", "--plan", plan_file]
+    assert main([*args, "--scenario", str(toml), "--json"]) == 0
+    runs = {s["name"]: s["result"] for s in json.loads(capsys.readouterr().out)["scenarios"]}
+    assert runs["slow"]["iteration_time_s"] > runs["base"]["iteration_time_s"]
+    assert runs["spread"]["simulation"]["faults"]["seed"] == 3
+    assert main([*args, "--set", "faults.seed=x"]) == 2
+    assert capsys.readouterr().err == "trainsim: error: faults.seed: must be an integer, got 'x'\n"

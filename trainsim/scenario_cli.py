@@ -67,6 +67,7 @@ def _scenario_inputs(args: argparse.Namespace, s: Any, base: Any, plan: Any) -> 
 def _simulate(args: argparse.Namespace, scenarios: list[Any]) -> int:
     from sim import SpecError, load_model, load_plan
     from sim.scenario import Scenario
+    from sim.faults import with_edits
     from trainsim.faults_cli import faults_of
 
     if args.fidelity != "des" and (args.trace or args.no_reduce):
@@ -75,41 +76,41 @@ def _simulate(args: argparse.Namespace, scenarios: list[Any]) -> int:
         raise SpecError("--trace", "writes one scenario's trace; the file has "
                         f"{len(scenarios)} scenarios")
     model, base, plan = load_model(args.model), _base_cluster(args), load_plan(args.plan)
-    faults_of(args)  # bad straggler/failure options fail before anything runs
+    faults = [with_edits(faults_of(args), s.fault_edits) for s in scenarios]  # bad ones fail
     inputs = [_scenario_inputs(args, s, base, plan) for s in scenarios]  # all valid first
     if len(scenarios) == 1:
-        return _simulate_one(args, model, *inputs[0])
-    runs = [("base", Scenario("base"), _try_simulate(args, model, base, plan))]
-    runs += [(s.name, s, _try_simulate(args, model, c, p))
-             for s, (c, p) in zip(scenarios, inputs, strict=True)]
+        return _simulate_one(args, model, *inputs[0], faults[0])
+    runs = [("base", Scenario("base"), _try_simulate(args, model, base, plan, faults_of(args)))]
+    runs += [(s.name, s, _try_simulate(args, model, c, p, f))
+             for s, (c, p), f in zip(scenarios, inputs, faults, strict=True)]
     if args.out:
         _write_scenario_runs(Path(args.out), model, runs, base, plan, inputs)
     print(json.dumps(_runs_json(runs), indent=2) if args.json else _runs_table(runs))
     return 0
 
 
-def _simulate_one(args: argparse.Namespace, model: Any, cluster: Any, plan: Any) -> int:
+def _simulate_one(args: argparse.Namespace, model: Any, cluster: Any, plan: Any,
+                  faults: Any = None) -> int:
     from sim import simulate
     from sim.report import format_result
     from trainsim.cli import _write_run
-    from trainsim.faults_cli import faults_of
 
     result = simulate(model, cluster, plan, fidelity=args.fidelity, reduce=not args.no_reduce,
-                      trace=args.trace, faults=faults_of(args))
+                      trace=args.trace, faults=faults)
     if args.out:
         _write_run(Path(args.out), result, model, cluster, plan)
     print(json.dumps(result.to_dict(), indent=2) if args.json else format_result(result))
     return 0
 
 
-def _try_simulate(args: argparse.Namespace, model: Any, cluster: Any, plan: Any) -> Any:
+def _try_simulate(args: argparse.Namespace, model: Any, cluster: Any, plan: Any,
+                  faults: Any = None) -> Any:
     """The result, or the one-line error when the plan does not suit this scenario."""
     from sim import SpecError, simulate
-    from trainsim.faults_cli import faults_of
 
     try:
         return simulate(model, cluster, plan, fidelity=args.fidelity, reduce=not args.no_reduce,
-                        faults=faults_of(args))
+                        faults=faults)
     except SpecError as exc:
         return str(exc)
 
