@@ -47,7 +47,10 @@ def _ring(n: int, size: float, passes: int, nodes: list[list[int]] | None = None
           ) -> list[Phase]:
     """Pipelined ring. Across nodes holding ``g`` ranks each, ``g`` rings (NCCL's channels)
     each carry ``1/g`` of the data, and ring ``c`` leaves every node from its ``c``-th
-    rank, so every rank's NIC carries one ring."""
+    rank, so every rank's NIC carries one ring. A ring of one rank sends nothing (the
+    node-local rings of a hierarchical collective with one rank per node)."""
+    if n == 1:
+        return []
     steps = passes * (n - 1)
     orders = _channels(n, nodes)
     return [Phase([FlowSpec(a, b, steps / n * size / len(orders))
