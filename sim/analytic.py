@@ -228,7 +228,7 @@ def stage_costs(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostMo
     x = _Ctx(model, cluster, plan, cost)
     tp_l, ep_l = _tp_per_layer(x), _ep_per_layer(x)
     cp_d, cp_e = _cp_per_layer(x, x.dense), _cp_per_layer(x, x.moe)
-    out = []
+    out: list[StageCost] = []
     for st in pipeline_rank_layers(plan, model):
         k = 1.0 if stage_scale is None else stage_scale[len(out)]
         comp = k * _stage_compute(x, st)

@@ -31,6 +31,7 @@ complete.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
@@ -288,7 +289,7 @@ class Detour:
                 raise CannotComplete(
                     f"no path from {vertex_name(src)} to {vertex_name(dst)} without the failed "
                     f"link(s) {self.names[lid]}") from None
-            self._paths[key] = tuple(self.topo.lid(a, b) for a, b in zip(hops, hops[1:]))
+            self._paths[key] = tuple(self.topo.lid(a, b) for a, b in itertools.pairwise(hops))
         return self._paths[key]
 
     def __call__(self, flow: Flow) -> None:
@@ -378,7 +379,7 @@ def with_edits(faults: Faults | None, edits: Sequence[tuple[str, Any]]) -> Fault
             raise SpecError(key, f"must be a string or a list of strings, got {value!r}")
         parse = {"straggler": parse_straggler, "straggler_dist": parse_dist,
                  "fail_link": parse_failure}[name]
-        parsed = tuple(parse(v, key) for v in items)  # type: ignore[operator]
+        parsed = tuple(parse(v, key) for v in items)
         field = {"straggler": "factors", "straggler_dist": "dists", "fail_link": "failures"}
         f = dataclasses.replace(f, **{field[name]: getattr(f, field[name]) + parsed})
     return f

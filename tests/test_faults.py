@@ -10,10 +10,25 @@ import pytest
 import simpy
 
 from sim import Plan, SpecError, load_cluster, load_model, simulate
-from sim.faults import (Faults, faults_from_options, link_ids, parse_dist, parse_failure,
-                        parse_straggler, resolve, stage_scales)
-from sim.goodput import (GoodputInputs, expected_time_s, goodput_report, monte_carlo,
-                         optimal_interval_s, segment_time_s, young_interval_s)
+from sim.faults import (
+    Faults,
+    faults_from_options,
+    link_ids,
+    parse_dist,
+    parse_failure,
+    parse_straggler,
+    resolve,
+    stage_scales,
+)
+from sim.goodput import (
+    GoodputInputs,
+    expected_time_s,
+    goodput_report,
+    monte_carlo,
+    optimal_interval_s,
+    segment_time_s,
+    young_interval_s,
+)
 from sim.network import Network
 from sim.scenario import apply_cluster_edits
 from sim.topology import build_topology

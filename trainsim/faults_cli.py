@@ -104,9 +104,10 @@ def _iteration(args: argparse.Namespace) -> tuple[float, int | None, int]:
     if args.iteration_s is not None:
         if args.model or args.plan:
             raise SpecError("--iteration-s", "give it or --model/--plan to simulate, not both")
-        cluster = load_cluster(args.cluster) if args.cluster else None
-        return args.iteration_s, cluster and cluster.world_size, \
-            cluster.gpus_per_node if cluster else 8
+        if not args.cluster:
+            return args.iteration_s, None, 8
+        cluster = load_cluster(args.cluster)
+        return args.iteration_s, cluster.world_size, cluster.gpus_per_node
     if not (args.model and args.cluster and args.plan):
         raise SpecError("--iteration-s", "is required unless --model, --cluster and --plan "
                         "are given")

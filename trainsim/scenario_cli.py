@@ -66,8 +66,8 @@ def _scenario_inputs(args: argparse.Namespace, s: Any, base: Any, plan: Any) -> 
 # simulate -----------------------------------------------------------------------------------
 def _simulate(args: argparse.Namespace, scenarios: list[Any]) -> int:
     from sim import SpecError, load_model, load_plan
-    from sim.scenario import Scenario
     from sim.faults import with_edits
+    from sim.scenario import Scenario
     from trainsim.faults_cli import faults_of
 
     if args.fidelity != "des" and (args.trace or args.no_reduce):
