@@ -26,7 +26,7 @@ from sim.hetero import gpu_compute_scales, replica_stage_scales, replica_timings
 from sim.model import ModelSpec
 from sim.plan import Plan, validate
 
-__all__ = ["proportional", "balanced_variants", "refine"]
+__all__ = ["proportional", "balanced_variants", "refine", "even_form"]
 
 
 def proportional(total: int, weights: Sequence[float], unit: int = 1) -> list[int]:
@@ -74,12 +74,23 @@ def balanced_variants(model: ModelSpec, cluster: ClusterSpec, plan: Plan
     out = []
     for name, change in edits:
         try:
-            candidate = dataclasses.replace(plan, **change)
+            candidate = even_form(dataclasses.replace(plan, **change), model)
             validate(candidate, model, cluster)
         except SpecError:
             continue
         out.append((name, candidate))
     return out
+
+
+def even_form(plan: Plan, model: ModelSpec) -> Plan:
+    """``plan`` with a split that is even written as the default (``None``)."""
+    mbr, lps = plan.micro_batches_per_replica, plan.layers_per_stage
+    if mbr and len(set(mbr)) == 1 and mbr[0] * plan.dp * plan.micro_batch_size \
+            == plan.global_batch_size:
+        plan = dataclasses.replace(plan, micro_batches_per_replica=None)
+    if lps and len(set(lps)) == 1 and model.num_layers % len(lps) == 0:
+        plan = dataclasses.replace(plan, layers_per_stage=None)
+    return plan
 
 
 def _moves(plan: Plan, classes: list[list[int]]) -> list[Plan]:
@@ -142,4 +153,4 @@ def refine(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel,
         if objective >= best:
             break
         plan, best = candidate, objective
-    return plan
+    return even_form(plan, model)

@@ -340,32 +340,36 @@ BALANCE_SEEDS = 3  # even-split plans the balancing starts from: the DES's best,
 
 def _balance(space: SearchSpace, ranked: list[Candidate], feasible: list[Candidate],
              workers: int) -> tuple[Candidate | None, Candidate | None, list[Candidate]]:
-    """On a mixed cluster: the best even-split plan (the homogeneous assumption, simulated
-    on the real cluster), balanced variants of the best few (:mod:`optimizer.balance`),
-    refined with the analytic tier and simulated with the DES, and the best of them all
-    (the even plan itself when no variant beats it)."""
+    """On a mixed cluster: balanced variants (:mod:`optimizer.balance`) of the best few
+    even-split plans, refined with the analytic tier; those and their even seeds simulated
+    with the DES. Returns the best even-split plan (the homogeneous assumption, simulated on
+    the real cluster), the best plan of all (the even one when no variant beats it), and
+    the newly simulated candidates."""
     from optimizer.balance import balanced_variants, refine
 
     m, c = space.model, space.cluster
     even = [x for x in ranked
             if x.plan.layers_per_stage is None and x.plan.micro_batches_per_replica is None]
-    if not even:
-        return None, None, []
-    cost, seen = cost_model_for(c), {_plan_key(x.plan) for x in ranked}
-    variants: dict[str, tuple[str, Plan]] = {}
     seeds = [(x, balanced_variants(m, c, x.plan)) for x in even[:BALANCE_SEEDS]]
     more = ((x, balanced_variants(m, c, x.plan)) for x in feasible[:500])
     seeds += [xv for xv in more if xv[1]][:BALANCE_SEEDS]
-    for _, found in seeds:
+    cost, seen = cost_model_for(c), {_plan_key(x.plan) for x in ranked}
+    todo: dict[str, tuple[str, Plan]] = {}
+    for x, found in seeds:
+        todo.setdefault(_plan_key(x.plan), ("even seed", x.plan))
         for name, p in found:
             if _fits(m, c, p):
                 p = refine(m, c, p, cost, lambda q: _fits(m, c, q))
-                if _plan_key(p) not in seen:
-                    variants.setdefault(_plan_key(p), (name, p))
-    todo = list(variants.values())
-    scores = _pool_map(_score, [[p for _, p in todo]], 1, m, c)[0] if todo else []
-    results = _pool_map(_des, [p for _, p in todo], workers, m, c)
-    extra = [Candidate(p, s, pk, r, f"balanced: {name}") for (name, p), (s, pk), r in zip(
-        todo, scores, results, strict=True)]
-    best = min(extra + [even[0]], key=lambda x: (x.best_s, _plan_key(x.plan)))
-    return even[0], best, extra
+                todo.setdefault(_plan_key(p), (f"balanced: {name}", p))
+    new = [v for k, v in todo.items() if k not in seen]
+    scores = _pool_map(_score, [[p for _, p in new]], 1, m, c)[0] if new else []
+    results = _pool_map(_des, [p for _, p in new], workers, m, c)
+    extra = [Candidate(p, s, pk, r, origin) for (origin, p), (s, pk), r in zip(
+        new, scores, results, strict=True)]
+    even += [x for x in extra if x.origin == "even seed"]
+    if not even:
+        return None, None, extra
+    homogeneous = min(even, key=lambda x: (x.best_s, _plan_key(x.plan)))
+    best = min([x for x in extra if x.origin != "even seed"] + [homogeneous],
+               key=lambda x: (x.best_s, _plan_key(x.plan)))
+    return homogeneous, best, extra
