@@ -712,7 +712,7 @@ def _run_with_failures(step: _Step, failures: Sequence[tuple[float, Sequence[int
     except CannotComplete as exc:
         info = {"reduced": step.reduce, "units": len(step.units),
                 "events": step.env.processed, "completed": False,
-                "cannot_complete": f"{exc} (at {step.env.now:.6g} s)"}
+                "cannot_complete": f"{exc}; the step stalls at {step.env.now:.6g} s"}
         zero = dict.fromkeys(CATEGORIES, 0.0)
         return Timing(math.inf, math.inf, zero, _communication(_Acct()), [], info, [])
     return None

@@ -135,7 +135,9 @@ def _runs_table(runs: list[tuple[str, Any, Any]]) -> str:
             if not isinstance(base, str) else "-"
         lines.append(f"{name[:24]:<24} {r.iteration_time_s:9.4g} {vs:>8} "
                      f"{r.tokens_per_s:12,.0f} {100 * r.mfu:5.1f}% {r.peak_memory_gib:6.1f}"
-                     f"{'' if r.fits_in_memory else '!'}  {edits}")
+                     f"{'' if r.fits_in_memory else '!'}  {edits}"
+                     + (f"  (cannot complete: {r.simulation['cannot_complete']})"
+                        if "cannot_complete" in r.simulation else ""))
     return "\n".join(lines)
 
 
