@@ -98,8 +98,9 @@ def format_cosim(r: Any) -> str:
              f"{'job':<16} {'nodes':<12} {'alone s':>10} {'together s':>11} {'slowdown':>9} "
              f"{'iterations':>10}"]
     for j in r.jobs:
+        slowdown = j.slowdown_pct if abs(j.slowdown_pct) >= 1e-6 else 0.0  # rounding noise
         lines.append(f"{j.name[:16]:<16} {_node_label(j.nodes)[:12]:<12} {j.alone_s:10.4g} "
-                     f"{j.together_s:11.4g} {j.slowdown_pct:+8.1f}% {len(j.iterations_s):10d}")
+                     f"{j.together_s:11.4g} {slowdown:+8.1f}% {len(j.iterations_s):10d}")
     if r.links:
         lines.append("busiest links over the window: " + ", ".join(
             f"{x['link']} {100 * x['utilization']:.0f}%" for x in r.links[:3]))
