@@ -94,8 +94,9 @@ STARTUP_S = 120.0  # a rank's first report may take this long (imports, model bu
 
 def _last_progress(folder: Path, nproc: int, started: float, timeout_s: float
                    ) -> tuple[float, str, float]:
-    """(earliest deadline of any rank, the rank to blame, the time of its last report): a rank must report within
-    ``timeout_s`` of its last report, or of the start plus the startup allowance. When one
+    """(earliest deadline of any rank, the rank to blame, the time of its last report): a
+    rank must report within ``timeout_s`` of its last report, or of the start plus the
+    startup allowance. When one
     rank stalls the others soon wait for it inside a collective, and which of them reported
     last is a race; the rank to blame is the one that got least far (then the oldest)."""
     deadline = math.inf

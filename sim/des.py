@@ -757,7 +757,8 @@ def simulate_des(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostM
     critical = max(step.units, key=lambda u: (step.acct[u].end, -u.stage))
     a = step.acct[critical]
     breakdown = dict(a.spent)
-    info = {"reduced": step.reduce, "units": len(step.units), "events": step.env.processed}
+    info: dict[str, Any] = {"reduced": step.reduce, "units": len(step.units),
+                            "events": step.env.processed}
     if full_needed:
         info["not_reduced_because"] = "ranks of one pipeline stage run at different speeds" \
             if len(set(plan.replica_microbatches)) == 1 else \
