@@ -203,9 +203,9 @@ def run_jobs(cluster: ClusterSpec, jobs: Sequence[Job], iterations: int = 1,
 
 
 def cosimulate(cluster: ClusterSpec, jobs: Sequence[Job], iterations: int = 3,
-               reduce: bool = True) -> CoSimResult:
-    """Each job's iteration time together with the others and alone, and the busiest
-    links of the shared window."""
+               reduce: bool = True, top_links: int | None = 10) -> CoSimResult:
+    """Each job's iteration time together with the others and alone, and the
+    ``top_links`` busiest links of the shared window (``None``: every used link)."""
     if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
         raise SpecError("iterations", f"must be an integer >= 1, got {iterations!r}")
     check_jobs(cluster, jobs)
@@ -217,4 +217,4 @@ def cosimulate(cluster: ClusterSpec, jobs: Sequence[Job], iterations: int = 3,
         results.append(JobResult(job.name, job.nodes, alone, sum(times) / len(times), times))
     stats = shared.net.stats
     return CoSimResult(cluster.name, results, shared.window_s, iterations, reduce,
-                       link_table(topo, stats.bytes, stats.busy_s, shared.window_s))
+                       link_table(topo, stats.bytes, stats.busy_s, shared.window_s, top_links))

@@ -198,6 +198,19 @@ def test_plot_links_from_a_des_run_and_from_a_saved_result(capsys, plans, tmp_pa
     assert (rc, err) == (0, "") and (tmp_path / "r.png").exists()
 
 
+def test_plot_links_of_a_shared_fabric_window(capsys, plans, tmp_path):
+    edits = ["--set", "inter_node.pod_gpus=16", "--set", "inter_node.oversubscription=4"]
+    rc, out, err = _cli(capsys, "cosim", "--cluster", "dgx-h100:4", *edits, "--job",
+                        f"model=llama3-8b,plan={plans / 'dp2.json'},nodes=0+2", "--job",
+                        f"model=llama3-8b,plan={plans / 'dp2.json'},nodes=1+3",
+                        "--iterations", "1", "--json", "--all-links")
+    assert (rc, err) == (0, "") and len(json.loads(out)["links"]) > 10
+    (tmp_path / "co.json").write_text(out)
+    rc, out, err = _cli(capsys, "plot", "links", str(tmp_path / "co.json"), "--cluster",
+                        "dgx-h100:4", *edits, "--out", str(tmp_path / "co.svg"))
+    assert (rc, err) == (0, "") and "<svg" in (tmp_path / "co.svg").read_text()
+
+
 @pytest.mark.parametrize("args, expected", [
     (["--cluster", "dgx-h100:2"], "--model: is required"),
     (["--model", "tiny", "--cluster", "dgx-h100:2", "--plan", "x.json", "--out", "a.pdf"],

@@ -86,7 +86,8 @@ def cmd_cosim(args: argparse.Namespace) -> int:
 
     cluster = _cluster(args)
     jobs = [_load_job(text, i) for i, text in enumerate(args.job)]
-    result = cosimulate(cluster, jobs, args.iterations, reduce=not args.no_reduce)
+    result = cosimulate(cluster, jobs, args.iterations, reduce=not args.no_reduce,
+                        top_links=None if args.all_links else 10)
     print(json.dumps(result.to_dict(), indent=2) if args.json else format_cosim(result))
     return 0
 
@@ -157,14 +158,14 @@ def _from_des(args: argparse.Namespace) -> tuple[Any, list[dict[str, Any]], str]
 
 def _from_result(args: argparse.Namespace) -> tuple[Any, list[dict[str, Any]], str]:
     """A saved ``simulate --json`` result (or a ``cosim --json`` one): its ``links``."""
-    from sim import SpecError, load_cluster
+    from sim import SpecError
     from sim.io import read_text
 
     if not args.cluster:
         raise SpecError("--cluster", "is required with a saved RESULT (to rebuild the "
                         "topology its links are named after)")
-    if args.model or args.plan or args.set_edits:
-        raise SpecError("--model/--plan/--set", "are for a new DES run, not a saved RESULT")
+    if args.model or args.plan:
+        raise SpecError("--model/--plan", "are for a new DES run, not a saved RESULT")
     try:
         links = json.loads(read_text(Path(args.result), "result")).get("links")
     except (json.JSONDecodeError, AttributeError):
@@ -175,7 +176,7 @@ def _from_result(args: argparse.Namespace) -> tuple[Any, list[dict[str, Any]], s
     if not links:
         raise SpecError("result", f"{args.result} has no link traffic (run simulate with "
                         "--fidelity des)")
-    cluster = load_cluster(args.cluster)
+    cluster = _cluster(args)  # --set: the edits the result was run with
     return cluster, links, f"{Path(args.result).name} on {cluster.name} ({len(links)} links " \
         "recorded)"
 
@@ -195,6 +196,8 @@ def add_cosim_parsers(sub: Any, cluster_help: str, model_help: str) -> None:
     p.add_argument("--no-reduce", action="store_true", help="simulate every rank and flow "
                    "instead of one representative per symmetric set (slow)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--all-links", action="store_true", help="report every used link, not "
+                   "the 10 busiest (for trainsim plot links)")
     p.set_defaults(func=cmd_cosim)
     _add_plot_links(sub, cluster_help, model_help)
 
@@ -207,12 +210,13 @@ def _add_plot_links(sub: Any, cluster_help: str, model_help: str) -> None:
                         description="Draw the topology graph with every link coloured by "
                         "its utilisation (bytes / capacity x time, the busier direction).")
     p.add_argument("result", nargs="?", help="saved simulate --fidelity des --json (busiest "
-                   "links only) or cosim --json result; without it, run the DES")
+                   "links only) or cosim --json [--all-links] result; without it, run the DES")
     p.add_argument("--model", help=model_help)
     p.add_argument("--cluster", help=cluster_help)
     p.add_argument("--plan", help="plan JSON")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   dest="set_edits", help="edit the cluster or plan, as simulate --set")
+                   dest="set_edits", help="edit the cluster or plan, as simulate --set "
+                   "(with a RESULT: the cluster edits it was run with)")
     p.add_argument("--out", action="append", metavar="FILE", help="PNG or SVG to write "
                    "(by suffix; repeatable; default links.png)")
     p.set_defaults(func=cmd_plot_links)
