@@ -93,14 +93,17 @@ def cmd_cosim(args: argparse.Namespace) -> int:
 
 
 def format_cosim(r: Any) -> str:
+    """A table: per job its nodes, alone and together seconds, slowdown, iterations."""
+    labels = [_node_label(j.nodes) for j in r.jobs]
+    w = max(5, *map(len, labels))
     lines = [f"{len(r.jobs)} jobs on {r.cluster}, one shared network: window {r.window_s:.4g} s "
              f"(until every job finished {r.min_iterations} iterations; "
              f"{'symmetry-reduced' if r.reduced else 'every rank and flow'})",
-             f"{'job':<16} {'nodes':<12} {'alone s':>10} {'together s':>11} {'slowdown':>9} "
+             f"{'job':<16} {'nodes':<{w}} {'alone s':>10} {'together s':>11} {'slowdown':>9} "
              f"{'iterations':>10}"]
-    for j in r.jobs:
+    for j, label in zip(r.jobs, labels, strict=True):
         slowdown = j.slowdown_pct if abs(j.slowdown_pct) >= 1e-6 else 0.0  # rounding noise
-        lines.append(f"{j.name[:16]:<16} {_node_label(j.nodes)[:12]:<12} {j.alone_s:10.4g} "
+        lines.append(f"{j.name[:16]:<16} {label:<{w}} {j.alone_s:10.4g} "
                      f"{j.together_s:11.4g} {slowdown:+8.1f}% {len(j.iterations_s):10d}")
     if r.links:
         lines.append("busiest links over the window: " + ", ".join(
