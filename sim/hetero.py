@@ -10,8 +10,7 @@ factors are a separate list; the two multiply (:func:`combine_scales`).
 
 >>> from sim.cluster import load_cluster
 >>> from sim.model import load_model
->>> from sim.plan import Plan, replica_plan
-from sim.result import Timing
+>>> from sim.plan import Plan
 >>> c = load_cluster("dgx-a100:1+dgx-h100:1")
 >>> s = gpu_compute_scales(load_model("llama3-8b"), c, Plan(16, 2048, dp=16))
 >>> s[0], round(s[8], 2)

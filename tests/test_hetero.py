@@ -239,3 +239,13 @@ def test_optimizer_reports_balanced_plan_and_gain(model):
     homog = optimize(load_model("tiny"), load_cluster("dgx-h100:1"), 32, 1024, top_k=1,
                      workers=1, progress=False)
     assert "heterogeneous" not in summary(homog, 1) and homog.balanced is None
+
+
+def test_doctests():
+    import doctest
+
+    import optimizer.balance
+    import sim.hetero
+
+    for module in (sim.hetero, optimizer.balance):
+        assert doctest.testmod(module).failed == 0
