@@ -24,6 +24,7 @@ from sim.plan import Plan
 from sim.scenario import apply_cluster_edits, parse_value
 from sim.topology import build_topology
 from trainsim.cli import main
+from trainsim.optimize_cli import run_optimize
 
 MIXED = "dgx-a100:1+dgx-h100:1"
 GROUPS_TOML = """
@@ -223,9 +224,11 @@ def test_plan_round_trip_and_exporters_refuse(model):
 
 
 # Optimizer ------------------------------------------------------------------------------------
-def test_optimizer_reports_balanced_plan_and_gain(model):
-    rep = optimize(model, load_cluster(MIXED), 32, 1024, top_k=1, workers=1, progress=False)
-    s = summary(rep, 1)
+def test_optimizer_reports_balanced_plan_and_gain(model, tmp_path, capsys):
+    rc = run_optimize("llama3-8b", MIXED, 32, 1024, 1, tmp_path, True, 1)
+    assert rc == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s == json.loads((tmp_path / "report.json").read_text())
     h = s["heterogeneous"]
     assert h["gain_pct"] >= 0
     assert h["gain_pct"] == pytest.approx(100 * (h["homogeneous_assumption"]["iteration_s"]
@@ -233,9 +236,11 @@ def test_optimizer_reports_balanced_plan_and_gain(model):
     even = h["homogeneous_assumption"]["plan_json"]
     assert even["layers_per_stage"] is None and even["micro_batches_per_replica"] is None
     assert h["balanced"]["tier"] == h["homogeneous_assumption"]["tier"] == "des"
-    assert rep.best.best_s <= rep.balanced.best_s  # the balanced plan is among the ranked
-    assert any(c.origin.startswith("balanced") for c in rep.ranked)
+    assert s["best_iteration_s"] <= h["balanced"]["iteration_s"]
+    assert any(r["origin"].startswith("balanced") for r in s["ranked"])
     assert "gain of balancing" in format_report(s)
+    # the Megatron-LM arguments are those of the best plan it can express
+    assert (tmp_path / "megatron_args.sh").read_text().count("pretrain_gpt.py") == 1
     homog = optimize(load_model("tiny"), load_cluster("dgx-h100:1"), 32, 1024, top_k=1,
                      workers=1, progress=False)
     assert "heterogeneous" not in summary(homog, 1) and homog.balanced is None

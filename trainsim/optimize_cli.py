@@ -42,20 +42,33 @@ def run_optimize(model_ref: str, cluster_ref: Any, gbs: int, seq: int, top: int,
 
 def _extras(rep: Any, model: Any, cluster: Any, out: Path) -> dict[str, str]:
     """The best plan's DES trace and its Megatron-LM arguments (of the best plan Megatron
-    can run: ZeRO-2/3 plans are not)."""
+    can run: ZeRO-2/3 plans, uneven micro-batches and some layer splits are not)."""
     from optimizer.export import export
     from sim import simulate
+    from sim.errors import SpecError
 
     simulate(model, cluster, rep.best.plan, "des", trace=str(out / "best_trace.json"))
-    runnable = next((c for c in rep.ranked if c.plan.zero_stage <= 1), rep.baseline)
-    if runnable is None:
-        return {}
-    files = export("megatron", runnable.plan, model, cluster)
-    if runnable is not rep.best:
-        files["megatron_args.sh"] = ("# best plan Megatron-LM can run (the overall best uses "
-                                     f"ZeRO-{rep.best.plan.zero_stage})\n"
-                                     + files["megatron_args.sh"])
-    return files
+    for runnable in [c for c in rep.ranked if c.plan.zero_stage <= 1] + [rep.baseline]:
+        if runnable is None:
+            continue
+        try:  # uneven micro-batches, or layer splits Megatron-LM cannot express, are refused
+            files = export("megatron", runnable.plan, model, cluster)
+        except SpecError:
+            continue
+        if runnable is not rep.best:
+            files["megatron_args.sh"] = ("# best plan Megatron-LM can run (the overall best: "
+                                         f"{_why_not(rep.best.plan)})\n"
+                                         + files["megatron_args.sh"])
+        return files
+    return {}
+
+
+def _why_not(plan: Any) -> str:
+    if plan.zero_stage > 1:
+        return f"ZeRO-{plan.zero_stage}"
+    if plan.micro_batches_per_replica:
+        return "uneven micro-batches per replica"
+    return "a layer split Megatron-LM cannot express"
 
 
 def cmd_optimize(args: argparse.Namespace) -> int:
