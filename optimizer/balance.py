@@ -26,7 +26,7 @@ from sim.hetero import gpu_compute_scales, replica_stage_scales, replica_timings
 from sim.model import ModelSpec
 from sim.plan import Plan, validate
 
-__all__ = ["proportional", "balanced_variants", "refine", "even_form"]
+__all__ = ["proportional", "balanced_variants", "balanced", "refine", "even_form"]
 
 
 def proportional(total: int, weights: Sequence[float], unit: int = 1) -> list[int]:
@@ -94,14 +94,18 @@ def even_form(plan: Plan, model: ModelSpec) -> Plan:
 
 
 def _moves(plan: Plan, classes: list[list[int]]) -> list[Plan]:
-    """One layer between any two stages; one micro-batch (``pp`` under interleaved 1F1B)
-    from the fullest replica of one speed class to the emptiest of another."""
+    """One layer from any pipeline rank to any other (from its fullest virtual stage to the
+    other's emptiest); one micro-batch (``pp`` under interleaved 1F1B) from the fullest
+    replica of one speed class to the emptiest of another."""
     out = []
-    lps = plan.layers_per_stage
-    for a, b in _pairs(len(lps) if lps else 0):
-        if lps and lps[a] > 1:
+    lps, pp = plan.layers_per_stage, plan.pp
+    for a, b in _pairs(pp if lps else 0):  # pipeline ranks; their fullest / emptiest chunk
+        assert lps is not None
+        src = max(range(a, len(lps), pp), key=lambda k: (lps[k], -k))
+        dst = min(range(b, len(lps), pp), key=lambda k: (lps[k], k))
+        if lps[src] > 1:
             new = list(lps)
-            new[a], new[b] = new[a] - 1, new[b] + 1
+            new[src], new[dst] = new[src] - 1, new[dst] + 1
             out.append(dataclasses.replace(plan, layers_per_stage=tuple(new)))
     mbr = plan.micro_batches_per_replica
     unit = plan.pp if plan.schedule == "interleaved-1f1b" else 1
@@ -139,7 +143,7 @@ def _objective(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostMod
 
 
 def refine(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel,
-           fits: Callable[[Plan], bool], rounds: int = 64) -> Plan:
+           fits: Callable[[Plan], bool], rounds: int = 96) -> Plan:
     """Greedy descent over :func:`_moves` on the analytic replica times, slowest first
     (compared as tuples); ``fits``: the memory check; at most ``rounds`` moves."""
     best = _objective(model, cluster, plan, cost)
@@ -154,3 +158,33 @@ def refine(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel,
             break
         plan, best = candidate, objective
     return even_form(plan, model)
+
+
+def _explicit_even(plan: Plan, model: ModelSpec, like: Plan) -> Plan:
+    """``plan`` with an even split written out wherever ``like`` has an uneven one (a start
+    for :func:`refine` that shifts work only as far as memory allows)."""
+    change: dict = {}
+    if like.layers_per_stage is not None:
+        change["layers_per_stage"] = tuple(proportional(model.num_layers,
+                                                        [1.0] * (plan.pp * plan.vpp)))
+    if like.micro_batches_per_replica is not None:
+        unit = plan.pp if plan.schedule == "interleaved-1f1b" else 1
+        change["micro_batches_per_replica"] = tuple(proportional(
+            plan.global_batch_size // plan.micro_batch_size, [1.0] * plan.dp, unit))
+    return dataclasses.replace(plan, **change)
+
+
+def balanced(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel,
+             fits: Callable[[Plan], bool]) -> list[tuple[str, Plan]]:
+    """:func:`balanced_variants` of ``plan``, each refined; a variant that does not fit in
+    memory is approached from the even split instead, as far as memory allows. Variants
+    that end up even are left out."""
+    out = []
+    for name, variant in balanced_variants(model, cluster, plan):
+        start = variant if fits(variant) else _explicit_even(plan, model, variant)
+        if not fits(start):
+            continue
+        tuned = refine(model, cluster, start, cost, fits)
+        if tuned.layers_per_stage is not None or tuned.micro_batches_per_replica is not None:
+            out.append((name if start is variant else f"{name}, memory-bound", tuned))
+    return out

@@ -334,39 +334,62 @@ def optimize(model: ModelSpec, cluster: ClusterSpec, global_batch_size: int, seq
                         homogeneous, balanced)
 
 
-BALANCE_SEEDS = 3  # even-split plans the balancing starts from: the DES's best, and the
-# analytic tier's best that have something to balance
+BALANCE_SEEDS = 3  # balanced plans the DES simulates (with their even seeds)
+BALANCE_FAMILIES = 40  # even plans balanced with the analytic tier: the best of each family
+
+
+def _families(feasible: list[Candidate], ranked: list[Candidate]) -> list[Candidate]:
+    """The DES's best even plans, then the analytic tier's best plan of each family (TP, PP,
+    CP, virtual stages, recompute, placement, micro-batch size), best first."""
+    out, keys = [], set()
+    for x in ranked[:BALANCE_SEEDS] + feasible:
+        p = x.plan
+        key = (p.tp, p.pp, p.cp, p.vpp, p.recompute, p.placement, p.micro_batch_size)
+        if key not in keys and p.layers_per_stage is None \
+                and p.micro_batches_per_replica is None:
+            keys.add(key)
+            out.append(x)
+        if len(out) >= BALANCE_FAMILIES:
+            break
+    return out
+
+
+def _balanced_seeds(space: SearchSpace, ranked: list[Candidate], feasible: list[Candidate]
+                    ) -> list[tuple[str, Plan]]:
+    """(origin, plan) to simulate: the balanced plans (:func:`optimizer.balance.balanced`)
+    the analytic tier ranks best, each with the even plan it came from."""
+    from optimizer.balance import balanced
+
+    m, c = space.model, space.cluster
+    cost = cost_model_for(c)
+    found: list[tuple[float, str, str, Plan, Plan]] = []
+    for x in _families(feasible, ranked):
+        for name, p in balanced(m, c, x.plan, cost, lambda q: _fits(m, c, q)):
+            seconds = analytic_timing(m, c, p, cost).iteration_s
+            found.append((seconds, _plan_key(p), f"balanced: {name}", p, x.plan))
+    out: dict[str, tuple[str, Plan]] = {}
+    for _, key, origin, p, seed in sorted(found, key=lambda t: (t[0], t[1]))[:BALANCE_SEEDS]:
+        out.setdefault(_plan_key(seed), ("even seed", seed))
+        out.setdefault(key, (origin, p))
+    return list(out.values())
 
 
 def _balance(space: SearchSpace, ranked: list[Candidate], feasible: list[Candidate],
              workers: int) -> tuple[Candidate | None, Candidate | None, list[Candidate]]:
-    """On a mixed cluster: balanced variants (:mod:`optimizer.balance`) of the best few
-    even-split plans, refined with the analytic tier; those and their even seeds simulated
-    with the DES. Returns the best even-split plan (the homogeneous assumption, simulated on
-    the real cluster), the best plan of all (the even one when no variant beats it), and
-    the newly simulated candidates."""
-    from optimizer.balance import balanced_variants, refine
-
+    """On a mixed cluster: balanced plans from the best even ones (:func:`_balanced_seeds`)
+    simulated with the DES, with their even seeds. Returns the best even-split plan (the
+    homogeneous assumption, simulated on the real cluster), the best plan of all (the even
+    one when no balanced plan beats it), and the newly simulated candidates."""
     m, c = space.model, space.cluster
-    even = [x for x in ranked
-            if x.plan.layers_per_stage is None and x.plan.micro_batches_per_replica is None]
-    seeds = [(x, balanced_variants(m, c, x.plan)) for x in even[:BALANCE_SEEDS]]
-    more = ((x, balanced_variants(m, c, x.plan)) for x in feasible[:500])
-    seeds += [xv for xv in more if xv[1]][:BALANCE_SEEDS]
-    cost, seen = cost_model_for(c), {_plan_key(x.plan) for x in ranked}
-    todo: dict[str, tuple[str, Plan]] = {}
-    for x, found in seeds:
-        todo.setdefault(_plan_key(x.plan), ("even seed", x.plan))
-        for name, p in found:
-            if _fits(m, c, p):
-                p = refine(m, c, p, cost, lambda q: _fits(m, c, q))
-                todo.setdefault(_plan_key(p), (f"balanced: {name}", p))
-    new = [v for k, v in todo.items() if k not in seen]
+    seen = {_plan_key(x.plan) for x in ranked}
+    new = [(o, p) for o, p in _balanced_seeds(space, ranked, feasible)
+           if _plan_key(p) not in seen]
     scores = _pool_map(_score, [[p for _, p in new]], 1, m, c)[0] if new else []
     results = _pool_map(_des, [p for _, p in new], workers, m, c)
     extra = [Candidate(p, s, pk, r, origin) for (origin, p), (s, pk), r in zip(
         new, scores, results, strict=True)]
-    even += [x for x in extra if x.origin == "even seed"]
+    even = [x for x in ranked + extra
+            if x.plan.layers_per_stage is None and x.plan.micro_batches_per_replica is None]
     if not even:
         return None, None, extra
     homogeneous = min(even, key=lambda x: (x.best_s, _plan_key(x.plan)))
