@@ -11,7 +11,7 @@ Run: ``.venv/bin/python experiments/study_mixed_cluster.py [--workers N]``. The 
 * the all-A100 cluster's best plan run unchanged on the mixed cluster (planned as if every
   GPU were an A100).
 
-Batch 512 x 8192 tokens (4M tokens, as studies (a)-(c)). The searches hold ZeRO at 0-1
+Batch 256 x 4096 tokens (1M tokens, as study (c)). The searches hold ZeRO at 0-1
 (plans Megatron-LM can run, ``--max-zero 1``): micro-batch balancing needs replicas that
 meet only in the gradient reduction, ZeRO-3's cost model is not calibrated (README, Known
 limits), and the DES of a ZeRO-3 plan whose replicas differ in speed runs unreduced, every
@@ -37,7 +37,7 @@ from sim.plots import save_figure
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "experiments" / "results"
-MODEL, GBS, SEQ = "llama3-70b", 512, 8192
+MODEL, GBS, SEQ = "llama3-70b", 256, 4096
 A100, H100, MIXED = "dgx-a100:16", "dgx-h100:16", "dgx-a100:8+dgx-h100:8"
 
 
@@ -85,6 +85,9 @@ def plot(df: pd.DataFrame, path: Path) -> Path:
     for bar, (_, r) in zip(bars, df[::-1].iterrows(), strict=True):
         ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2,
                 f" {r['des_s']:.2f} s  {r['plan'][:48]}", va="center", fontsize=7)
+    ideal = (df.loc[0, "tokens_per_s"] + df.loc[1, "tokens_per_s"]) / 2e3
+    ax.axvline(ideal, color="k", ls="--", lw=1)
+    ax.text(ideal, -0.6, " half A100 + half H100", fontsize=7, va="bottom")
     ax.set_xlabel("thousand tokens/s (DES)")
     ax.set_xlim(0, df["tokens_per_s"].max() / 1e3 * 1.9)
     ax.grid(True, axis="x", alpha=0.3)

@@ -13,6 +13,7 @@ import dataclasses
 import multiprocessing as mp
 import os
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -335,22 +336,25 @@ def optimize(model: ModelSpec, cluster: ClusterSpec, global_batch_size: int, seq
 
 
 BALANCE_SEEDS = 3  # balanced plans the DES simulates (with their even seeds)
-BALANCE_FAMILIES = 40  # even plans balanced with the analytic tier: the best of each family
+BALANCE_FAMILIES = 20  # even plans balanced with the analytic tier, per placement: the
+# best of each family (replicas inside a node group, i.e. pipelines on neighbouring nodes,
+# can take uneven micro-batches, so the second placement gets its own share)
 
 
 def _families(feasible: list[Candidate], ranked: list[Candidate]) -> list[Candidate]:
     """The DES's best even plans, then the analytic tier's best plan of each family (TP, PP,
     CP, virtual stages, recompute, placement, micro-batch size), best first."""
-    out, keys = [], set()
+    out, keys, per_placement = [], set(), Counter[str]()
     for x in ranked[:BALANCE_SEEDS] + feasible:
         p = x.plan
         key = (p.tp, p.pp, p.cp, p.vpp, p.recompute, p.placement, p.micro_batch_size)
-        if key not in keys and p.layers_per_stage is None \
-                and p.micro_batches_per_replica is None:
-            keys.add(key)
-            out.append(x)
-        if len(out) >= BALANCE_FAMILIES:
-            break
+        if key in keys or p.layers_per_stage is not None \
+                or p.micro_batches_per_replica is not None \
+                or per_placement[str(p.placement)] >= BALANCE_FAMILIES:
+            continue
+        keys.add(key)
+        per_placement[str(p.placement)] += 1
+        out.append(x)
     return out
 
 
