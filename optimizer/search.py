@@ -335,7 +335,8 @@ def optimize(model: ModelSpec, cluster: ClusterSpec, global_batch_size: int, seq
                         homogeneous, balanced)
 
 
-BALANCE_SEEDS = 3  # balanced plans the DES simulates (with their even seeds)
+BALANCE_SEEDS = 3  # balanced plans the DES simulates (with their even seeds): the analytic
+# tier's best of each kind (layers, micro-batches, both), then its best others
 BALANCE_FAMILIES = 20  # even plans balanced with the analytic tier, per placement: the
 # best of each family (replicas inside a node group, i.e. pipelines on neighbouring nodes,
 # can take uneven micro-batches, so the second placement gets its own share)
@@ -371,8 +372,14 @@ def _balanced_seeds(space: SearchSpace, ranked: list[Candidate], feasible: list[
         for name, p in balanced(m, c, x.plan, cost, lambda q: _fits(m, c, q)):
             seconds = analytic_timing(m, c, p, cost).iteration_s
             found.append((seconds, _plan_key(p), f"balanced: {name}", p, x.plan))
+    found.sort(key=lambda t: (t[0], t[1]))
+    kinds: dict[str, tuple] = {}  # the best of each kind first: the tiers may rank them apart
+    for t in found:
+        kinds.setdefault(t[2].split(",")[0], t)
+    chosen = list(kinds.values())
+    chosen += [t for t in found if t not in chosen][:max(0, BALANCE_SEEDS - len(chosen))]
     out: dict[str, tuple[str, Plan]] = {}
-    for _, key, origin, p, seed in sorted(found, key=lambda t: (t[0], t[1]))[:BALANCE_SEEDS]:
+    for _, key, origin, p, seed in sorted(chosen, key=lambda t: (t[0], t[1])):
         out.setdefault(_plan_key(seed), ("even seed", seed))
         out.setdefault(key, (origin, p))
     return list(out.values())
