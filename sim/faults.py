@@ -130,7 +130,7 @@ def parse_straggler(text: str, option: str = "--straggler") -> tuple[str, str, f
         raise SpecError(option, f"must be SCOPE:NAME=FACTOR with SCOPE one of "
                         f"{', '.join(SCOPES)} (e.g. gpu:5=1.3), got {text!r}")
     name = name.strip()
-    if scope != "link" and not name.isdigit():
+    if scope != "link" and not (name.isascii() and name.isdigit()):
         raise SpecError(option, f"a {scope} is a non-negative integer index, got {name!r}")
     return scope, name, _number(option, value.strip(), "a slow-down factor > 0")
 
@@ -167,9 +167,16 @@ def faults_from_options(stragglers: Sequence[str] = (), dists: Sequence[str] = (
                         seed: int = 0, failures: Sequence[str] = (),
                         option: str = "--straggler") -> Faults:
     """A :class:`Faults` from command-line (or sweep) strings."""
+    _check_seed("--seed", seed)
     return Faults(tuple(parse_straggler(s, option) for s in stragglers),
                   tuple(parse_dist(d) for d in dists), seed,
                   tuple(parse_failure(f) for f in failures))
+
+
+def _check_seed(option: str, seed: object) -> None:
+    """numpy seeds are non-negative integers."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise SpecError(option, f"must be an integer >= 0, got {seed!r}")
 
 
 # Names on the topology ----------------------------------------------------------------------
@@ -209,6 +216,19 @@ def _index(option: str, scope: str, name: str, count: int, cluster: ClusterSpec)
 
 def resolve(faults: Faults, cluster: ClusterSpec, topo: Topology) -> Resolved:
     """Per-device compute scale, per-link capacity divisors and failures on ``topo``."""
+    with np.errstate(over="ignore", under="ignore"):  # _check_finite rejects 0 and inf
+        scale, links = _fixed(faults, cluster, topo)
+        _check_finite(scale, links, "--straggler")
+        _drawn(faults, cluster, topo, scale, links)
+    _check_finite(scale, links, "--straggler-dist")
+    failures = [(t, link_ids(topo, name, "--fail-link"), name) for name, t in faults.failures]
+    compute = None if np.all(scale == 1.0) else [float(x) for x in scale]
+    return Resolved(compute, links, sorted(failures, key=lambda f: f[0]))
+
+
+def _fixed(faults: Faults, cluster: ClusterSpec, topo: Topology
+           ) -> tuple[np.ndarray, dict[int, float]]:
+    """Per-device compute scale and per-link divisors of the fixed factors."""
     world, per_node = cluster.world_size, cluster.gpus_per_node
     scale = np.ones(world)
     links: dict[int, float] = {}
@@ -221,19 +241,31 @@ def resolve(faults: Faults, cluster: ClusterSpec, topo: Topology) -> Resolved:
         else:
             for lid in link_ids(topo, name, "--straggler"):
                 links[lid] = links.get(lid, 1.0) * factor
+    return scale, links
+
+
+def _drawn(faults: Faults, cluster: ClusterSpec, topo: Topology, scale: np.ndarray,
+           links: dict[int, float]) -> None:
+    """Multiply in the seeded draws, one distribution after the other."""
     rng = np.random.default_rng(faults.seed)
     for d in faults.dists:
         if d.scope == "gpu":
-            scale *= d.draw(rng, world)
+            scale *= d.draw(rng, cluster.world_size)
         elif d.scope == "node":
-            scale *= np.repeat(d.draw(rng, cluster.nodes), per_node)
+            scale *= np.repeat(d.draw(rng, cluster.nodes), cluster.gpus_per_node)
         else:
             cables = d.draw(rng, len(topo.links) // 2)  # add_link appends both directions
             for lid in range(len(topo.links)):
                 links[lid] = links.get(lid, 1.0) * float(cables[lid // 2])
-    failures = [(t, link_ids(topo, name, "--fail-link"), name) for name, t in faults.failures]
-    compute = None if np.all(scale == 1.0) else [float(x) for x in scale]
-    return Resolved(compute, links, sorted(failures, key=lambda f: f[0]))
+
+
+def _check_finite(scale: np.ndarray, links: dict[int, float], option: str) -> None:
+    """Factors that multiply (or draw) to 0 or infinity leave no time to simulate."""
+    values = np.concatenate([scale, np.fromiter(links.values(), float, len(links))])
+    bad = values[~(np.isfinite(values) & (values > 0))]
+    if bad.size:
+        raise SpecError(option, f"the slow-down factors come out at {bad[0]:g} on a device or "
+                        "link; each must stay finite and > 0 (smaller factors or SIGMA)")
 
 
 def stage_scales(plan: Plan, compute_scale: Sequence[float] | None,
@@ -370,8 +402,7 @@ def with_edits(faults: Faults | None, edits: Sequence[tuple[str, Any]]) -> Fault
     for key, value in edits:
         name = key.removeprefix("faults.")
         if name == "seed":
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise SpecError(key, f"must be an integer, got {value!r}")
+            _check_seed(key, value)
             f = dataclasses.replace(f, seed=value)
             continue
         items = value if isinstance(value, list) else [value]

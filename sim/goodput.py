@@ -86,7 +86,18 @@ def segment_time_s(w: float, restart_s: float, mtbf_s: float) -> float:
 
 
 def expected_time_s(x: GoodputInputs) -> float:
-    return sum(segment_time_s(w, x.restart_s, x.mtbf_s) for w in x.segments())
+    """Seconds to finish the run on average; a :class:`SpecError` when that is beyond a
+    float (failures so frequent that a segment or a restart almost never completes)."""
+    try:
+        total = sum(segment_time_s(w, x.restart_s, x.mtbf_s) for w in x.segments())
+    except OverflowError:
+        total = math.inf
+    if not math.isfinite(total):
+        raise SpecError("checkpoint_every", f"the expected time overflows: the job fails every "
+                        f"{x.mtbf_s:.3g} s on average, and a segment of {max(x.segments()):.3g}"
+                        f" s or a restart of {x.restart_s:.3g} s needs about e^(seconds / "
+                        "MTBF) tries; checkpoint more often (or check the MTBF and GPUs)")
+    return total
 
 
 def young_interval_s(checkpoint_write_s: float, mtbf_s: float) -> float:
@@ -99,6 +110,9 @@ def optimal_interval_s(checkpoint_write_s: float, mtbf_s: float) -> float:
     if d >= 2 * m:
         return m
     return math.sqrt(2 * d * m) * (1 + math.sqrt(d / (2 * m)) / 3 + d / (18 * m)) - d
+
+
+MAX_DRAWS = 1e7  # failures the Monte Carlo may draw in all (about 10 s)
 
 
 def _run_once(rng: np.random.Generator, segments: list[float], restart_s: float,
@@ -119,6 +133,12 @@ def monte_carlo(x: GoodputInputs, trials: int = 200, seed: int = 0) -> tuple[flo
     """Mean wall time of ``trials`` simulated runs and its standard error."""
     if trials < 2:
         raise SpecError("trials", f"must be at least 2, got {trials}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise SpecError("seed", f"must be an integer >= 0, got {seed!r}")
+    draws = trials * (expected_time_s(x) / x.mtbf_s + len(x.segments()))
+    if draws > MAX_DRAWS:
+        raise SpecError("trials", f"{trials} runs would draw about {draws:.3g} failures, "
+                        f"more than {MAX_DRAWS:.0e}; use fewer runs or none")
     rng = np.random.default_rng(seed)
     segs = x.segments()
     times = np.array([_run_once(rng, segs, x.restart_s, x.mtbf_s) for _ in range(trials)])

@@ -232,6 +232,16 @@ def plan_file(tmp_path):
     (["--straggler-dist", "lognormal"], "--straggler-dist:"),
     (["--fail-link", "nic0.0@1"], "--fail-link: needs --fidelity des"),
     (["--fidelity", "des", "--fail-link", "nic7.9@1"], "--fail-link: 'nic7.9'"),
+    (["--straggler", "gpu:\u00b3=2"], "--straggler: a gpu is a non-negative integer"),
+    (["--straggler-dist", "lognormal:0.1", "--seed", "-1"], "--seed: must be an integer >= 0"),
+    (["--set", "faults.seed=-5"], "faults.seed: must be an integer >= 0"),
+    # factors that draw or multiply to infinity or 0: no time to simulate
+    (["--straggler-dist", "lognormal:1000"], "--straggler-dist: the slow-down factors come out"),
+    (["--fidelity", "des", "--straggler-dist", "lognormal:1000"], "--straggler-dist: the slow"),
+    (["--straggler", "gpu:1=1e308", "--straggler", "gpu:1=10"], "--straggler: the slow-down"),
+    (["--fidelity", "des", "--straggler", "gpu:1=1e-300", "--straggler", "gpu:1=1e-300"],
+     "--straggler: the slow-down factors come out at 0"),
+    (["--straggler", "link:nic0.0=1e308", "--straggler", "link:nic0.0=10"], "--straggler: the"),
 ])
 def test_simulate_bad_fault_options_exit_2(capsys, plan_file, extra, field):
     rc = main(["simulate", "--model", "tiny", "--cluster", "dgx-a100:2", "--plan", plan_file,
@@ -266,6 +276,40 @@ def test_goodput_command(capsys, plan_file):
     assert "on 16 GPUs" in capsys.readouterr().out
 
 
+_GOODPUT = ["goodput", "--iterations", "1000", "--ckpt-write-s", "10", "--restart-s", "60",
+            "--gpus", "8", "--mtbf-hours", "1000", "--iteration-s", "1", "--checkpoint-every",
+            "10"]
+
+
+@pytest.mark.parametrize(("edits", "expected"), [
+    ({"--iteration-s": "0", "--checkpoint-every": "30m"}, "--iteration-s: must be a positive"),
+    ({"--iteration-s": "nan", "--checkpoint-every": "30m"}, "--iteration-s: must be a positive"),
+    ({"--checkpoint-every": "infs"}, "--checkpoint-every: must be a positive number"),
+    ({"--mtbf-hours": None, "--mtbf-node-hours": "-1"},
+     "--mtbf-node-hours: must be a positive number, got -1\n"),
+    ({"--seed": "-1"}, "--seed: must be an integer >= 0, got -1"),
+    # a failure every 0.036 s: a 110 s segment needs e^3000 tries, beyond a float
+    ({"--gpus": "100000", "--mtbf-hours": "1", "--checkpoint-every": "100"},
+     "--checkpoint-every: the expected time overflows"),
+    ({"--iteration-s": "1e300"}, "--checkpoint-every: the expected time overflows"),
+    # e^305 tries: finite, but the Monte Carlo would never end
+    ({"--gpus": "100000", "--mtbf-hours": "10", "--checkpoint-every": "100"},
+     "--monte-carlo: 200 runs would draw about"),
+])
+def test_goodput_bad_input_is_one_line_exit_2(capsys, edits, expected):
+    args = list(_GOODPUT)
+    for option, value in edits.items():
+        if option in args:
+            i = args.index(option)
+            del args[i:i + 2]
+        if value is not None:
+            args += [option, value]
+    rc = main(args)
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("trainsim: error: ") and err.count("\n") == 1, err
+    assert expected in err, err
+
+
 def test_faults_empty():
     assert Faults().empty and not faults_from_options(["gpu:0=1.1"]).empty
 
@@ -293,4 +337,5 @@ def test_scenario_file_faults(capsys, tmp_path, plan_file):
     assert runs["slow"]["iteration_time_s"] > runs["base"]["iteration_time_s"]
     assert runs["spread"]["simulation"]["faults"]["seed"] == 3
     assert main([*args, "--set", "faults.seed=x"]) == 2
-    assert capsys.readouterr().err == "trainsim: error: faults.seed: must be an integer, got 'x'\n"
+    assert capsys.readouterr().err == \
+        "trainsim: error: faults.seed: must be an integer >= 0, got 'x'\n"

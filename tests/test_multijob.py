@@ -153,6 +153,7 @@ def test_cosim_cli_json(capsys, plans):
     ("model=llama3-8b,plan=dp2.json", "--job[0].nodes: is required"),
     ("model=llama3-8b,plan=dp2.json,nodes=3-1", "--job[0].nodes: range '3-1'"),
     ("model=llama3-8b,plan=dp2.json,nodes=a", "--job[0].nodes: must be node numbers"),
+    ("model=llama3-8b,plan=dp2.json,nodes=\u00b3", "--job[0].nodes: must be node numbers"),
     ("model=llama3-8b,plan=dp2.json,nodes=0-1,gpu=x", "--job[0].gpu: unknown field"),
     ("model=llama3-8b,plan", "--job[0]: expected KEY=VALUE"),
     ("model=nope,plan=dp2.json,nodes=0-1", "--job[0].model"),

@@ -23,7 +23,7 @@ def parse_nodes(text: str, where: str) -> tuple[int, ...]:
     out: list[int] = []
     for part in text.split("+"):
         first, _, last = part.partition("-")
-        if not (first.isdigit() and (not last or last.isdigit())):
+        if not (_index(first) and (not last or _index(last))):
             raise SpecError(where, f"must be node numbers or ranges like 0-3 joined by '+', "
                             f"got {text!r}")
         lo, hi = int(first), int(last or first)
@@ -33,6 +33,12 @@ def parse_nodes(text: str, where: str) -> tuple[int, ...]:
     if len(set(out)) != len(out):
         raise SpecError(where, f"names a node twice in {text!r}")
     return tuple(out)
+
+
+def _index(text: str) -> bool:
+    """A node number: ASCII digits only (``str.isdigit`` also takes '³', which int() does
+    not)."""
+    return text.isascii() and text.isdigit()
 
 
 def parse_job(text: str, index: int) -> dict[str, str]:

@@ -89,7 +89,7 @@ def _interval(text: str, iteration_s: float) -> int:
             value = max(1, round(seconds / iteration_s)) if seconds > 0 else 0
         else:
             value = int(text)
-    except ValueError:
+    except (ValueError, OverflowError):  # not a number, NaN or infinite
         value = 0
     if value < 1:
         raise SpecError("--checkpoint-every", f"must be a positive number of iterations or a "
@@ -117,7 +117,8 @@ def _iteration(args: argparse.Namespace) -> tuple[float, int | None, int]:
 
 
 _OPTION = {"iteration_s": "--iteration-s", "iterations": "--iterations", "gpus": "--gpus",
-           "checkpoint_write_s": "--ckpt-write-s", "restart_s": "--restart-s"}
+           "checkpoint_write_s": "--ckpt-write-s", "restart_s": "--restart-s",
+           "checkpoint_every": "--checkpoint-every", "trials": "--monte-carlo", "seed": "--seed"}
 
 
 def cmd_goodput(args: argparse.Namespace) -> int:
@@ -130,20 +131,23 @@ def cmd_goodput(args: argparse.Namespace) -> int:
     if args.monte_carlo < 0 or args.monte_carlo == 1:
         raise SpecError("--monte-carlo", f"must be 0 or at least 2, got {args.monte_carlo}")
     iteration_s, world, per_node = _iteration(args)
+    if not (math.isfinite(iteration_s) and iteration_s > 0):
+        raise SpecError("--iteration-s", f"must be a positive number, got {iteration_s!r}")
     gpus = args.gpus if args.gpus is not None else world
     if gpus is None:
         raise SpecError("--gpus", "is required without --cluster")
-    hours = args.mtbf_hours if args.mtbf_hours is not None else args.mtbf_node_hours * per_node
-    field = "--mtbf-hours" if args.mtbf_hours is not None else "--mtbf-node-hours"
-    if not (math.isfinite(hours) and hours > 0):
-        raise SpecError(field, f"must be a positive number, got {hours:g}")
+    given, field = (args.mtbf_hours, "--mtbf-hours") if args.mtbf_hours is not None else \
+        (args.mtbf_node_hours, "--mtbf-node-hours")
+    if not (math.isfinite(given) and given > 0):
+        raise SpecError(field, f"must be a positive number, got {given:g}")
+    hours = given if args.mtbf_hours is not None else given * per_node
     try:
         x = GoodputInputs(iteration_s, args.iterations, gpus, hours * 3600.0,
                           _interval(args.checkpoint_every, iteration_s), args.ckpt_write_s,
                           args.restart_s)
+        report = goodput_report(x, args.monte_carlo, args.seed)
     except SpecError as exc:
         raise SpecError(_OPTION.get(exc.field, exc.field), exc.rule) from None
-    report = goodput_report(x, args.monte_carlo, args.seed)
     print(json.dumps(report, indent=2) if args.json else format_goodput(report))
     return 0
 
