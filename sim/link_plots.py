@@ -8,6 +8,7 @@ of its two directions; grey: no traffic recorded), with a colorbar.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, cast
 
@@ -51,9 +52,14 @@ def edge_utilization(topo: Topology, links: list[dict[str, Any]]
         if name not in lid:
             raise SpecError("links", f"{name!r} is not a link of cluster "
                             f"{topo.cluster.name!r} (a result of another cluster?)")
+        util = row.get("utilization", 0.0)
+        if isinstance(util, bool) or not isinstance(util, (int, float)) \
+                or not math.isfinite(util) or util < 0:
+            raise SpecError("links", f"{name!r}: utilization must be a number >= 0, "
+                            f"got {util!r}")
         u, v = topo.links[lid[name]]
         key = frozenset((u, v))
-        out[key] = max(out.get(key, 0.0), float(row.get("utilization", 0.0)))
+        out[key] = max(out.get(key, 0.0), float(util))
     return out
 
 

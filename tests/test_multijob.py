@@ -230,3 +230,14 @@ def test_plot_links_bad_input(capsys, tmp_path, monkeypatch, args, expected):
     rc, out, err = _cli(capsys, "plot", "links", *args)
     assert "Traceback" not in err, err
     assert (rc, out) == (2, "") and err.count("\n") == 1 and expected in err, err
+
+
+@pytest.mark.parametrize("util", ["x", None, -0.5, "NaN"])
+def test_plot_links_bad_utilization_is_one_line(capsys, tmp_path, util):
+    (tmp_path / "r.json").write_text(json.dumps({"links": [
+        {"link": "0->('sw', 0)", "utilization": float(util) if util == "NaN" else util}]}))
+    rc, out, err = _cli(capsys, "plot", "links", str(tmp_path / "r.json"), "--cluster",
+                        "dgx-h100:2", "--out", str(tmp_path / "r.png"))
+    assert "Traceback" not in err, err
+    assert (rc, out) == (2, "") and err.count("\n") == 1, err
+    assert "links: \"0->('sw', 0)\": utilization must be a number >= 0" in err, err
