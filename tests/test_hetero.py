@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from optimizer.balance import balanced_variants, proportional, refine
+from optimizer.balance import balanced, balanced_variants, proportional, refine
 from optimizer.export import export
 from optimizer.report import format_report, summary
 from optimizer.search import optimize
@@ -114,10 +114,13 @@ def test_scenario_edit_sets_groups():
 
 
 def test_topology_uses_each_nodes_rates():
-    t = build_topology(load_cluster(MIXED))
+    c = load_cluster(MIXED)
+    t = build_topology(c)
     nvlink = {d: t.cap[t.lid(d, ("sw", d // 8))] for d in (0, 8)}
     nic = {d: t.cap[t.lid(d, ("nic", d // 8, 0))] for d in (0, 8)}
-    assert nvlink[8] / nvlink[0] == pytest.approx(450 / 300 * 0.77 / 0.77, rel=0.1)
+    a100, h100 = c.gpu_of(0), c.gpu_of(8)
+    assert nvlink[0] == pytest.approx(300e9 * a100.comm_eff)  # each node its own GPU's
+    assert nvlink[8] == pytest.approx(450e9 * h100.comm_eff)
     assert nic[8] == pytest.approx(2 * nic[0])  # 400 vs 200 Gb/s NICs
 
 
@@ -186,6 +189,19 @@ def test_uneven_microbatches_beat_even_on_dp_across_types(model, fidelity):
     for shift in (-3, 3):
         assert _time(model, MIXED, _dp_plan((mbr[0] + shift, mbr[1] - shift)), fidelity) \
             > balanced
+
+
+def test_balancing_shifts_only_as_far_as_memory_allows(model):
+    """A proportional split that does not fit is approached from the even one instead."""
+    c = load_cluster(MIXED)
+
+    def fits(p):  # a stand-in memory check: at most 18 layers on a stage
+        return max(p.layers_per_stage or (16,)) <= 18
+
+    [(name, plan)] = balanced(model, c, _pp_plan(), cost_model_for(c), fits)
+    assert name == "layers, memory-bound" and plan.layers_per_stage == (14, 18)
+    [(name, plan)] = balanced(model, c, _pp_plan(), cost_model_for(c), lambda p: True)
+    assert name == "layers" and plan.layers_per_stage[0] < 14
 
 
 def test_memory_against_each_stages_own_gpu(model):
