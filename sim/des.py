@@ -700,6 +700,14 @@ def reducible(plan: Plan, compute_scale: Sequence[float] | None,
     return True
 
 
+def _why_full(plan: Plan, link_failures: bool) -> str:
+    if link_failures:  # re-routed flows are not copies of one another
+        return "a failed link breaks the symmetry of the data-parallel replicas"
+    if len(set(plan.replica_microbatches)) > 1:
+        return "data-parallel replicas run different numbers of micro-batches"
+    return "ranks of one pipeline stage run at different speeds"
+
+
 def _run_with_failures(step: _Step, failures: Sequence[tuple[float, Sequence[int], str]]
                        ) -> Timing | None:
     """Run the step with links failing; the Timing of a step that cannot complete."""
@@ -730,8 +738,9 @@ def simulate_des(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostM
     1.2 is 20% slower): stragglers, or other GPU types relative to the cost model's.
     Reduction needs every rank of a stage to have the same scale; where they differ the
     simulation runs in full and says so. ``link_failures`` (time_s, link ids, name) fail
-    links mid-step (:mod:`sim.faults`; run it unreduced): when a flow has no path left the
-    step cannot complete, and the Timing says so with an infinite iteration time."""
+    links mid-step (:mod:`sim.faults`; the step then runs unreduced): when a flow has no
+    path left the step cannot complete, and the Timing says so with an infinite iteration
+    time."""
     from sim.stages import pipeline_rank_layers
 
     if compute_scale is not None:
@@ -741,8 +750,8 @@ def simulate_des(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostM
         if any(not (x > 0) for x in compute_scale):
             raise ValueError("compute_scale entries must be > 0")
     pl = plan.placement
-    full_needed = reduce and not reducible(
-        plan, compute_scale, None if isinstance(pl, str) else (lambda r: pl[r]))
+    full_needed = reduce and (bool(link_failures) or not reducible(
+        plan, compute_scale, None if isinstance(pl, str) else (lambda r: pl[r])))
     step = _Step(model, cluster, plan, cost, topology or build_topology(cluster),
                  reduce and not full_needed, record, compute_scale)
     stages = pipeline_rank_layers(plan, model)
@@ -760,9 +769,7 @@ def simulate_des(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostM
     info: dict[str, Any] = {"reduced": step.reduce, "units": len(step.units),
                             "events": step.env.processed}
     if full_needed:
-        info["not_reduced_because"] = "ranks of one pipeline stage run at different speeds" \
-            if len(set(plan.replica_microbatches)) == 1 else \
-            "data-parallel replicas run different numbers of micro-batches"
+        info["not_reduced_because"] = _why_full(plan, bool(link_failures))
     return Timing(a.end, a.pipeline_end, breakdown, _communication(a),
                   _links(step, a.end, top_links),
                   info, step.timeline)

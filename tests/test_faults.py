@@ -10,8 +10,11 @@ import pytest
 import simpy
 
 from sim import Plan, SpecError, load_cluster, load_model, simulate
+from sim.api import cost_model_for
+from sim.des import simulate_des
 from sim.faults import (
     Faults,
+    fault_inputs,
     faults_from_options,
     link_ids,
     parse_dist,
@@ -171,6 +174,21 @@ def test_failed_nic_on_a_fat_tree_reroutes():
     assert "cannot_complete" not in rerouted.simulation
     assert _tiny_step(cluster, "nic0.0@10").iteration_time_s == pytest.approx(healthy,
                                                                              rel=1e-12)
+
+
+def test_failures_run_unreduced_even_when_asked_to_reduce():
+    """Re-routed flows are no copies of each other: simulate_des runs the step in full (a
+    reduced run ignored the detour of gpu0's traffic and gave the healthy time)."""
+    cluster = load_cluster("dgx-a100:2")
+    plan = Plan(global_batch_size=16, seq_len=256, dp=16)
+    f = fault_inputs(faults_from_options(failures=["nic0.0@0"]), cluster, plan, "des", True)
+    assert not f.reduce
+    args = (load_model("tiny"), cluster, plan, cost_model_for(cluster))
+    asked = simulate_des(*args, reduce=True, **f.des_kwargs)
+    full = simulate_des(*args, reduce=False, **f.des_kwargs)
+    assert not asked.simulation["reduced"] and "failed link" in asked.simulation[
+        "not_reduced_because"]
+    assert asked.iteration_s == full.iteration_s > simulate_des(*args).iteration_s
 
 
 def test_failed_only_path_cannot_complete():
