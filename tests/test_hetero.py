@@ -270,3 +270,16 @@ def test_doctests():
 
     for module in (sim.hetero, optimizer.balance):
         assert doctest.testmod(module).failed == 0
+
+
+@pytest.mark.parametrize("fidelity", ["analytic", "des"])
+def test_stragglers_multiply_gpu_type_scales(model, fidelity):
+    """A straggler on an H100 slows the H100 replica that the balanced split loads most."""
+    from sim.faults import faults_from_options
+
+    c, plan = load_cluster(MIXED), _dp_plan((12, 20))
+    base = simulate(model, c, plan, fidelity).iteration_time_s
+    slow = simulate(model, c, plan, fidelity, faults=faults_from_options(["gpu:9=1.5"]))
+    assert slow.iteration_time_s > 1.05 * base
+    a100 = simulate(model, c, plan, fidelity, faults=faults_from_options(["gpu:1=1.05"]))
+    assert a100.iteration_time_s < slow.iteration_time_s
