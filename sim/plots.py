@@ -6,28 +6,44 @@ from pathlib import Path
 
 from sim.result import BREAKDOWN_KINDS, Result
 
-__all__ = ["plot_breakdown", "plot_timeline", "draw_topology", "save_figure"]
+__all__ = ["plot_breakdown", "breakdown_bars", "plot_timeline", "draw_topology", "save_figure"]
 
 
 def plot_breakdown(results: list[tuple[str, Result]], path: Path) -> Path:
     """Horizontal stacked bars: each scenario's critical path as a share of its iteration."""
+    rows = [(label, dict(r.breakdown), r.iteration_time_s) for label, r in results]
+    return save_figure(_bars(rows, share=True), path)
+
+
+def breakdown_bars(rows: list[tuple[str, dict[str, float], float]], path: Path,
+                   share: bool = False) -> list[Path]:
+    """Horizontal stacked bars of (label, seconds by kind, iteration seconds): seconds on
+    the critical path, or with ``share`` each kind's percentage of its iteration; written
+    as PNG and SVG beside each other."""
+    fig = _bars(rows, share)
+    svg = save_figure(fig, path.with_suffix(".svg"))
+    return [save_figure(fig, path.with_suffix(".png")), svg]
+
+
+def _bars(rows: list[tuple[str, dict[str, float], float]], share: bool) -> object:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(9, 0.6 * len(results) + 1.6))
-    labels = [label for label, _ in results]
-    left = [0.0] * len(results)
+    fig, ax = plt.subplots(figsize=(9, 0.6 * len(rows) + 1.6))
+    labels = [label for label, _, _ in rows]
+    left = [0.0] * len(rows)
     for kind in BREAKDOWN_KINDS:
-        share = [100 * r.breakdown[kind] / r.iteration_time_s for _, r in results]
-        ax.barh(labels, share, left=left, label=kind)
-        left = [a + b for a, b in zip(left, share, strict=True)]
-    ax.set_xlabel("share of iteration time (%)")
+        width = [(100 * b.get(kind, 0.0) / it if share else b.get(kind, 0.0))
+                 for _, b, it in rows]
+        ax.barh(labels, width, left=left, label=kind)
+        left = [a + w for a, w in zip(left, width, strict=True)]
+    ax.set_xlabel("share of iteration time (%)" if share else "seconds per iteration")
     ax.invert_yaxis()
     ax.legend(ncol=4, fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0))
     fig.tight_layout()
-    return save_figure(fig, path)
+    return fig
 
 
 def save_figure(fig: object, path: Path) -> Path:
@@ -42,8 +58,10 @@ def save_figure(fig: object, path: Path) -> Path:
     return path
 
 
-def plot_timeline(trace: Path, path: Path, max_rows: int = 48) -> Path:
-    """Gantt chart of a Chrome trace: one row per device stream, colour per stream."""
+def plot_timeline(trace: Path, path: Path, max_rows: int = 48, also_svg: bool = False
+                  ) -> list[Path]:
+    """Gantt chart of a Chrome trace: one row per device stream, colour per stream; the
+    files written (``path``, and with ``also_svg`` an SVG beside it)."""
     import json
 
     import matplotlib
@@ -74,7 +92,8 @@ def plot_timeline(trace: Path, path: Path, max_rows: int = 48) -> Path:
     ax.invert_yaxis()
     ax.set_xlabel("time (ms)")
     fig.tight_layout()
-    return save_figure(fig, path)
+    svg = [save_figure(fig, path.with_suffix(".svg"))] if also_svg else []
+    return [save_figure(fig, path), *svg]
 
 
 def draw_topology(topo: object, path: Path) -> Path:

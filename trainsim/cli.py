@@ -182,7 +182,9 @@ def cmd_topology(args: argparse.Namespace) -> int:
 def cmd_plot_timeline(args: argparse.Namespace) -> int:
     from sim.plots import plot_timeline
 
-    print(f"wrote {plot_timeline(Path(args.trace), Path(args.out))}")
+    out = Path(args.out)
+    for path in plot_timeline(Path(args.trace), out, also_svg=True):
+        print(f"wrote {path}")
     return 0
 
 
@@ -270,10 +272,11 @@ def _add_catalogs(sub: Any) -> None:
     p.set_defaults(func=cmd_topology)
     p = sub.add_parser("plot", help="plots of simulation outputs")
     psub = p.add_subparsers(dest="plot_cmd", required=True, parser_class=_Parser)
-    t = psub.add_parser("timeline", help="Gantt chart PNG of a Chrome trace from "
+    t = psub.add_parser("timeline", help="Gantt chart (PNG and SVG) of a Chrome trace from "
                         "simulate --fidelity des --trace")
     t.add_argument("trace", help="trace JSON")
-    t.add_argument("--out", default="timeline.png", help="PNG to write (default timeline.png)")
+    t.add_argument("--out", default="timeline.png",
+                   help="PNG to write; an SVG goes beside it (default timeline.png)")
     t.set_defaults(func=cmd_plot_timeline)
     p = sub.add_parser("demo", help="simulate the built-in scenarios and plot them")
     p.add_argument("--out", default="runs/demo", metavar="DIR",
@@ -308,6 +311,9 @@ def build_parser() -> argparse.ArgumentParser:
     from trainsim.cosim_cli import add_cosim_parsers
 
     add_cosim_parsers(sub, _CLUSTER_HELP, _MODEL_HELP)
+    from trainsim.breakdown_cli import add_plot_breakdown
+
+    add_plot_breakdown(sub)
     return parser
 
 
