@@ -4,7 +4,6 @@ heat map (``trainsim plot links``)."""
 from __future__ import annotations
 
 import json
-import traceback
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ from sim.api import cost_model_for
 from sim.des import simulate_des
 from sim.multijob import Job, cosimulate, job_cluster, job_devices, run_jobs
 from sim.scenario import apply_cluster_edits
-from trainsim.cli import main
+from tests.test_cli import cli
 
 LLAMA = load_model("llama3-8b")
 TP8 = Plan.from_dict({"global_batch_size": 8, "seq_len": 2048, "tp": 8})  # one node
@@ -118,16 +117,6 @@ def test_bad_jobs_name_the_field(jobs, field):
 
 
 # CLI ----------------------------------------------------------------------------------------
-def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    try:
-        rc = main(list(args))
-    except SystemExit as exc:
-        rc = exc.code if isinstance(exc.code, int) else 1
-    except Exception:
-        out, err = capsys.readouterr()
-        return 1, out, err + traceback.format_exc()
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 @pytest.fixture
@@ -138,7 +127,7 @@ def plans(tmp_path: Path) -> Path:
 
 
 def test_cosim_cli_json(capsys, plans):
-    rc, out, err = _cli(capsys, "cosim", "--cluster", "dgx-h100:4", "--set",
+    rc, out, err = cli(capsys, "cosim", "--cluster", "dgx-h100:4", "--set",
                         "inter_node.pod_gpus=16", "--set", "inter_node.oversubscription=4",
                         "--job", f"model=llama3-8b,plan={plans / 'dp2.json'},nodes=0+2,name=a",
                         "--job", f"model=llama3-8b,plan={plans / 'dp2.json'},nodes=1+3",
@@ -163,7 +152,7 @@ def test_cosim_cli_json(capsys, plans):
 ])
 def test_cosim_cli_bad_input_is_one_line_exit_2(capsys, plans, monkeypatch, job, expected):
     monkeypatch.chdir(plans)
-    rc, out, err = _cli(capsys, "cosim", "--cluster", "dgx-h100:4", "--job", job)
+    rc, out, err = cli(capsys, "cosim", "--cluster", "dgx-h100:4", "--job", job)
     assert "Traceback" not in err, err
     assert (rc, out) == (2, "") and err.count("\n") == 1, err
     assert err.startswith("trainsim: error: ") and expected in err, err
@@ -172,42 +161,42 @@ def test_cosim_cli_bad_input_is_one_line_exit_2(capsys, plans, monkeypatch, job,
 def test_cosim_cli_overlapping_nodes_and_bad_set(capsys, plans, monkeypatch):
     monkeypatch.chdir(plans)
     job = "model=llama3-8b,plan=dp2.json,nodes=0-1"
-    rc, _, err = _cli(capsys, "cosim", "--cluster", "dgx-h100:4", "--job", job, "--job", job)
+    rc, _, err = cli(capsys, "cosim", "--cluster", "dgx-h100:4", "--job", job, "--job", job)
     assert rc == 2 and "job[1].nodes: node 0 is already used by job 'job0'" in err
-    rc, _, err = _cli(capsys, "cosim", "--cluster", "dgx-h100:4", "--job", job,
+    rc, _, err = cli(capsys, "cosim", "--cluster", "dgx-h100:4", "--job", job,
                       "--set", "tp=2")
     assert rc == 2 and err.startswith("trainsim: error: tp: is not a cluster field"), err
-    rc, _, err = _cli(capsys, "cosim", "--cluster", "dgx-h100:4", "--job", job,
+    rc, _, err = cli(capsys, "cosim", "--cluster", "dgx-h100:4", "--job", job,
                       "--iterations", "0")
     assert rc == 2 and "iterations: must be an integer >= 1" in err, err
 
 
 # plot links ---------------------------------------------------------------------------------
 def test_plot_links_from_a_des_run_and_from_a_saved_result(capsys, plans, tmp_path):
-    rc, out, err = _cli(capsys, "plot", "links", "--model", "llama3-8b", "--cluster",
+    rc, out, err = cli(capsys, "plot", "links", "--model", "llama3-8b", "--cluster",
                         "dgx-h100:2", "--plan", str(plans / "dp2.json"), "--set",
                         "inter_node.oversubscription=2", "--set", "inter_node.pod_gpus=8",
                         "--out", str(tmp_path / "l.png"), "--out", str(tmp_path / "l.svg"))
     assert (rc, err) == (0, "")
     assert (tmp_path / "l.png").read_bytes()[:4] == b"\x89PNG"
     assert "<svg" in (tmp_path / "l.svg").read_text()
-    rc, out, err = _cli(capsys, "simulate", "--model", "llama3-8b", "--cluster", "dgx-h100:2",
+    rc, out, err = cli(capsys, "simulate", "--model", "llama3-8b", "--cluster", "dgx-h100:2",
                         "--plan", str(plans / "dp2.json"), "--fidelity", "des", "--json")
     (tmp_path / "r.json").write_text(out)
-    rc, out, err = _cli(capsys, "plot", "links", str(tmp_path / "r.json"), "--cluster",
+    rc, out, err = cli(capsys, "plot", "links", str(tmp_path / "r.json"), "--cluster",
                         "dgx-h100:2", "--out", str(tmp_path / "r.png"))
     assert (rc, err) == (0, "") and (tmp_path / "r.png").exists()
 
 
 def test_plot_links_of_a_shared_fabric_window(capsys, plans, tmp_path):
     edits = ["--set", "inter_node.pod_gpus=16", "--set", "inter_node.oversubscription=4"]
-    rc, out, err = _cli(capsys, "cosim", "--cluster", "dgx-h100:4", *edits, "--job",
+    rc, out, err = cli(capsys, "cosim", "--cluster", "dgx-h100:4", *edits, "--job",
                         f"model=llama3-8b,plan={plans / 'dp2.json'},nodes=0+2", "--job",
                         f"model=llama3-8b,plan={plans / 'dp2.json'},nodes=1+3",
                         "--iterations", "1", "--json", "--all-links")
     assert (rc, err) == (0, "") and len(json.loads(out)["links"]) > 10
     (tmp_path / "co.json").write_text(out)
-    rc, out, err = _cli(capsys, "plot", "links", str(tmp_path / "co.json"), "--cluster",
+    rc, out, err = cli(capsys, "plot", "links", str(tmp_path / "co.json"), "--cluster",
                         "dgx-h100:4", *edits, "--out", str(tmp_path / "co.svg"))
     assert (rc, err) == (0, "") and "<svg" in (tmp_path / "co.svg").read_text()
 
@@ -227,7 +216,7 @@ def test_plot_links_bad_input(capsys, tmp_path, monkeypatch, args, expected):
     (tmp_path / "bad.json").write_text("[1, 2]")
     args = [str(tmp_path / "r.json") if a == "RESULT" else
             str(tmp_path / "bad.json") if a == "BADJSON" else a for a in args]
-    rc, out, err = _cli(capsys, "plot", "links", *args)
+    rc, out, err = cli(capsys, "plot", "links", *args)
     assert "Traceback" not in err, err
     assert (rc, out) == (2, "") and err.count("\n") == 1 and expected in err, err
 
@@ -236,7 +225,7 @@ def test_plot_links_bad_input(capsys, tmp_path, monkeypatch, args, expected):
 def test_plot_links_bad_utilization_is_one_line(capsys, tmp_path, util):
     (tmp_path / "r.json").write_text(json.dumps({"links": [
         {"link": "0->('sw', 0)", "utilization": float(util) if util == "NaN" else util}]}))
-    rc, out, err = _cli(capsys, "plot", "links", str(tmp_path / "r.json"), "--cluster",
+    rc, out, err = cli(capsys, "plot", "links", str(tmp_path / "r.json"), "--cluster",
                         "dgx-h100:2", "--out", str(tmp_path / "r.png"))
     assert "Traceback" not in err, err
     assert (rc, out) == (2, "") and err.count("\n") == 1, err

@@ -102,8 +102,9 @@ def cmd_plot_breakdown(args: argparse.Namespace) -> int:
 
 
 def add_plot_breakdown(sub: Any) -> None:
-    plot = sub.choices["plot"]
-    psub = next(a for a in plot._actions if isinstance(a, argparse._SubParsersAction))
+    from trainsim.sweep_cli import plot_subparsers
+
+    psub = plot_subparsers(sub)
     p = psub.add_parser("breakdown", help="stacked time-breakdown bars of saved results "
                         "(PNG and SVG)",
                         description="One bar per result: its critical path split into "

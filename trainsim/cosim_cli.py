@@ -212,8 +212,9 @@ def add_cosim_parsers(sub: Any, cluster_help: str, model_help: str) -> None:
 
 
 def _add_plot_links(sub: Any, cluster_help: str, model_help: str) -> None:
-    plot = sub.choices["plot"]
-    psub = next(a for a in plot._actions if isinstance(a, argparse._SubParsersAction))
+    from trainsim.sweep_cli import plot_subparsers
+
+    psub = plot_subparsers(sub)
     p = psub.add_parser("links", help="per-link utilisation heat map of the topology, from a "
                         "DES run or a saved simulate/cosim --json result",
                         description="Draw the topology graph with every link coloured by "

@@ -166,13 +166,14 @@ def add_sweep_parsers(sub: Any, model_help: str, cluster_help: str, parser_class
     _add_plot_parsers(sub)
 
 
-def _plot_subparsers(sub: Any) -> Any:
+def plot_subparsers(sub: Any) -> Any:
+    """The ``trainsim plot`` sub-command group, to add a plot command to."""
     plot = sub.choices["plot"]
     return next(a for a in plot._actions if isinstance(a, argparse._SubParsersAction))
 
 
 def _add_plot_parsers(sub: Any) -> None:
-    psub = _plot_subparsers(sub)
+    psub = plot_subparsers(sub)
     s = psub.add_parser("sweep", help="a metric against a swept parameter (PNG and SVG)")
     s.add_argument("results", help="a sweep folder, its results.json or points.jsonl")
     s.add_argument("--x", required=True, help="swept parameter on the x axis")
