@@ -45,7 +45,7 @@ from sim.cluster import ClusterSpec
 from sim.errors import SpecError
 from sim.network import Flow, Network
 from sim.plan import Plan
-from sim.topology import Topology
+from sim.topology import Topology, vertex_name
 
 __all__ = ["Faults", "Dist", "Resolved", "CannotComplete", "Detour", "parse_straggler",
            "parse_dist", "parse_failure", "faults_from_options", "resolve", "vertex_name",
@@ -180,17 +180,11 @@ def _check_seed(option: str, seed: object) -> None:
 
 
 # Names on the topology ----------------------------------------------------------------------
-def vertex_name(v: object) -> str:
-    if isinstance(v, int):
-        return f"gpu{v}"
-    assert isinstance(v, tuple)
-    return str(v[0]) + ".".join(str(x) for x in v[1:])
-
-
 def link_ids(topo: Topology, name: str, option: str) -> list[int]:
-    """Link ids (both directions) of ``A-B``, or of every link touching vertex ``A``."""
+    """Link ids (both directions) of ``A-B`` (or ``A->B``, as result tables name links),
+    or of every link touching vertex ``A``."""
     names = {vertex_name(v): v for v in topo.graph.nodes}
-    ends = name.split("-") if name not in names else [name]
+    ends = [name] if name in names else name.split("->" if "->" in name else "-")
     unknown = [e for e in ends if e not in names]
     if len(ends) > 2 or unknown:
         raise SpecError(option, f"{name!r} is not a link or vertex of {topo.cluster.name} "

@@ -2,21 +2,23 @@
 
 ``utilization`` is bytes / (capacity x seconds): the share of the link's capacity the run
 used on average; ``busy_fraction`` the share of the time at least one flow crossed it.
-A link is named ``"u->v"`` after its topology vertices (:mod:`sim.topology`).
+A link is named ``"A->B"`` after its vertices as users write them (``gpu0->sw0``,
+``nic3.0->pod0``: :func:`sim.topology.vertex_name`), the form ``--straggler link:`` and
+``--fail-link`` take too.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from sim.topology import Topology
+from sim.topology import Topology, vertex_name
 
 __all__ = ["link_table", "link_name"]
 
 
 def link_name(topo: Topology, lid: int) -> str:
     u, v = topo.links[lid]
-    return f"{u}->{v}"
+    return f"{vertex_name(u)}->{vertex_name(v)}"
 
 
 def link_table(topo: Topology, link_bytes: Any, busy_s: Any, seconds: float,

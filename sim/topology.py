@@ -25,9 +25,18 @@ import networkx as nx
 from sim.alphabeta import NIC_EFFICIENCY, PCIE_EFFICIENCY
 from sim.cluster import ClusterSpec
 
-__all__ = ["Topology", "build_topology", "bisection_Bps", "check_route", "torus_dims"]
+__all__ = ["Topology", "build_topology", "bisection_Bps", "check_route", "torus_dims",
+           "vertex_name"]
 
 Vertex = object
+
+
+def vertex_name(v: Vertex) -> str:
+    """A vertex as users write it: ``gpu7``, ``sw0``, ``nic3.0``, ``pod1``, ``core``."""
+    if isinstance(v, int):
+        return f"gpu{v}"
+    assert isinstance(v, tuple)
+    return str(v[0]) + ".".join(str(x) for x in v[1:])
 
 
 def torus_dims(nodes: int, ndims: int) -> tuple[int, ...]:

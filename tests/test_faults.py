@@ -357,3 +357,14 @@ def test_scenario_file_faults(capsys, tmp_path, plan_file):
     assert main([*args, "--set", "faults.seed=x"]) == 2
     assert capsys.readouterr().err == \
         "trainsim: error: faults.seed: must be an integer >= 0, got 'x'\n"
+
+
+def test_a_link_named_in_a_result_table_can_be_slowed():
+    """The busiest-links table and --straggler link: / --fail-link use the same names."""
+    from sim.links import link_name
+
+    topo = build_topology(load_cluster("dgx-h100:2"))
+    for lid in (0, len(topo.links) // 2, len(topo.links) - 1):
+        name = link_name(topo, lid)
+        assert lid in link_ids(topo, name, "--straggler")
+        assert lid in link_ids(topo, name.replace("->", "-"), "--straggler")
