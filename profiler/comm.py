@@ -6,6 +6,10 @@ fits ``time = alpha + beta * bytes`` per (collective, backend, fabric, group siz
 transport changes behaviour with message size (gloo and NCCL switch protocols), so the
 fit is piecewise: a size range is split where one line cannot stay within
 ``TOLERANCE`` of every point, into at most ``MAX_SEGMENTS`` ranges of at least two points.
+
+It also measures each collective *in situ* at a few sizes (:mod:`profiler.comm_worker`):
+issued after a compute burst, as in a training step, instead of back to back. The extra
+cost (``overhead_s`` in ``comm_insitu.csv``) is what the simulator adds to each collective.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ import numpy as np
 from profiler.db import device_dir, merge_rows, read_table, update_meta, write_table
 from profiler.device import device_name, environment
 
-__all__ = ["ProfileRunError", "run_comm_profile", "refit", "fit_alpha_beta", "fit_segments",
+__all__ = ["ProfileRunError", "run_comm_profile", "refit", "insitu_sizes", "INSITU_SIZES",
+           "fit_alpha_beta", "fit_segments",
            "default_sizes", "TOLERANCE", "MAX_SEGMENTS"]
 
 TOLERANCE = 0.10
@@ -43,6 +48,15 @@ def default_sizes(low: int = 1 << 10, high: int = 1 << 30, step: int = 4) -> lis
         out.append(s)
         s *= step
     return out
+
+
+INSITU_SIZES = (1 << 16, 1 << 20, 1 << 24)  # 64 KiB, 1 MiB, 16 MiB
+
+
+def insitu_sizes(sizes: list[int]) -> list[int]:
+    """The in-situ sizes inside the measured range (its ends if none are)."""
+    inside = [s for s in INSITU_SIZES if min(sizes) <= s <= max(sizes)]
+    return inside or sorted({min(sizes), max(sizes)})
 
 
 def fit_alpha_beta(sizes: np.ndarray, times: np.ndarray) -> tuple[float, float, float]:
@@ -111,11 +125,12 @@ def _free_port() -> int:
 
 
 def _launch(nproc: int, sizes: list[int], collectives: list[str], out: Path, timeout_s: float,
-            rounds: int) -> None:
+            rounds: int, insitu: list[int]) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
            f"--master-port={_free_port()}", "-m", "profiler.comm_worker", "--out", str(out),
            "--sizes", ",".join(map(str, sizes)), "--collectives", ",".join(collectives),
-           "--rounds", str(rounds)]
+           "--rounds", str(rounds), "--insitu-sizes", ",".join(map(str, insitu)),
+           "--insitu-out", str(out.with_name("insitu.json"))]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
     try:
@@ -130,20 +145,28 @@ def _launch(nproc: int, sizes: list[int], collectives: list[str], out: Path, tim
 
 
 def run_comm_profile(nproc: int, root: str | Path, sizes: list[int], collectives: list[str],
-                     timeout_s: float = 1800.0, rounds: int = 9) -> tuple[Path, list[dict]]:
-    """Measure, merge into the DB, fit; returns the device folder and the fit rows."""
+                     timeout_s: float = 1800.0, rounds: int = 9, insitu: bool = True
+                     ) -> tuple[Path, list[dict]]:
+    """Measure, merge into the DB, fit; returns the device folder and the fit rows.
+    ``insitu``: also measure each collective in situ (:data:`INSITU_SIZES`)."""
     device = "cuda" if _cuda() else "cpu"
     name = device_name(device)
     folder = device_dir(root, name)
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "comm.json"
-        _launch(nproc, sizes, collectives, out, timeout_s, rounds)
+        _launch(nproc, sizes, collectives, out, timeout_s, rounds,
+                insitu_sizes(sizes) if insitu else [])
         rows = json.loads(out.read_text())
+        extra = out.with_name("insitu.json")
+        insitu_rows = json.loads(extra.read_text()) if insitu and extra.is_file() else []
     merge_rows(folder, "comm", rows)
+    if insitu_rows:
+        merge_rows(folder, "comm_insitu", insitu_rows)
     fits = refit(folder)
     update_meta(folder, name, environment(device, 1),
-                {"kind": "comm", "nproc": nproc, "rows": len(rows)})
+                {"kind": "comm", "nproc": nproc, "rows": len(rows),
+                 "insitu_rows": len(insitu_rows)})
     return folder, fits
 
 

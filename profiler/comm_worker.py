@@ -5,6 +5,15 @@ the output of an all-gather, the input of a reduce-scatter, what one rank sends 
 all-to-all or a send/recv. Each sample is the slowest rank's time; send/recv is half of a
 ping-pong between ranks 0 and 1. As in nccl-tests, a sample is the average of several
 back-to-back iterations (enough to last ``--sample-s``); the row reports the median sample.
+
+In situ (``--insitu-sizes``): a training rank issues each collective right after a burst of
+its own compute, not back to back. The cost it sees then is larger than the back-to-back
+time: the ranks arrive apart (their compute jitters), the communication thread has to be
+woken, and on a CPU it shares the rank's core. So a second measurement times ``N`` rounds
+of [compute burst, collective] against ``N`` compute bursts alone (rounds interleaved, the
+slowest rank's time each); their difference per collective, minus the back-to-back time
+measured alongside, is the collective's *in-situ overhead*, which the simulator adds to
+every collective of a step (``comm_insitu.csv``).
 """
 
 from __future__ import annotations
@@ -85,6 +94,64 @@ def _measure(fns: dict[int, Callable[[], object]], device: torch.device, rounds:
     return samples
 
 
+def _burst(device: torch.device, seconds: float) -> Callable[[], object]:
+    """A compute burst of about ``seconds``: GEMMs shaped like a small transformer's MLP."""
+    a = torch.randn(1024, 256, device=device)
+    b = torch.randn(256, 704, device=device)
+    a @ b
+    t0 = time.perf_counter()
+    for _ in range(8):
+        a @ b
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    per = (time.perf_counter() - t0) / 8
+    count = torch.tensor([max(1, round(seconds / max(per, 1e-7)))], dtype=torch.float64)
+    dist.all_reduce(count, op=dist.ReduceOp.MAX)  # every rank does the same work
+    n = int(count.item())
+
+    def work() -> object:
+        for _ in range(n):
+            a @ b
+        return None
+    return work
+
+
+def _loop(burst: Callable[[], object], fn: Callable[[], object] | None,
+          device: torch.device, number: int) -> float:
+    """Seconds per round of ``number`` rounds of [burst, collective], slowest rank."""
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(number):
+        burst()
+        if fn is not None:
+            fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    elapsed = torch.tensor([(time.perf_counter() - t0) / number], dtype=torch.float64)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    return float(elapsed.item())
+
+
+def _insitu_row(kind: str, size: int, fn: Callable[[], object], burst: Callable[[], object],
+                device: torch.device, rounds: int, number: int, world: int, fabric: str,
+                backend: str) -> dict[str, Any]:
+    """Back-to-back time, burst time and in-situ cost of one collective; medians over
+    ``rounds`` interleaved triples (so a slow spell of the machine hits all three)."""
+    half = 2 if kind == "send_recv" else 1
+    iso, alone, both = [], [], []
+    fn()
+    for _ in range(rounds):
+        iso.append(_sample(fn, device, number) / half)
+        alone.append(_loop(burst, None, device, number))
+        both.append(_loop(burst, fn, device, number))
+    insitu = statistics.median(b - a for a, b in zip(alone, both, strict=True)) / half
+    isolated = statistics.median(iso)
+    return {"collective": kind, "backend": backend, "fabric": fabric, "group_size": world,
+            "size_bytes": size, "isolated_s": isolated, "insitu_s": insitu,
+            "overhead_s": insitu - isolated, "burst_s": statistics.median(alone),
+            "repeats": rounds}
+
+
 def _row(kind: str, size: int, samples: list[float], world: int, fabric: str, backend: str
          ) -> dict[str, Any]:
     t = statistics.median(samples) / (2 if kind == "send_recv" else 1)
@@ -104,6 +171,9 @@ def main() -> None:
     ap.add_argument("--collectives", default=",".join(COLLECTIVES))
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--sample-s", type=float, default=0.05)
+    ap.add_argument("--insitu-sizes", default="", help="comma-separated bytes ('' = none)")
+    ap.add_argument("--insitu-out", default="")
+    ap.add_argument("--burst-s", type=float, default=0.02)
     args = ap.parse_args()
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     local = int(os.environ.get("LOCAL_RANK", 0))
@@ -125,9 +195,24 @@ def main() -> None:
             if rank == 0:
                 print(f"{kind} {size} B: {rows[-1]['time_median_s'] * 1e6:.1f} us", flush=True)
         del fns
+    insitu: list[dict[str, Any]] = []
+    if args.insitu_sizes:
+        burst = _burst(device, args.burst_s)
+        for kind in args.collectives.split(","):
+            for size in (int(s) for s in args.insitu_sizes.split(",")):
+                row = _insitu_row(kind, size, _op(kind, size, world, rank, device), burst,
+                                  device, max(3, (args.rounds + 1) // 2), 10, world, fabric,
+                                  backend)
+                insitu.append(row)
+                if rank == 0:
+                    print(f"{kind} {size} B in situ: {row['insitu_s'] * 1e6:.1f} us "
+                          f"(back to back {row['isolated_s'] * 1e6:.1f} us)", flush=True)
     if rank == 0:
         with open(args.out, "w") as f:
             json.dump(rows, f)
+        if args.insitu_out:
+            with open(args.insitu_out, "w") as f:
+                json.dump(insitu, f)
     dist.destroy_process_group()
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 
 from sim.io import atomic_write_text, read_text
-from sim.profile_db import COMM_COLUMNS, COMPUTE_COLUMNS, FIT_COLUMNS
+from sim.profile_db import COMM_COLUMNS, COMPUTE_COLUMNS, FIT_COLUMNS, INSITU_COLUMNS
 
 __all__ = ["TABLES", "read_table", "merge_rows", "write_table", "update_meta", "device_dir"]
 
@@ -23,6 +23,8 @@ __all__ = ["TABLES", "read_table", "merge_rows", "write_table", "update_meta", "
 TABLES = {
     "compute": (COMPUTE_COLUMNS, ["op", "variant", "dtype", "grid", "m", "n", "k"]),
     "comm": (COMM_COLUMNS, ["collective", "backend", "fabric", "group_size", "size_bytes"]),
+    "comm_insitu": (INSITU_COLUMNS, ["collective", "backend", "fabric", "group_size",
+                                     "size_bytes"]),
     "comm_fit": (FIT_COLUMNS, ["collective", "backend", "fabric", "group_size",
                                "min_size_bytes"]),
 }

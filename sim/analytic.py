@@ -76,6 +76,9 @@ class _Ctx:
         self.moe = cm.layer_time(cost, model, plan, moe=True) if model.is_moe else self.dense
         self.e = plan.activation_bytes
         self.tokens = plan.local_tokens
+        # 0 where collectives use the cores that compute (CPU ranks): nothing overlaps.
+        self.overlap = min([cluster.gpu.comm_overlap]
+                           + [g.gpu.comm_overlap for g in cluster.node_groups])
 
     def coll(self, group: str, kind: str, size: float) -> float:
         """Seconds of one collective: measured (profile fit) if the cost model has it,
@@ -154,7 +157,7 @@ def _cp_per_layer(x: _Ctx, layer: cm.LayerTime) -> tuple[float, float]:
     passes = 4 if x.p.recompute == "full" else 3
     comm = (x.p.cp - 1) * step * passes
     forwards = 2 if x.p.recompute == "full" else 1
-    hide = forwards * layer.attention_forward + layer.attention_backward
+    hide = (forwards * layer.attention_forward + layer.attention_backward) * x.overlap
     return max(0.0, comm - hide), min(comm, hide)
 
 
@@ -196,13 +199,14 @@ def _dp_costs(x: _Ctx, st: StageLayers, compute_s: float) -> _DPCost:
         return x.coll("dp", kind, dense_b * scale) + x.coll("edp", kind, expert_b * scale)
 
     backward_s = st.dense * x.dense.backward + st.moe * x.moe.backward
-    window_s = backward_s if x.p.overlap_grad_reduce else 0.0
+    window_s = backward_s * x.overlap if x.p.overlap_grad_reduce else 0.0
     if x.p.zero_stage == 3:  # gather per pass, reduce-scatter per micro-batch, prefetched
         passes = 2  # forward, backward (a recomputed forward reuses the backward's gather)
         comm_s = passes * both("all_gather") + both("reduce_scatter")
         first_layer_s = (passes * both("all_gather", 1 / st.total)
                          + both("reduce_scatter", 1 / st.total))  # nothing to hide behind
-        exposed, overlapped = _hide(comm_s - first_layer_s, compute_s - first_layer_s)
+        exposed, overlapped = _hide(comm_s - first_layer_s,
+                                    (compute_s - first_layer_s) * x.overlap)
         return _DPCost(exposed + first_layer_s, overlapped)
     if x.p.zero_stage == 2:  # sharded gradients: reduce-scatter every micro-batch
         exposed, overlapped = _hide(both("reduce_scatter"), window_s)

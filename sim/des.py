@@ -105,8 +105,16 @@ class _Step:
         self.timeline: list[dict[str, Any]] = []
         self._meetings: dict[tuple, list[Any]] = {}
         self._memo: dict[tuple, tuple[float, list[tuple[int, float, float]]]] = {}
+        self._measured_cache: dict[tuple, float | None] = {}
         self._copies: dict[tuple, list[list[int]]] = {}
         self._dp_stream = {u: simpy.Resource(self.env, 1) for u in self.units}
+        # Devices whose collectives run on the cores that compute (CPU ranks, gloo): a unit's
+        # background collectives (gradient reduction, ZeRO-3 gathers) hold its core, and
+        # compute waits for them instead of running beside them.
+        overlap = min([cluster.gpu.comm_overlap] + [g.gpu.comm_overlap
+                                                   for g in cluster.node_groups])
+        self._core = {u: simpy.Resource(self.env, 1) for u in self.units} \
+            if overlap == 0 else None
         self._dp_jobs: dict[Unit, list[simpy.Process]] = {u: [] for u in self.units}
         self._pending: dict[Unit, list[float]] = {}
         self._group_cache: dict[tuple[str, int], list[int]] = {}
@@ -219,9 +227,20 @@ class _Step:
              stage: int) -> simpy.Event:
         copies = self._all_copies(kind, stage, devices) if self.reduce else None
         if kind in self.exclusive:
-            return self.env.timeout(self.memo_time(kind, coll, algorithm, devices, size,
-                                                   copies))
+            seconds = self.memo_time(kind, coll, algorithm, devices, size, copies)
+            measured = self._measured(kind, coll, size)
+            return self.env.timeout(seconds if measured is None else measured)
         return self.env.process(self.comm.run(coll, algorithm, devices, size, copies))
+
+    def _measured(self, kind: str, coll: str, size: float) -> float | None:
+        """The profile's time for a collective whose links carry nothing else (measured
+        there alone too), as the analytic tier uses it; ``None`` without a profile fit."""
+        key = (kind, coll, size)
+        if key not in self._measured_cache:
+            span = group_span(self.p, self.c, kind)
+            self._measured_cache[key] = self.cost.collective(coll, span.size, span.nodes > 1,
+                                                             size)
+        return self._measured_cache[key]
 
     def _groups(self, unit: Unit, kind: str) -> list[list[int]]:
         """The groups this unit takes part in: its TP group, or for other kinds the group of
@@ -278,7 +297,22 @@ class _Step:
         return value
 
     def _compute(self, u: Unit, seconds: float, name: str) -> Proc:
-        yield from self._wait(u, "compute", self.env.timeout(seconds * self.scale[u]), name)
+        if self._core is None:
+            yield from self._wait(u, "compute", self.env.timeout(seconds * self.scale[u]), name)
+            return
+        with self._core[u].request() as core:
+            yield from self._wait(u, "dp", core, "core busy with dp")
+            yield from self._wait(u, "compute", self.env.timeout(seconds * self.scale[u]),
+                                  name)
+
+    def _on_core(self, u: Unit, start: Callable[[], simpy.Event]) -> Proc:
+        """Run a background collective; on a device without overlap it holds the core."""
+        if self._core is None:
+            yield start()
+            return
+        with self._core[u].request() as core:
+            yield core
+            yield start()
 
     def _blocking(self, u: Unit, kind: str, coll: str, size: float, tag: tuple) -> Proc:
         t0 = self.env.now
@@ -498,9 +532,9 @@ class _Step:
         with self._dp_stream[u].request() as turn:
             yield turn
             t0 = self.env.now
-            yield simpy.AllOf(self.env, [
+            yield from self._on_core(u, lambda: simpy.AllOf(self.env, [
                 self.collective(u, "dp", coll, dense * self._act, tag + ("dense",)),
-                self.collective(u, "edp", coll, expert * self._act, tag + ("expert",))])
+                self.collective(u, "edp", coll, expert * self._act, tag + ("expert",))]))
             self.acct[u].comm_total["dp"] += self.env.now - t0
             self._log(u, "dp", f"dp {coll}", t0)
 
@@ -509,9 +543,9 @@ class _Step:
         if self.p.zero_stage != 3 or not 0 <= i < len(layers):
             return None
         dense, expert = layer_rank_params(self.m, self.p, layers[i])
-        return simpy.AllOf(self.env, [
+        return self.env.process(self._on_core(u, lambda: simpy.AllOf(self.env, [
             self.collective(u, "dp", "all_gather", dense * self._act, tag + (i, "gd")),
-            self.collective(u, "edp", "all_gather", expert * self._act, tag + (i, "ge"))])
+            self.collective(u, "edp", "all_gather", expert * self._act, tag + (i, "ge"))])))
 
     def _z3_reduce(self, u: Unit, moe: bool, tag: tuple) -> None:
         dense, expert = layer_rank_params(self.m, self.p, moe)

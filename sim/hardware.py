@@ -43,6 +43,7 @@ class HardwareSpec:
     comm_eff: float  # ring bus bandwidth / link bandwidth for large messages
     nvls_eff: float  # NVLS (in-switch) all-reduce bus bandwidth / link bandwidth; 0: none
     reserved_gib: float  # memory taken by runtime, communication buffers, fragmentation
+    comm_overlap: float = 1.0  # 1: collectives run beside compute; 0: on the same cores (CPU)
 
     def peak_tflops(self, dtype: str) -> float:
         """Dense tensor-core peak for a training dtype (fp32 training uses TF32 matmuls)."""

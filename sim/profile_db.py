@@ -14,6 +14,10 @@ each holding ``meta.json`` and CSV tables with units in their column names:
 * ``comm_fit.csv``: ``alpha_s, beta_s_per_byte`` per (collective, backend, fabric,
   group_size) and size range ``min_size_bytes``..``max_size_bytes`` (piecewise: transports
   change protocol with message size), fitted to ``comm.csv``.
+* ``comm_insitu.csv`` (optional): per (collective, backend, fabric, group_size, size_bytes)
+  the back-to-back time ``isolated_s``, the cost ``insitu_s`` of the same collective issued
+  after a compute burst of ``burst_s`` as in a training step, and ``overhead_s``, their
+  difference, which the simulator adds to each collective (interpolated over log size).
 * ``calibration.json`` (optional): ``compute_scale``, the factor ``trainsim compare
   --calibrate`` found between real runs and predictions; every compute time is scaled by it.
 """
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,7 +34,8 @@ from sim.errors import SpecError
 from sim.io import read_text
 
 __all__ = ["ProfileDB", "load_profile_db", "resolve_device_dir", "segment_time",
-           "COMPUTE_COLUMNS", "COMM_COLUMNS", "FIT_COLUMNS", "SHAPE_DIMS"]
+           "insitu_overhead", "COMPUTE_COLUMNS", "COMM_COLUMNS", "FIT_COLUMNS",
+           "INSITU_COLUMNS", "SHAPE_DIMS"]
 
 COMPUTE_COLUMNS = ["op", "variant", "dtype", "grid", "m", "n", "k", "fwd_median_s",
                    "fwd_p10_s", "fwd_p90_s", "bwd_median_s", "bwd_p10_s", "bwd_p90_s",
@@ -39,6 +45,8 @@ COMM_COLUMNS = ["collective", "backend", "fabric", "group_size", "size_bytes",
                 "repeats"]
 FIT_COLUMNS = ["collective", "backend", "fabric", "group_size", "min_size_bytes",
                "max_size_bytes", "alpha_s", "beta_s_per_byte", "points", "max_rel_error"]
+INSITU_COLUMNS = ["collective", "backend", "fabric", "group_size", "size_bytes", "isolated_s",
+                  "insitu_s", "overhead_s", "burst_s", "repeats"]
 # How many of (m, n, k) each op uses.
 SHAPE_DIMS = {"gemm": 3, "attention": 3, "embedding": 3, "optimizer": 1, "layer": 3}
 
@@ -56,6 +64,8 @@ class ProfileDB:
         default_factory=dict)  # key -> grid -> shape -> (fwd_s, bwd_s)
     comm_fit: dict[tuple[str, str, int], list[tuple[float, float, float]]] = field(
         default_factory=dict)  # (collective, fabric, group_size) -> [(min B, alpha, beta)]
+    comm_overhead: dict[tuple[str, str, int], list[tuple[float, float]]] = field(
+        default_factory=dict)  # (collective, fabric, group_size) -> [(size B, overhead s)]
     compute_scale: float = 1.0  # from calibration.json (``trainsim compare --calibrate``)
 
     @property
@@ -109,6 +119,12 @@ def load_profile_db(path: str | Path, device_hint: str) -> ProfileDB:
                                                 float(row["beta_s_per_byte"])))
     for segments in db.comm_fit.values():
         segments.sort()
+    for row in _rows(folder / "comm_insitu.csv", INSITU_COLUMNS):
+        coll = (row["collective"], row["fabric"], int(row["group_size"]))
+        db.comm_overhead.setdefault(coll, []).append((float(row["size_bytes"]),
+                                                     float(row["overhead_s"])))
+    for points in db.comm_overhead.values():
+        points.sort()
     db.compute_scale = _compute_scale(folder / "calibration.json")
     return db
 
@@ -135,3 +151,18 @@ def segment_time(segments: list[tuple[float, float, float]], size_bytes: float) 
         if seg[0] <= size_bytes:
             chosen = seg
     return chosen[1] + chosen[2] * size_bytes
+
+
+def insitu_overhead(points: list[tuple[float, float]], size_bytes: float) -> float:
+    """Seconds a collective costs beyond its back-to-back time when issued amid compute:
+    linear in log size between measured sizes, the nearest one outside them, never
+    below zero (a negative difference is measurement noise, not a speed-up)."""
+    if not points:
+        return 0.0
+    if size_bytes <= points[0][0]:
+        return max(0.0, points[0][1])
+    for (s0, o0), (s1, o1) in zip(points, points[1:], strict=False):
+        if size_bytes <= s1:
+            w = (math.log(size_bytes) - math.log(s0)) / (math.log(s1) - math.log(s0))
+            return max(0.0, o0 + w * (o1 - o0))
+    return max(0.0, points[-1][1])

@@ -30,6 +30,7 @@ from sim.profile_db import (
     Key,
     Point,
     ProfileDB,
+    insitu_overhead,
     load_profile_db,
     resolve_device_dir,
     segment_time,
@@ -216,7 +217,9 @@ class Profiled:
         if segments is None:
             self._extrapolated.add(f"{kind} x{group_size} {fabric}: no profile fit, link model")
             return None
-        return segment_time(segments, size_bytes)
+        overhead = insitu_overhead(self.db.comm_overhead.get((kind, fabric, group_size), []),
+                                   size_bytes)
+        return segment_time(segments, size_bytes) + overhead
 
 
 @cache

@@ -610,7 +610,7 @@ HELP_OPTIONS: dict[tuple[str, ...], list[str]] = {
     ("profile", "compute"): ["--model", "--device", "--threads", "--dtype", "--tp",
                              "--micro-batch", "--seq-len", "--db", "--force", "--busy"],
     ("profile", "comm"): ["--nproc", "--collectives", "--min-bytes", "--max-bytes", "--rounds",
-                          "--timeout", "--db"],
+                          "--no-insitu", "--timeout", "--db"],
     ("profile", "show"): ["--db"],
     ("profile", "import-trace"): ["trace", "--top", "--json"],
     ("execute",): ["--model", "--plan", "--nproc", "--steps", "--warmup", "--device",

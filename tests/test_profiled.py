@@ -10,7 +10,13 @@ import pytest
 from sim import Plan, load_cluster, load_model, simulate
 from sim.errors import SpecError
 from sim.hardware import get_hardware
-from sim.profile_db import COMPUTE_COLUMNS, FIT_COLUMNS, segment_time
+from sim.profile_db import (
+    COMPUTE_COLUMNS,
+    FIT_COLUMNS,
+    INSITU_COLUMNS,
+    insitu_overhead,
+    segment_time,
+)
 from sim.profiled import interpolate, load_cost_model
 
 CPU = get_hardware("cpu")
@@ -90,6 +96,43 @@ def test_measured_collectives_by_size_range(db):
     assert cm.collective("all_gather", 2, False, 4096) is None
     assert "all_gather x2 intra: no profile fit, link model" in cm.extrapolated
     assert segment_time([(1024, 1.0, 0.0)], 10) == 1.0  # below the first range
+
+
+def test_insitu_overhead_interpolates_in_log_size_and_never_goes_negative():
+    points = [(2.0**16, 1e-3), (2.0**20, 3e-3), (2.0**24, -1e-3)]
+    assert insitu_overhead([], 1e6) == 0.0
+    assert insitu_overhead(points, 1024) == pytest.approx(1e-3)  # held below the first size
+    assert insitu_overhead(points, 2.0**18) == pytest.approx(2e-3)  # halfway in log size
+    assert insitu_overhead(points, 2.0**22) == pytest.approx(1e-3)
+    assert insitu_overhead(points, 2.0**30) == 0.0  # noise below zero is clamped
+
+
+def test_measured_collectives_add_the_insitu_overhead(db):
+    with (db / "comm_insitu.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, INSITU_COLUMNS)
+        w.writeheader()
+        w.writerow(dict(collective="all_reduce", backend="gloo", fabric="intra", group_size=2,
+                        size_bytes=4096, isolated_s=1e-3, insitu_s=1.5e-3, overhead_s=5e-4,
+                        burst_s=0.02, repeats=5))
+    cm = load_cost_model(db, CPU)
+    assert cm.collective("all_reduce", 2, False, 4096) == pytest.approx(1.5e-3 + 4096e-9)
+    assert cm.collective("all_reduce", 4, False, 4096) is None  # no fit for 4 ranks
+
+
+def test_cpu_collectives_do_not_overlap_compute():
+    """gloo works on the ranks' own cores: a CPU cluster exposes the whole gradient
+    all-reduce; the same plan on GPUs hides it behind the backward pass."""
+    model = load_model("tiny")
+    plan = Plan(global_batch_size=8, seq_len=512, dtype="fp32", dp=2, micro_batch_size=2)
+    cpu = dataclasses.replace(load_cluster("cpu:2"), profile=None)
+    for fidelity in ("analytic", "des"):
+        r = simulate(model, cpu, plan, fidelity=fidelity)
+        dp = r.communication["dp"]
+        assert dp["overlapped_s"] == pytest.approx(0.0, abs=1e-12), fidelity
+        assert dp["exposed_s"] > 0
+    gpu = simulate(load_model("llama3-8b"), load_cluster("dgx-h100:1"),
+                   Plan(global_batch_size=16, seq_len=4096, dp=8, micro_batch_size=1))
+    assert gpu.communication["dp"]["overlapped_s"] > 0
 
 
 def test_simulate_reads_the_clusters_profile(db):

@@ -116,6 +116,10 @@ def test_comm_profile_under_torchrun(tmp_path):
     ar = comm[comm["collective"] == "all_reduce"].iloc[-1]
     assert ar["busbw_GBps"] == pytest.approx(ar["algbw_GBps"])  # 2(n-1)/n = 1 for n = 2
     assert {f["collective"] for f in fits} == {"all_reduce", "send_recv", "all_gather"}
+    insitu = read_table(folder, "comm_insitu")  # in situ at the sizes inside the range
+    assert len(insitu) == 6 and set(insitu["size_bytes"]) == {65536, 1 << 20}
+    assert (insitu["burst_s"] > 0).all() and (insitu["isolated_s"] > 0).all()
+    assert (insitu["overhead_s"] == insitu["insitu_s"] - insitu["isolated_s"]).all()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here: the CUDA-event "

@@ -75,7 +75,7 @@ def cmd_comm(args: argparse.Namespace) -> int:
         raise SpecError("--collectives", f"unknown {bad[0]!r} (known: {', '.join(COLLECTIVES)})")
     sizes = default_sizes(args.min_bytes, args.max_bytes)
     folder, fits = run_comm_profile(args.nproc, args.db, sizes, colls, args.timeout,
-                                    args.rounds)
+                                    args.rounds, insitu=not args.no_insitu)
     _print_nccl_tests_style(folder, colls, args.nproc)
     print("alpha-beta fits (piecewise by size):")
     for f in fits:
@@ -83,8 +83,23 @@ def cmd_comm(args: argparse.Namespace) -> int:
               f"{f['max_size_bytes']:<11} B  alpha {f['alpha_s'] * 1e6:9.1f} us  "
               f"{1e-9 / f['beta_s_per_byte'] if f['beta_s_per_byte'] else float('inf'):7.2f}"
               f" GB/s  max err {100 * f['max_rel_error']:.1f}%")
+    _print_insitu(folder, colls, args.nproc)
     print(f"wrote {folder}")
     return 0
+
+
+def _print_insitu(folder: Path, collectives: list[str], nproc: int) -> None:
+    from profiler.db import read_table
+
+    rows = read_table(folder, "comm_insitu")
+    rows = rows[rows["collective"].isin(collectives) & (rows["group_size"] == nproc)]
+    if rows.empty:
+        return
+    print("in situ (after a compute burst, as in a training step; the simulator adds the "
+          "overhead):")
+    for r in rows.itertuples(index=False):
+        print(f"{r.collective:<15} {r.size_bytes:>12} B  back to back {r.isolated_s * 1e6:9.1f} us"
+              f"  in situ {r.insitu_s * 1e6:9.1f} us  overhead {r.overhead_s * 1e6:9.1f} us")
 
 
 def _print_nccl_tests_style(folder: Path, collectives: list[str], nproc: int) -> None:
@@ -120,6 +135,11 @@ def cmd_show(args: argparse.Namespace) -> int:
         for kind, part in fit.groupby("collective"):
             print(f"  {kind:<15} {len(part)} size ranges, group sizes "
                   f"{sorted(set(part['group_size']))}, worst fit {part['max_rel_error'].max():.1%}")
+        insitu = read_table(folder, "comm_insitu")
+        for kind, part in insitu.groupby("collective"):
+            low, high = part["overhead_s"].min() * 1e6, part["overhead_s"].max() * 1e6
+            print(f"  {kind:<15} in situ at {len(part)} sizes: overhead {low:.0f} to "
+                  f"{high:.0f} us")
     return 0
 
 
@@ -168,6 +188,8 @@ def add_profile_parser(sub: Any, parser_class: type) -> None:
     m.add_argument("--max-bytes", type=int, default=1 << 30, help="default 1 GiB")
     m.add_argument("--rounds", type=int, default=9, help="passes over all sizes; the median "
                    "pass is kept (default 9; more on a noisy machine)")
+    m.add_argument("--no-insitu", action="store_true", help="skip the in-situ measurement "
+                   "(each collective after a compute burst, as in a training step)")
     m.add_argument("--timeout", type=float, default=1800.0, help="seconds before every rank "
                    "is stopped (default 1800)")
     m.add_argument("--db", default=DEFAULT_DB, help=f"profile DB root (default {DEFAULT_DB}/)")
