@@ -13,6 +13,9 @@ Run: ``.venv/bin/python experiments/validate_executor_cpu.py [--db DIR] [--round
    compares: |error| median and worst, Spearman rank correlation of the plans, and the
    collectives rank 0 issued vs those the simulator expects (kinds and counts exact, bytes
    within 5%).
+4. Reports how repeatable the measurement itself is on this machine: for each plan, the
+   spread of its per-round medians, (max - min) / median in percent. A prediction cannot be
+   expected to land closer than the measurement repeats.
 
 Writes ``experiments/results/executor_cpu.csv``.
 """
@@ -68,12 +71,14 @@ def main() -> None:
     cluster = dataclasses.replace(load_cluster("cpu:2"), profile=str(db))
     plans = suite_plans()
     steps: dict[str, list[float]] = {k: [] for k in plans}
+    per_round: dict[str, list[float]] = {k: [] for k in plans}
     runs: dict[str, dict] = {}
     for r in range(args.rounds):
         for name, plan in plans.items():
             t0 = time.time()
             res = execute(model, plan, steps=args.steps, warmup=args.warmup)
             steps[name] += res["step_s"][args.warmup:]
+            per_round[name].append(res["iteration_s"])
             runs.setdefault(name, res)
             print(f"round {r + 1} {name:14s} {res['iteration_s']:.3f} s "
                   f"(wall {time.time() - t0:.0f} s)", flush=True)
@@ -82,8 +87,11 @@ def main() -> None:
         measured = statistics.median(steps[name])
         inv = compare_inventory(expected_collectives(model, plan, 0),
                                 runs[name]["collectives"]["0"])
+        rounds = per_round[name]
         row = {"plan": name, "measured_s": measured, "measured_min_s": min(steps[name]),
-               "measured_max_s": max(steps[name])}
+               "measured_max_s": max(steps[name]),
+               "round_medians_s": " ".join(f"{t:.3f}" for t in rounds),
+               "round_spread_pct": 100 * (max(rounds) - min(rounds)) / measured}
         for fidelity in ("analytic", "des"):
             pred = simulate(model, cluster, plan, fidelity=fidelity)
             row[f"{fidelity}_s"] = pred.iteration_time_s
@@ -97,13 +105,16 @@ def main() -> None:
         rows.append(row)
     df = pd.DataFrame(rows)
     atomic_write_text(OUT, df.to_csv(index=False, float_format="%.4g"))
-    print(df.drop(columns=["collectives"]).round(3).to_string(index=False))
+    print(df.drop(columns=["collectives", "round_medians_s"]).round(3).to_string(index=False))
     for fidelity in ("analytic", "des"):
         err = df[f"{fidelity}_error_pct"].abs()
         print(f"{fidelity}: median |error| {err.median():.1f}%, worst {err.max():.1f}% "
               f"({df.loc[err.idxmax(), 'plan']}); Spearman "
               f"{spearman(df[f'{fidelity}_s'], df['measured_s']):.2f}")
     print(f"collectives match on {int(df['collectives_match'].sum())} of {len(df)} plans")
+    spread = df["round_spread_pct"]
+    print(f"repeatability of the measurement (spread of a plan's per-round medians): median "
+          f"{spread.median():.1f}%, worst {spread.max():.1f}% ({df.loc[spread.idxmax(), 'plan']})")
 
 
 if __name__ == "__main__":

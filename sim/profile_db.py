@@ -17,7 +17,7 @@ each holding ``meta.json`` and CSV tables with units in their column names:
 * ``comm_insitu.csv`` (optional): per (collective, backend, fabric, group_size, size_bytes)
   the back-to-back time ``isolated_s``, the cost ``insitu_s`` of the same collective issued
   after a compute burst of ``burst_s`` as in a training step, and ``overhead_s``, their
-  difference, which the simulator adds to each collective (interpolated over log size).
+  difference; the simulator adds its median over sizes to each such collective.
 * ``calibration.json`` (optional): ``compute_scale``, the factor ``trainsim compare
   --calibrate`` found between real runs and predictions; every compute time is scaled by it.
 """
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import csv
 import json
-import math
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -153,16 +153,10 @@ def segment_time(segments: list[tuple[float, float, float]], size_bytes: float) 
     return chosen[1] + chosen[2] * size_bytes
 
 
-def insitu_overhead(points: list[tuple[float, float]], size_bytes: float) -> float:
+def insitu_overhead(points: list[tuple[float, float]]) -> float:
     """Seconds a collective costs beyond its back-to-back time when issued amid compute:
-    linear in log size between measured sizes, the nearest one outside them, never
-    below zero (a negative difference is measurement noise, not a speed-up)."""
+    the median over the measured sizes (the cost is one of arriving apart and waking the
+    communication thread, not of bytes, and single sizes are noisy), never below zero."""
     if not points:
         return 0.0
-    if size_bytes <= points[0][0]:
-        return max(0.0, points[0][1])
-    for (s0, o0), (s1, o1) in zip(points, points[1:], strict=False):
-        if size_bytes <= s1:
-            w = (math.log(size_bytes) - math.log(s0)) / (math.log(s1) - math.log(s0))
-            return max(0.0, o0 + w * (o1 - o0))
-    return max(0.0, points[-1][1])
+    return max(0.0, statistics.median(o for _, o in points))

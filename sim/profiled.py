@@ -217,8 +217,7 @@ class Profiled:
         if segments is None:
             self._extrapolated.add(f"{kind} x{group_size} {fabric}: no profile fit, link model")
             return None
-        overhead = insitu_overhead(self.db.comm_overhead.get((kind, fabric, group_size), []),
-                                   size_bytes)
+        overhead = insitu_overhead(self.db.comm_overhead.get((kind, fabric, group_size), []))
         return segment_time(segments, size_bytes) + overhead
 
 
