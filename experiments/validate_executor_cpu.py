@@ -46,7 +46,7 @@ TRAINSIM = [str(Path(sys.executable).with_name("trainsim"))]
 
 
 def profile(db: Path) -> None:
-    for args in (["compute", "--model", "tiny"],
+    for args in (["compute", "--model", "tiny", "--passes", "3"],
                  ["comm", "--nproc", "2", "--max-bytes", str(64 << 20), "--rounds", "5"]):
         subprocess.run([*TRAINSIM, "profile", *args, "--db", str(db)], check=True, cwd=ROOT)
 

@@ -46,6 +46,7 @@ def test_cuda_requested_without_gpu(capsys, tmp_path):
     (["profile", "import-trace", "/nonexistent.json"], "trace: no such file"),
     (["profile", "comm", "--collectives", "all_reduce,gossip"], "unknown 'gossip'"),
     (["profile", "compute", "--tp", "0"], "expected positive integers"),
+    (["profile", "compute", "--passes", "0"], "--passes: must be >= 1"),
     (["simulate", "--model", "tiny", "--cluster", "cpu:1", "--plan", "x.json", "--profile",
       "/nonexistent"], "plan"),
 ])

@@ -80,6 +80,26 @@ def test_compute_profile_merges_and_skips(tmp_path):
     assert not list(folder.glob(".*"))  # no temporary files left behind
 
 
+def test_compute_profile_passes_keep_each_shapes_median_pass(tmp_path):
+    folder, n = run_compute_profile(TINY_OPS[:2], "cpu", tmp_path, 1, progress=False, passes=3)
+    table = read_table(folder, "compute")
+    assert n == 2 and len(table) == 2
+    one, _ = run_compute_profile(TINY_OPS[:1], "cpu", tmp_path / "one", 1, progress=False)
+    single = read_table(one, "compute")["repeats"].iloc[0]
+    assert (table["repeats"] >= 3 * 3).all() and single < table["repeats"].iloc[0]
+    meta = json.loads((folder / "meta.json").read_text())
+    assert meta["runs"][-1]["passes"] == 3
+
+
+def test_median_pass_picks_the_middle_total():
+    rows = [{"fwd_median_s": f, "bwd_median_s": b, "repeats": 7}
+            for f, b in ((1.0, 2.0), (5.0, 5.0), (2.0, 2.0))]
+    from profiler.compute import _median_pass
+
+    best = _median_pass(rows)
+    assert (best["fwd_median_s"], best["bwd_median_s"], best["repeats"]) == (2.0, 2.0, 21)
+
+
 def test_merge_keeps_newest_row_per_key(tmp_path):
     row = dict(op="gemm", variant="", dtype="fp32", grid="g", m=1, n=2, k=3, fwd_median_s=1.0,
                fwd_p10_s=1, fwd_p90_s=1, bwd_median_s=2, bwd_p10_s=2, bwd_p90_s=2, repeats=3,

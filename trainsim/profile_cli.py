@@ -59,8 +59,10 @@ def cmd_compute(args: argparse.Namespace) -> int:
         default_busy() if args.device == "cpu" else 0)
     if busy < 0:
         raise SpecError("--busy", f"must be >= 0, got {busy}")
+    if args.passes < 1:
+        raise SpecError("--passes", f"must be >= 1, got {args.passes}")
     folder, rows = run_compute_profile(specs, args.device, args.db, args.threads, args.force,
-                                       busy=busy)
+                                       busy=busy, passes=args.passes)
     print(f"{folder}: {rows} shapes measured ({len(specs) - rows} already there)")
     return 0
 
@@ -177,6 +179,8 @@ def add_profile_parser(sub: Any, parser_class: type) -> None:
                    "up to the model's limit)")
     c.add_argument("--db", default=DEFAULT_DB, help=f"profile DB root (default {DEFAULT_DB}/)")
     c.add_argument("--force", action="store_true", help="re-measure shapes already in the DB")
+    c.add_argument("--passes", type=int, default=1, help="passes over all shapes; each "
+                   "keeps its median pass (default 1; 3 on a noisy machine)")
     c.add_argument("--busy", type=int, help="neighbour processes kept busy meanwhile, as the "
                    "other ranks of a cpu:RANKS run (default: one per other CPU core; 0 on "
                    "cuda)")
