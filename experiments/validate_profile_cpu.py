@@ -9,13 +9,17 @@ cost model, restricted to the preset grid (interpolated, never extrapolated: any
 extrapolation is reported). The prediction is the sum of the layer's operations times the
 whole-layer correction the profile measured on its own grid of layers. The DB defaults to
 the one trainsim ships for this CPU; if it lacks the preset grid, run ``trainsim profile
-compute --device cpu --db DIR`` first.
+compute --device cpu --db DIR`` first. ``--fresh`` takes the fp32 preset grid into a new
+DB first (about 5 min here), so profile and check are minutes apart rather than hours.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -95,10 +99,20 @@ def main() -> None:
     ap.add_argument("--busy", type=int, default=default_busy(),
                     help="neighbour processes kept busy (default: one per other core, as "
                     "trainsim profile compute)")
+    ap.add_argument("--fresh", action="store_true", help="profile the fp32 preset grid into a "
+                    "new DB first and check against it")
     args = ap.parse_args()
-    if not args.db:
-        raise SystemExit("no shipped profile for this CPU: give --db")
-    df = table(args.db, args.busy)
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.fresh:
+            t0 = time.time()
+            subprocess.run([str(Path(sys.executable).with_name("trainsim")), "profile",
+                            "compute", "--device", "cpu", "--dtype", "fp32", "--db", tmp],
+                           check=True)
+            args.db = str(next(Path(tmp).iterdir()))
+            print(f"profiled the fp32 preset grid in {time.time() - t0:.0f} s")
+        if not args.db:
+            raise SystemExit("no shipped profile for this CPU: give --db or --fresh")
+        df = table(args.db, args.busy)
     atomic_write_text(OUT, df.to_csv(index=False, float_format="%.4g"))
     print(df.drop(columns="extrapolated").round(2).to_string(index=False))
     err = df["error_pct"].abs()
