@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if cfg["device"] == "cpu":
             torch.set_num_threads(cfg["threads"])
-            if os.environ.get("TRAINSIM_PIN", "1") == "1":
+            if os.environ.get("TRAINSIM_PIN", "1").lower() not in ("0", "false", "no", "off"):
                 _pin(int(os.environ.get("LOCAL_RANK", "0")), cfg["threads"])
         else:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))

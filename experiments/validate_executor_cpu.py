@@ -61,7 +61,24 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--repredict", action="store_true", help="keep the measured columns of "
+                    f"{OUT.name} and predict again with the current simulator (after a "
+                    "model change; needs --db, the profile that run used)")
     args = ap.parse_args()
+    if args.repredict:
+        if not args.db:
+            raise SystemExit("--repredict needs --db (the profile the measured run used)")
+        old = pd.read_csv(OUT)
+        cluster = dataclasses.replace(load_cluster("cpu:2"), profile=args.db)
+        plans = suite_plans()
+        for i, name in enumerate(old["plan"]):
+            for fidelity in ("analytic", "des"):
+                t = simulate(load_model("tiny"), cluster, plans[name],
+                             fidelity=fidelity).iteration_time_s
+                old.loc[i, f"{fidelity}_s"] = t
+                old.loc[i, f"{fidelity}_error_pct"] = 100 * (t / old.loc[i, "measured_s"] - 1)
+        report(old)
+        return
     db = Path(args.db) if args.db else ROOT / "runs" / "executor-profile"
     if not args.db:
         t0 = time.time()
@@ -103,7 +120,11 @@ def main() -> None:
                    collectives="; ".join(f"{i['group']} {i['kind']} {i['measured_count']}/"
                                          f"{i['expected_count']}" for i in inv))
         rows.append(row)
-    df = pd.DataFrame(rows)
+    report(pd.DataFrame(rows))
+
+
+def report(df: pd.DataFrame) -> None:
+    """Write the table and print its summary."""
     atomic_write_text(OUT, df.to_csv(index=False, float_format="%.4g"))
     print(df.drop(columns=["collectives", "round_medians_s"]).round(3).to_string(index=False))
     for fidelity in ("analytic", "des"):

@@ -102,6 +102,8 @@ def main() -> None:
     ap.add_argument("--fresh", action="store_true", help="profile the fp32 preset grid into a "
                     "new DB first and check against it")
     args = ap.parse_args()
+    if args.fresh and args.db != shipped_cpu_profile():
+        raise SystemExit("--fresh profiles a new DB: leave out --db")
     with tempfile.TemporaryDirectory() as tmp:
         if args.fresh:
             t0 = time.time()

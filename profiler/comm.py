@@ -161,13 +161,20 @@ def run_comm_profile(nproc: int, root: str | Path, sizes: list[int], collectives
         extra = out.with_name("insitu.json")
         insitu_rows = json.loads(extra.read_text()) if insitu and extra.is_file() else []
     merge_rows(folder, "comm", rows)
-    if insitu_rows:
-        merge_rows(folder, "comm_insitu", insitu_rows)
+    if insitu_rows:  # a new in-situ run replaces its groups' rows, whatever sizes they had
+        measured = {_group(r) for r in insitu_rows}
+        kept = [r for r in read_table(folder, "comm_insitu").to_dict("records")
+                if _group(r) not in measured]
+        write_table(folder, "comm_insitu", kept + insitu_rows)
     fits = refit(folder)
     update_meta(folder, name, environment(device, 1),
                 {"kind": "comm", "nproc": nproc, "rows": len(rows),
                  "insitu_rows": len(insitu_rows)})
     return folder, fits
+
+
+def _group(row: dict[str, Any]) -> tuple[str, str, str, int]:
+    return (row["collective"], row["backend"], row["fabric"], int(row["group_size"]))
 
 
 def _cuda() -> bool:

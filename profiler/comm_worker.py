@@ -74,7 +74,8 @@ def _sample(fn: Callable[[], object], device: torch.device, number: int) -> floa
         fn()
     if device.type == "cuda":
         torch.cuda.synchronize()
-    elapsed = torch.tensor([(time.perf_counter() - t0) / number], dtype=torch.float64)
+    elapsed = torch.tensor([(time.perf_counter() - t0) / number], dtype=torch.float64,
+                           device=device)  # NCCL reduces device tensors only
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
     return float(elapsed.item())
 
@@ -99,13 +100,16 @@ def _burst(device: torch.device, seconds: float) -> Callable[[], object]:
     a = torch.randn(1024, 256, device=device)
     b = torch.randn(256, 704, device=device)
     a @ b
+    if device.type == "cuda":
+        torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(8):
         a @ b
     if device.type == "cuda":
         torch.cuda.synchronize()
     per = (time.perf_counter() - t0) / 8
-    count = torch.tensor([max(1, round(seconds / max(per, 1e-7)))], dtype=torch.float64)
+    count = torch.tensor([max(1, round(seconds / max(per, 1e-7)))], dtype=torch.float64,
+                         device=device)
     dist.all_reduce(count, op=dist.ReduceOp.MAX)  # every rank does the same work
     n = int(count.item())
 
@@ -114,22 +118,6 @@ def _burst(device: torch.device, seconds: float) -> Callable[[], object]:
             a @ b
         return None
     return work
-
-
-def _loop(burst: Callable[[], object], fn: Callable[[], object] | None,
-          device: torch.device, number: int) -> float:
-    """Seconds per round of ``number`` rounds of [burst, collective], slowest rank."""
-    dist.barrier()
-    t0 = time.perf_counter()
-    for _ in range(number):
-        burst()
-        if fn is not None:
-            fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    elapsed = torch.tensor([(time.perf_counter() - t0) / number], dtype=torch.float64)
-    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-    return float(elapsed.item())
 
 
 def _insitu_row(kind: str, size: int, fn: Callable[[], object], burst: Callable[[], object],
@@ -142,8 +130,8 @@ def _insitu_row(kind: str, size: int, fn: Callable[[], object], burst: Callable[
     fn()
     for _ in range(rounds):
         iso.append(_sample(fn, device, number) / half)
-        alone.append(_loop(burst, None, device, number))
-        both.append(_loop(burst, fn, device, number))
+        alone.append(_sample(burst, device, number))
+        both.append(_sample(lambda: (burst(), fn()), device, number))
     insitu = statistics.median(b - a for a, b in zip(alone, both, strict=True)) / half
     isolated = statistics.median(iso)
     return {"collective": kind, "backend": backend, "fabric": fabric, "group_size": world,
@@ -180,8 +168,10 @@ def main() -> None:
     device = torch.device(f"cuda:{local}" if backend == "nccl" else "cpu")
     if backend == "nccl":
         torch.cuda.set_device(device)
-    elif hasattr(os, "sched_setaffinity") and local < (os.cpu_count() or 1):
-        os.sched_setaffinity(0, {local})  # one core per rank, as in a training run
+    elif hasattr(os, "sched_setaffinity"):
+        cores = sorted(os.sched_getaffinity(0))  # the cores this job may use
+        if local < len(cores):
+            os.sched_setaffinity(0, {cores[local]})  # one core per rank, as in training
     dist.init_process_group(backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     same_host = int(os.environ.get("LOCAL_WORLD_SIZE", world)) == world

@@ -54,7 +54,7 @@ def merge_rows(folder: Path, table: str, rows: list[dict[str, Any]]) -> pd.DataF
 
 
 def write_table(folder: Path, table: str, rows: list[dict[str, Any]]) -> None:
-    """Replace a derived table (``comm_fit``) as a whole."""
+    """Replace a table as a whole (``comm_fit``, derived; ``comm_insitu``, per group)."""
     columns, keys = TABLES[table]
     df = pd.DataFrame(rows, columns=columns).sort_values(keys, ignore_index=True)
     atomic_write_text(folder / f"{table}.csv", df.to_csv(index=False))

@@ -306,13 +306,17 @@ class _Step:
                                   name)
 
     def _on_core(self, u: Unit, start: Callable[[], simpy.Event]) -> Proc:
-        """Run a background collective; on a device without overlap it holds the core."""
+        """Run a background collective; on a device without overlap it holds the core.
+        Returns when it started (after any wait for the core)."""
         if self._core is None:
+            t0 = self.env.now
             yield start()
-            return
+            return t0
         with self._core[u].request() as core:
             yield core
+            t0 = self.env.now
             yield start()
+            return t0
 
     def _blocking(self, u: Unit, kind: str, coll: str, size: float, tag: tuple) -> Proc:
         t0 = self.env.now
@@ -360,6 +364,12 @@ class _Step:
             yield from self._compute(u, seconds, name)
             return
         t0 = self.env.now
+        if self._core is not None:  # no overlap: the ring, then the compute
+            yield from self._wait(u, "cp", self.collective(u, "cp", "all_gather", cp_bytes,
+                                                           tag), "cp ring")
+            self.acct[u].comm_total["cp"] += self.env.now - t0
+            yield from self._compute(u, seconds, name)
+            return
         ring = self.collective(u, "cp", "all_gather", cp_bytes, tag)
         ring_end: list[float] = []
         ring.callbacks.append(lambda _e: ring_end.append(self.env.now))
@@ -397,7 +407,8 @@ class _Step:
             copies = self._all_copies(kind, u.stage, group) if self.reduce else None
             total = max(total, self.memo_time(kind, coll, algorithm, group, size, copies,
                                               times))
-        return total
+        measured = self._measured(kind, coll, size)  # as _run: the profile's time wins
+        return total if measured is None else measured
 
     def _recompute(self, lt: cm.LayerTime) -> float:
         return {"full": lt.forward, "selective": lt.attention_forward}.get(self.p.recompute,
@@ -531,8 +542,7 @@ class _Step:
     def _dp_job(self, u: Unit, coll: str, dense: float, expert: float, tag: tuple) -> Proc:
         with self._dp_stream[u].request() as turn:
             yield turn
-            t0 = self.env.now
-            yield from self._on_core(u, lambda: simpy.AllOf(self.env, [
+            t0 = yield from self._on_core(u, lambda: simpy.AllOf(self.env, [
                 self.collective(u, "dp", coll, dense * self._act, tag + ("dense",)),
                 self.collective(u, "edp", coll, expert * self._act, tag + ("expert",))]))
             self.acct[u].comm_total["dp"] += self.env.now - t0
@@ -543,9 +553,22 @@ class _Step:
         if self.p.zero_stage != 3 or not 0 <= i < len(layers):
             return None
         dense, expert = layer_rank_params(self.m, self.p, layers[i])
-        return self.env.process(self._on_core(u, lambda: simpy.AllOf(self.env, [
-            self.collective(u, "dp", "all_gather", dense * self._act, tag + (i, "gd")),
-            self.collective(u, "edp", "all_gather", expert * self._act, tag + (i, "ge"))])))
+
+        def start() -> simpy.Event:
+            return simpy.AllOf(self.env, [
+                self.collective(u, "dp", "all_gather", dense * self._act, tag + (i, "gd")),
+                self.collective(u, "edp", "all_gather", expert * self._act, tag + (i, "ge"))])
+        if self._core is None:
+            return start()
+        return self.env.process(self._in_stream(u, start))
+
+    def _in_stream(self, u: Unit, start: Callable[[], simpy.Event]) -> Proc:
+        """Without overlap the gathers queue with the reductions on the one data-parallel
+        stream (gloo runs a process group's collectives in issue order), so a unit never
+        holds its core for one while a peer holds its own for the other."""
+        with self._dp_stream[u].request() as turn:
+            yield turn
+            yield from self._on_core(u, start)
 
     def _z3_reduce(self, u: Unit, moe: bool, tag: tuple) -> None:
         dense, expert = layer_rank_params(self.m, self.p, moe)
@@ -789,14 +812,18 @@ def simulate_des(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostM
     step = _Step(model, cluster, plan, cost, topology or build_topology(cluster),
                  reduce and not full_needed, record, compute_scale)
     stages = pipeline_rank_layers(plan, model)
-    for u in step.units:
-        step.env.process(step.unit(u, stages[u.stage]))
+    procs = [step.env.process(step.unit(u, stages[u.stage])) for u in step.units]
     if link_failures:
         stalled = _run_with_failures(step, link_failures)
         if stalled is not None:
             return stalled
     else:
         step.env.run()
+    stuck = [u for u, proc in zip(step.units, procs, strict=True) if proc.is_alive]
+    if stuck:  # an internal error, never a time: every unit must finish its step
+        raise RuntimeError(f"discrete-event step deadlocked at {step.env.now:.6g} s with "
+                           f"{len(stuck)} of {len(step.units)} units unfinished "
+                           f"(first: stage {stuck[0].stage}, dp {stuck[0].dp})")
     critical = max(step.units, key=lambda u: (step.acct[u].end, -u.stage))
     a = step.acct[critical]
     breakdown = dict(a.spent)

@@ -10,7 +10,7 @@ import csv
 import math
 import platform
 import re
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from functools import cache
 from importlib import resources
 
@@ -70,7 +70,9 @@ def catalog() -> dict[str, HardwareSpec]:
         value = float(row["value"]) if row["value"] else math.nan
         by_device.setdefault(row["device"], {})[row["field"]] = value
     names = [f.name for f in fields(HardwareSpec) if f.name != "name"]
-    return {dev: HardwareSpec(dev, **{n: vals[n] for n in names})
+    defaults: dict[str, float] = {f.name: float(f.default) for f in fields(HardwareSpec)
+                                  if f.default is not MISSING}
+    return {dev: HardwareSpec(dev, **{n: vals[n] if n in vals else defaults[n] for n in names})
             for dev, vals in by_device.items()}
 
 

@@ -47,6 +47,9 @@ def test_cuda_requested_without_gpu(capsys, tmp_path):
     (["profile", "comm", "--collectives", "all_reduce,gossip"], "unknown 'gossip'"),
     (["profile", "compute", "--tp", "0"], "expected positive integers"),
     (["profile", "compute", "--passes", "0"], "--passes: must be >= 1"),
+    (["profile", "comm", "--min-bytes", "0"], "--min-bytes: must be >= 1"),
+    (["profile", "comm", "--min-bytes", "2048", "--max-bytes", "1024"],
+     "--max-bytes: must be >= --min-bytes 2048"),
     (["simulate", "--model", "tiny", "--cluster", "cpu:1", "--plan", "x.json", "--profile",
       "/nonexistent"], "plan"),
 ])

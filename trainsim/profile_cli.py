@@ -75,6 +75,11 @@ def cmd_comm(args: argparse.Namespace) -> int:
     bad = sorted(set(colls) - set(COLLECTIVES))
     if bad:
         raise SpecError("--collectives", f"unknown {bad[0]!r} (known: {', '.join(COLLECTIVES)})")
+    if args.min_bytes < 1:
+        raise SpecError("--min-bytes", f"must be >= 1, got {args.min_bytes}")
+    if args.max_bytes < args.min_bytes:
+        raise SpecError("--max-bytes", f"must be >= --min-bytes {args.min_bytes}, got "
+                        f"{args.max_bytes}")
     sizes = default_sizes(args.min_bytes, args.max_bytes)
     folder, fits = run_comm_profile(args.nproc, args.db, sizes, colls, args.timeout,
                                     args.rounds, insitu=not args.no_insitu)
@@ -180,7 +185,8 @@ def add_profile_parser(sub: Any, parser_class: type) -> None:
     c.add_argument("--db", default=DEFAULT_DB, help=f"profile DB root (default {DEFAULT_DB}/)")
     c.add_argument("--force", action="store_true", help="re-measure shapes already in the DB")
     c.add_argument("--passes", type=int, default=1, help="passes over all shapes; each "
-                   "keeps its median pass (default 1; 3 on a noisy machine)")
+                   "keeps its median pass, the faster middle one for an even count (default "
+                   "1; 3 on a noisy machine)")
     c.add_argument("--busy", type=int, help="neighbour processes kept busy meanwhile, as the "
                    "other ranks of a cpu:RANKS run (default: one per other CPU core; 0 on "
                    "cuda)")
