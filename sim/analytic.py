@@ -76,9 +76,7 @@ class _Ctx:
         self.moe = cm.layer_time(cost, model, plan, moe=True) if model.is_moe else self.dense
         self.e = plan.activation_bytes
         self.tokens = plan.local_tokens
-        # 0 where collectives use the cores that compute (CPU ranks): nothing overlaps.
-        self.overlap = min([cluster.gpu.comm_overlap]
-                           + [g.gpu.comm_overlap for g in cluster.node_groups])
+        self.overlap = cluster.comm_overlap
 
     def coll(self, group: str, kind: str, size: float) -> float:
         """Seconds of one collective: measured (profile fit) if the cost model has it,

@@ -119,6 +119,12 @@ class ClusterSpec:
         return float(self.intra_node.bandwidth_GBps or 0.0)
 
     @property
+    def comm_overlap(self) -> float:
+        """0 when any device's collectives use the cores that compute (CPU ranks): then
+        no communication hides behind compute (:attr:`HardwareSpec.comm_overlap`)."""
+        return min([self.gpu.comm_overlap] + [g.gpu.comm_overlap for g in self.node_groups])
+
+    @property
     def heterogeneous(self) -> bool:
         """True when node groups differ in GPU type or rates."""
         return len({(g.gpu, g.nic_Gbps, g.nics_per_node, g.intra_GBps)

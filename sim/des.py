@@ -111,10 +111,8 @@ class _Step:
         # Devices whose collectives run on the cores that compute (CPU ranks, gloo): a unit's
         # background collectives (gradient reduction, ZeRO-3 gathers) hold its core, and
         # compute waits for them instead of running beside them.
-        overlap = min([cluster.gpu.comm_overlap] + [g.gpu.comm_overlap
-                                                   for g in cluster.node_groups])
         self._core = {u: simpy.Resource(self.env, 1) for u in self.units} \
-            if overlap == 0 else None
+            if cluster.comm_overlap == 0 else None
         self._dp_jobs: dict[Unit, list[simpy.Process]] = {u: [] for u in self.units}
         self._pending: dict[Unit, list[float]] = {}
         self._group_cache: dict[tuple[str, int], list[int]] = {}
