@@ -135,5 +135,5 @@ def cost_model_for(cluster: ClusterSpec) -> CostModel:
     if cluster.profile:
         from sim.profiled import load_cost_model
 
-        return load_cost_model(cluster.profile, cluster.gpu)
+        return load_cost_model(cluster.profile, cluster.gpu, stat=cluster.compute_stat)
     return roofline_for(cluster.gpu)

@@ -24,6 +24,7 @@ from typing import Any
 from sim.errors import SpecError, field_name
 from sim.hardware import HardwareSpec, cpu_device_name, get_hardware
 from sim.io import read_text
+from sim.profile_db import COMPUTE_STATS
 
 __all__ = ["IntraNode", "InterNode", "NodeGroup", "ClusterSpec", "load_cluster",
            "preset_names", "INTRA_KINDS", "TOPOLOGIES"]
@@ -83,9 +84,11 @@ class ClusterSpec:
     inter_node: InterNode = field(default_factory=InterNode)
     profile: str | None = None  # profile DB directory (issue: profiler)
     node_groups: tuple[NodeGroup, ...] = ()  # empty: one group of every node
+    compute_stat: str = "median"  # which statistic of the profile's compute rows to read
 
     def __post_init__(self) -> None:
         _check_int("nodes", self.nodes)
+        _check_choice("compute_stat", self.compute_stat, COMPUTE_STATS)
         _check_int("gpus_per_node", self.gpus_per_node)
         _check_choice("intra_node.kind", self.intra_node.kind, INTRA_KINDS)
         object.__setattr__(self, "node_groups", _resolve_groups(self))
@@ -174,7 +177,8 @@ class ClusterSpec:
     def to_dict(self) -> dict[str, Any]:
         out = {"name": self.name, "nodes": self.nodes, "gpus_per_node": self.gpus_per_node,
                "gpu": self.gpu.name, "intra_node": dataclasses.asdict(self.intra_node),
-               "inter_node": dataclasses.asdict(self.inter_node), "profile": self.profile}
+               "inter_node": dataclasses.asdict(self.inter_node), "profile": self.profile,
+               "compute_stat": self.compute_stat}
         if self.node_groups:
             out["node_groups"] = [g.to_dict() for g in self.node_groups]
         return out
@@ -301,7 +305,7 @@ def _table(data: dict[str, Any], key: str, cls: type) -> Any:
 
 
 _TOP_KEYS = {"name", "nodes", "gpus_per_node", "gpu", "intra_node", "inter_node", "profile",
-             "node_groups"}
+             "node_groups", "compute_stat"}
 _GROUP_KEYS = {"nodes": None, "gpu": None, "inter_node": ("nic_Gbps", "nics_per_node"),
                "intra_node": ("bandwidth_GBps",)}
 
@@ -367,7 +371,8 @@ def cluster_from_dict(data: dict[str, Any], name: str, base: Path | None = None)
         profile = str(base / profile)
     return ClusterSpec(str(data.get("name", name)), data["nodes"], data["gpus_per_node"],
                        get_hardware(data["gpu"]), _table(data, "intra_node", IntraNode),
-                       _table(data, "inter_node", InterNode), profile, groups)
+                       _table(data, "inter_node", InterNode), profile, groups,
+                       data.get("compute_stat", "median"))
 
 
 def load_cluster(ref: str) -> ClusterSpec:

@@ -18,6 +18,11 @@ each holding ``meta.json`` and CSV tables with units in their column names:
   the back-to-back time ``isolated_s``, the cost ``insitu_s`` of the same collective issued
   after a compute burst of ``burst_s`` as in a training step, and ``overhead_s``, their
   difference; the simulator adds its median over sizes to each such collective.
+* Each compute row keeps the median of its timed samples and their 10th percentile
+  (``p10``); the cost model reads one of them (``compute_stat``, default ``median``). On a
+  shared machine the median carries whatever interference other tenants caused while the
+  profile ran; the p10 is the operation's cost with most of it removed, and reproduces
+  across hours where the median drifts (README, "Profiler").
 * ``calibration.json`` (optional): ``compute_scale``, the factor ``trainsim compare
   --calibrate`` found between real runs and predictions; every compute time is scaled by it.
 """
@@ -33,7 +38,7 @@ from pathlib import Path
 from sim.errors import SpecError
 from sim.io import read_text
 
-__all__ = ["ProfileDB", "load_profile_db", "resolve_device_dir", "segment_time",
+__all__ = ["ProfileDB", "load_profile_db", "COMPUTE_STATS", "resolve_device_dir", "segment_time",
            "insitu_overhead", "COMPUTE_COLUMNS", "COMM_COLUMNS", "FIT_COLUMNS",
            "INSITU_COLUMNS", "SHAPE_DIMS"]
 
@@ -47,6 +52,7 @@ FIT_COLUMNS = ["collective", "backend", "fabric", "group_size", "min_size_bytes"
                "max_size_bytes", "alpha_s", "beta_s_per_byte", "points", "max_rel_error"]
 INSITU_COLUMNS = ["collective", "backend", "fabric", "group_size", "size_bytes", "isolated_s",
                   "insitu_s", "overhead_s", "burst_s", "repeats"]
+COMPUTE_STATS = ("median", "p10")  # which recorded statistic the cost model reads
 # How many of (m, n, k) each op uses.
 SHAPE_DIMS = {"gemm": 3, "attention": 3, "embedding": 3, "optimizer": 1, "layer": 3}
 
@@ -101,7 +107,11 @@ def _shape(row: dict[str, str]) -> Point:
     return tuple(float(row[c]) for c in ("m", "n", "k")[:dims])
 
 
-def load_profile_db(path: str | Path, device_hint: str) -> ProfileDB:
+def load_profile_db(path: str | Path, device_hint: str, stat: str = "median") -> ProfileDB:
+    """One device's tables; compute times are each row's ``stat`` (:data:`COMPUTE_STATS`)."""
+    if stat not in COMPUTE_STATS:
+        raise SpecError("compute_stat", f"must be one of {', '.join(COMPUTE_STATS)}, "
+                        f"got {stat!r}")
     folder = resolve_device_dir(path, device_hint)
     try:
         meta = json.loads(read_text(folder / "meta.json", "profile"))
@@ -111,7 +121,7 @@ def load_profile_db(path: str | Path, device_hint: str) -> ProfileDB:
     for row in _rows(folder / "compute.csv", COMPUTE_COLUMNS):
         key = (row["op"], row["variant"], row["dtype"])
         grid = db.compute.setdefault(key, {}).setdefault(row["grid"], {})
-        grid[_shape(row)] = (float(row["fwd_median_s"]), float(row["bwd_median_s"] or 0.0))
+        grid[_shape(row)] = (float(row[f"fwd_{stat}_s"]), float(row[f"bwd_{stat}_s"] or 0.0))
     for row in _rows(folder / "comm_fit.csv", FIT_COLUMNS):
         coll = (row["collective"], row["fabric"], int(row["group_size"]))
         db.comm_fit.setdefault(coll, []).append((float(row["min_size_bytes"]),

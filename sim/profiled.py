@@ -222,16 +222,19 @@ class Profiled:
 
 
 @cache
-def _load(folder: Path, stamp: tuple[float, ...], hw: HardwareSpec) -> tuple[ProfileDB, Roofline]:
-    db = load_profile_db(folder, folder.name)
+def _load(folder: Path, stamp: tuple[float, ...], hw: HardwareSpec, stat: str
+          ) -> tuple[ProfileDB, Roofline]:
+    db = load_profile_db(folder, folder.name, stat)
     return db, fit_roofline(db, hw)
 
 
-def load_cost_model(path: str | Path, hw: HardwareSpec, grid: str | None = None) -> Profiled:
-    """A fresh cost model (its own extrapolation log) over a cached DB. In a DB root the
-    device folder is the catalog name, or ``cpu-<model>`` of this host for ``cpu``."""
+def load_cost_model(path: str | Path, hw: HardwareSpec, grid: str | None = None,
+                    stat: str = "median") -> Profiled:
+    """A fresh cost model (its own extrapolation log) over a cached DB, reading each compute
+    row's ``stat`` (``median`` or ``p10``). In a DB root the device folder is the catalog
+    name, or ``cpu-<model>`` of this host for ``cpu``."""
     hint = cpu_device_name() if hw.name == "cpu" else hw.name
     folder = resolve_device_dir(path, hint).resolve()
     stamp = tuple(f.stat().st_mtime for f in sorted(folder.glob("*")) if f.is_file())
-    db, fallback = _load(folder, stamp, hw)
+    db, fallback = _load(folder, stamp, hw, stat)
     return Profiled(db, fallback, grid)

@@ -237,6 +237,8 @@ BAD_CLUSTER_TOML = [
                  id="unknown-gpu"),
     pytest.param(H100.replace('"h100-sxm5-80gb"', "5"), ["gpu", "catalog name"], id="gpu-int"),
     pytest.param(H100 + "profile = 3\n", ["profile", "path string"], id="profile-int"),
+    pytest.param(H100 + 'compute_stat = "mean"\n', ["compute_stat", "median, p10", "'mean'"],
+                 id="compute-stat"),
     pytest.param(H100 + "[inter_node]\noversubscription = true\n",
                  ["inter_node.oversubscription"], id="oversubscription-bool"),
     pytest.param(H100 + "[inter_node]\noversubscription = inf\n",
@@ -578,7 +580,8 @@ HELP_OPTIONS: dict[tuple[str, ...], list[str]] = {
     ("optimize",): ["--model", "--cluster", "--global-batch-size", "--seq-len", "--top",
                     "--workers", "--json", "--out", "--set", "--scenario"],
     ("export",): ["--plan", "--model", "--cluster", "--format", "--out"],
-    ("simulate",): ["--model", "--cluster", "--plan", "--fidelity", "--profile", "--trace",
+    ("simulate",): ["--model", "--cluster", "--plan", "--fidelity", "--profile",
+                    "--compute-stat", "--trace",
                     "--no-reduce", "--json", "--out", "--set", "--scenario", "--straggler",
                     "--straggler-dist", "--seed", "--fail-link"],
     ("goodput",): ["--iteration-s", "--model", "--cluster", "--plan", "--fidelity", "--gpus",
@@ -619,8 +622,8 @@ HELP_OPTIONS: dict[tuple[str, ...], list[str]] = {
                    "--inject-fault", "--json"],
     ("compare",): ["--model", "--plan", "--nproc", "--steps", "--warmup", "--device",
                    "--threads", "--timeout", "--scale-layers", "--scale-hidden",
-                   "--inject-fault", "--json", "--cluster", "--profile", "--fidelity",
-                   "--calibrate"],
+                   "--inject-fault", "--json", "--cluster", "--profile", "--compute-stat",
+                   "--fidelity", "--calibrate"],
 }
 
 

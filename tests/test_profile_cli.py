@@ -27,6 +27,11 @@ def test_profile_compute_model_then_show(capsys, tmp_path):
                        _plan(tmp_path), "--profile", str(tmp_path), "--json")
     result = json.loads(out)
     assert code == 0 and result["iteration_time_s"] > 0
+    code, out, _ = run(capsys, "simulate", "--model", "tiny", "--cluster", "cpu:1", "--plan",
+                       _plan(tmp_path), "--profile", str(tmp_path), "--compute-stat", "p10",
+                       "--json")
+    low = json.loads(out)
+    assert code == 0 and low["iteration_time_s"] < result["iteration_time_s"]
 
 
 def _plan(tmp_path):

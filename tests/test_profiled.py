@@ -146,6 +146,25 @@ def test_des_times_tp_collectives_from_the_profile_as_the_analytic_tier():
     assert tp[1] == pytest.approx(tp[0], rel=1e-6)
 
 
+def test_compute_stat_picks_the_rows_median_or_p10(tmp_path):
+    folder = tmp_path / "dev"
+    _write_db(folder, [dict(op="gemm", variant="", dtype="fp32", grid="g", m=64, n=64, k=64,
+                            fwd_median_s=2e-3, fwd_p10_s=1.5e-3, bwd_median_s=4e-3,
+                            bwd_p10_s=3e-3)])
+    hw = dataclasses.replace(CPU, name="dev")
+    assert load_cost_model(folder, hw).gemm(64, 64, 64, "fp32") == (2e-3, 4e-3)
+    assert load_cost_model(folder, hw, stat="p10").gemm(64, 64, 64, "fp32") == (1.5e-3, 3e-3)
+    with pytest.raises(SpecError, match="compute_stat.*median, p10.*'p50'"):
+        load_cost_model(folder, hw, stat="p50")
+    c = dataclasses.replace(load_cluster("cpu:1"), profile=str(folder))
+    plan = Plan(global_batch_size=1, seq_len=128, dtype="fp32")
+    times = [simulate(load_model("tiny"), dataclasses.replace(c, compute_stat=s), plan)
+             .iteration_time_s for s in ("median", "p10")]
+    assert times[1] < times[0]
+    with pytest.raises(SpecError, match="compute_stat"):
+        dataclasses.replace(c, compute_stat="mean")
+
+
 def test_simulate_reads_the_clusters_profile(db):
     c = dataclasses.replace(load_cluster("cpu:2"), profile=str(db))
     r = simulate(load_model("tiny"), c, Plan(global_batch_size=4, seq_len=128, dp=2,

@@ -47,15 +47,13 @@ def _write_run(out: Path, result: Any, model: Any, cluster: Any, plan: Any) -> N
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    import dataclasses
-
     from sim import SpecError, load_cluster, load_model, load_plan, simulate
     from sim.report import format_result
     from trainsim.faults_cli import faults_of
+    from trainsim.profile_cli import with_profile_options
 
     model, cluster = load_model(args.model), load_cluster(args.cluster)
-    if args.profile:
-        cluster = dataclasses.replace(cluster, profile=args.profile)
+    cluster = with_profile_options(cluster, args)
     plan = load_plan(args.plan)
     if args.fidelity != "des" and (args.trace or args.no_reduce):
         raise SpecError("--trace/--no-reduce", "need --fidelity des")
@@ -200,6 +198,8 @@ _CLUSTER_HELP = "preset (dgx-a100:N, dgx-h100:N, hgx-h200:N, cpu:RANKS) or a TOM
 
 
 def _add_simulate(sub: Any) -> None:
+    from trainsim.profile_cli import add_profile_options
+
     p = sub.add_parser("simulate", help="predict one training iteration of a plan",
                        description="Predict one training iteration: time, throughput, MFU, "
                        "memory, bubble and a breakdown of the critical path.")
@@ -213,8 +213,8 @@ def _add_simulate(sub: Any) -> None:
                    "(pid = node, tid = device stream; open in Perfetto)")
     p.add_argument("--no-reduce", action="store_true", help="des: simulate every rank and "
                    "flow instead of one representative per symmetric set (slow)")
-    p.add_argument("--profile", metavar="DIR", help="profile DB to time operations from "
-                   "(overrides the cluster's; a DB root or one device folder)")
+    add_profile_options(p, "profile DB to time operations from (overrides the cluster's; "
+                        "a DB root or one device folder)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--out", metavar="DIR", help="also write inputs.json, result.json and "
                    "summary.txt to this run folder")

@@ -4,7 +4,6 @@ simulator."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 from typing import Any
 
@@ -77,10 +76,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from executor.compare import calibrate, compare, format_comparison
     from executor.launch import ExecutionError
     from sim import load_cluster, load_plan
+    from trainsim.profile_cli import with_profile_options
 
-    model, plan, cluster = _model(args), load_plan(args.plan), load_cluster(args.cluster)
-    if args.profile:
-        cluster = dataclasses.replace(cluster, profile=args.profile)
+    model, plan = _model(args), load_plan(args.plan)
+    cluster = with_profile_options(load_cluster(args.cluster), args)
     try:
         result = compare(model, plan, cluster, args.fidelity, **_run_kwargs(args))
     except ExecutionError as exc:
@@ -119,13 +118,15 @@ def _common(p: argparse.ArgumentParser, model_help: str) -> None:
 
 
 def add_execute_parsers(sub: Any, model_help: str, cluster_help: str) -> None:
+    from trainsim.profile_cli import add_profile_options
+
     p = sub.add_parser("execute", help="run a plan for real with torch.distributed")
     _common(p, model_help)
     p.set_defaults(func=cmd_execute)
     c = sub.add_parser("compare", help="run a plan and compare it with the simulator")
     _common(c, model_help)
     c.add_argument("--cluster", required=True, help=cluster_help)
-    c.add_argument("--profile", metavar="DIR", help="profile DB (default: the cluster's)")
+    add_profile_options(c, "profile DB (default: the cluster's)")
     c.add_argument("--fidelity", choices=("analytic", "des"), default="analytic",
                    help="simulator tier (default analytic)")
     c.add_argument("--calibrate", action="store_true",

@@ -10,9 +10,29 @@ from typing import Any
 
 from sim.errors import SpecError
 
-__all__ = ["add_profile_parser"]
+__all__ = ["add_profile_parser", "add_profile_options", "with_profile_options"]
 
 DEFAULT_DB = "profiles"
+
+
+def add_profile_options(p: argparse.ArgumentParser, profile_help: str) -> None:
+    """``--profile DIR`` and ``--compute-stat`` on a command that simulates a cluster."""
+    p.add_argument("--profile", metavar="DIR", help=profile_help)
+    p.add_argument("--compute-stat", choices=("median", "p10"), help="which statistic of "
+                   "each profiled compute time to read (overrides the cluster's "
+                   "compute_stat; default median). p10 leaves out most interference from "
+                   "other work on a shared machine")
+
+
+def with_profile_options(cluster: Any, args: argparse.Namespace) -> Any:
+    """``cluster`` with the ``--profile`` and ``--compute-stat`` given on the command line."""
+    import dataclasses
+
+    if getattr(args, "profile", None):
+        cluster = dataclasses.replace(cluster, profile=args.profile)
+    if getattr(args, "compute_stat", None):
+        cluster = dataclasses.replace(cluster, compute_stat=args.compute_stat)
+    return cluster
 
 
 def _int_list(text: str) -> list[int]:

@@ -46,14 +46,10 @@ def _wrap(plain: Callable[[argparse.Namespace], int],
 
 
 def _base_cluster(args: argparse.Namespace) -> Any:
-    import dataclasses
-
     from sim import load_cluster
+    from trainsim.profile_cli import with_profile_options
 
-    cluster = load_cluster(args.cluster)
-    if getattr(args, "profile", None):
-        cluster = dataclasses.replace(cluster, profile=args.profile)
-    return cluster
+    return with_profile_options(load_cluster(args.cluster), args)
 
 
 def _scenario_inputs(args: argparse.Namespace, s: Any, base: Any, plan: Any) -> tuple[Any, Any]:
