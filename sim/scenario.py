@@ -46,7 +46,7 @@ __all__ = ["Scenario", "Edit", "CLUSTER_KEYS", "PLAN_KEYS", "FAULT_KEYS", "parse
 
 Edit = tuple[str, Any]
 
-CLUSTER_KEYS = (("nodes", "gpus_per_node", "gpu", "profile", "node_groups")
+CLUSTER_KEYS = (("nodes", "gpus_per_node", "gpu", "profile", "compute_stat", "node_groups")
                 + tuple(f"intra_node.{f.name}" for f in dataclasses.fields(IntraNode))
                 + tuple(f"inter_node.{f.name}" for f in dataclasses.fields(InterNode)))
 PLAN_KEYS = tuple(f.name for f in dataclasses.fields(Plan))
