@@ -17,7 +17,7 @@ from sim.inventory import compare_inventory, expected_collectives
 from sim.io import atomic_write_text
 from sim.model import ModelSpec
 from sim.plan import Plan, validate
-from sim.profile_db import resolve_device_dir
+from sim.profile_db import calibration_key, resolve_device_dir
 
 __all__ = ["compare", "calibrate", "format_comparison"]
 
@@ -36,7 +36,7 @@ def compare(model: ModelSpec, plan: Plan, cluster: ClusterSpec, fidelity: str = 
     t_pred, t_meas = predicted.iteration_time_s, measured["iteration_s"]
     return {
         "model": model.name, "cluster": cluster.name, "plan": plan.to_dict(),
-        "fidelity": fidelity, "profile": cluster.profile,
+        "fidelity": fidelity, "profile": cluster.profile, "compute_stat": cluster.compute_stat,
         "predicted_s": t_pred, "measured_s": t_meas,
         "measured_min_s": measured["min_s"], "measured_max_s": measured["max_s"],
         "error": (t_pred - t_meas) / t_meas,
@@ -57,26 +57,34 @@ def _calibration_file(cluster: ClusterSpec) -> Path:
 
 def calibrate(cluster: ClusterSpec, comparisons: list[dict[str, Any]]) -> dict[str, Any]:
     """Fold measured/predicted iteration-time ratios into the profile DB's compute scale
-    (geometric mean over the comparisons, on top of any earlier calibration), written
-    atomically to ``calibration.json`` in the device folder; the cost model multiplies
-    every profiled compute time by it."""
+    for the cluster's ``compute_stat`` (geometric mean over the comparisons, on top of any
+    earlier calibration), written atomically to ``calibration.json`` in the device folder;
+    the cost model multiplies every compute time it reads with that statistic by it."""
     path = _calibration_file(cluster)
     old = json.loads(path.read_text()) if path.exists() else {}
+    key = calibration_key(cluster.compute_stat)
     ratios = [c["measured_s"] / c["predicted_s"] for c in comparisons]
     step = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
-    new = {"schema_version": 1, "compute_scale": old.get("compute_scale", 1.0) * step,
-           "runs": old.get("runs", []) + [{"model": c["model"], "plan": c["plan"],
-                                            "measured_s": c["measured_s"],
-                                            "predicted_s": c["predicted_s"]}
-                                           for c in comparisons]}
+    runs = [{"model": c["model"], "plan": c["plan"], "compute_stat": cluster.compute_stat,
+             "measured_s": c["measured_s"], "predicted_s": c["predicted_s"]}
+            for c in comparisons]
+    new = {**old, "schema_version": 1, key: old.get(key, 1.0) * step,
+           "runs": old.get("runs", []) + runs}
     atomic_write_text(path, json.dumps(new, indent=2) + "\n")
-    return {"path": str(path), "compute_scale": new["compute_scale"], "step": step}
+    return {"path": str(path), "compute_stat": cluster.compute_stat, "compute_scale": new[key],
+            "step": step}
+
+
+def _profile_label(c: dict[str, Any]) -> str:
+    if not c["profile"]:
+        return "none: hardware specs"
+    return f"{c['profile']}, {c.get('compute_stat', 'median')} of its compute rows"
 
 
 def format_comparison(c: dict[str, Any]) -> str:
     lines = [
         f"{c['model']} on {c['cluster']} ({c['fidelity']} simulator, profile "
-        f"{c['profile'] or 'none: hardware specs'})",
+        f"{_profile_label(c)})",
         f"  iteration   predicted {c['predicted_s']:.3f} s   measured {c['measured_s']:.3f} s "
         f"(steps {c['measured_min_s']:.3f}-{c['measured_max_s']:.3f})   error "
         f"{100 * c['error']:+.1f}%",

@@ -3,24 +3,27 @@
 Run: ``.venv/bin/python experiments/validate_profile_cpu.py [--db DIR | --fresh]``. For each
 of ten layer shapes (widths, heads, sequence lengths and micro-batches that are not grid
 points), the script measures forward + backward of a real torch layer
-(``profiler/layer.py``, one thread, fp32, timed like the profile's own rows, the other cores
-kept busy as when the profile was taken: ``--busy``) and predicts it from the profile DB's
-preset grid through the simulator's cost model, restricted to the preset grid
-(interpolated, never extrapolated: any extrapolation is reported). The prediction is the
-sum of the layer's operations times the whole-layer correction the profile measured on its
-own grid of layers. Both statistics the profile records are checked, each against the same
-statistic of the layer's samples: the median (``compute_stat = "median"``, the default) and
-the 10th percentile (``compute_stat = "p10"``).
+(``profiler/layer.py``, one thread, fp32, the other cores kept busy as when the profile was
+taken: ``--busy``) and predicts it from the profile DB's preset grid through the simulator's
+cost model, restricted to the preset grid (interpolated, never extrapolated: any
+extrapolation is reported). The prediction is the sum of the layer's operations times the
+whole-layer correction the profile measured on its own grid of layers. Both statistics the
+profile records are checked, each against the same statistic of the layer's samples: the
+median (``compute_stat = "median"``, the default) and the p10 (``compute_stat = "p10"``).
+A layer sample is one forward + backward (``--samples`` per round after two warm-ups); a
+profile row times forward and backward apart, up to 7 samples each and fewer past 2 s, so
+with so few samples the p10 is the fastest one on both sides.
 
 Against an existing DB (the one trainsim ships for this CPU by default) the layers are
-measured in ``--rounds`` rounds back to back. ``--fresh`` is the issue's protocol: profile
-the fp32 preset grid into a new DB (about 5 min here), then predict. It interleaves the
-two: the grid is cut into ``--rounds`` stripes (every stripe holds shapes of every op), and
-after each stripe every layer is measured once more. A shared machine's speed wanders by
-more than the target within minutes; interleaved, the layers are measured over the same
-minutes as the grid points that predict them, so the error is the model's, not the drift
-between two sessions. A layer's figure is the median over rounds of each round's
-statistic.
+measured in ``--rounds`` rounds back to back. ``--fresh`` profiles the fp32 preset grid into
+a new DB (about 5 min here) and predicts from it once it is complete, as the issue asks, but
+measures the layers while the grid is profiled rather than after: the grid is cut into
+``--rounds`` stripes (every 10th shape of the list, so each stripe holds shapes of every op
+but the optimizer's five), and after each stripe every layer is measured once more. A shared
+machine's speed wanders by more than the target within minutes; interleaved, the layers are
+measured over the same minutes as the grid points that predict them, so the error is the
+model's, not the drift between two sessions. A layer's figure is the median over rounds of
+each round's statistic.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from sim.hardware import get_hardware
 from sim.io import atomic_write_text
 from sim.model import ModelSpec
 from sim.plan import Plan
+from sim.profile_db import COMPUTE_STATS
 from sim.profiled import load_cost_model
 
 OUT = Path(__file__).resolve().parent / "results" / "profile_heldout_cpu.csv"
@@ -62,7 +66,6 @@ SHAPES = [
     ("llama-768", 768, 12, 4, 2048, 384, 2, LLAMA), ("llama-896", 896, 14, 2, 1984, 576, 1, LLAMA),
     ("gpt-320", 320, 5, 5, 1280, 320, 2, GPT), ("gpt-576", 576, 9, 9, 2304, 704, 1, GPT),
 ]
-STATS = ("median", "p10")
 
 
 @dataclass
@@ -93,7 +96,7 @@ def held_out(name: str, h: int, heads: int, kv: int, ffn: int, seq: int, mb: int
     def step() -> None:
         layer(x).backward(grad)
 
-    return HeldOut(name, m, seq, mb, step, {s: [] for s in STATS})
+    return HeldOut(name, m, seq, mb, step, {s: [] for s in COMPUTE_STATS})
 
 
 def measure(layers: list[HeldOut], rounds: int, samples: int,
@@ -130,7 +133,7 @@ def table(db: str, layers: list[HeldOut]) -> pd.DataFrame:
                      "kv_heads": m.kv_heads, "ffn": m.ffn_hidden_size, "seq": seq,
                      "micro_batch": mb, "rounds": len(layer.rounds["median"])}
         extrapolated: set[str] = set()
-        for stat in STATS:
+        for stat in COMPUTE_STATS:
             cost = load_cost_model(db, get_hardware("cpu"), grid="preset-cpu", stat=stat)
             lt = layer_time(cost, m, plan)
             predicted, measured = lt.forward + lt.backward, statistics.median(layer.rounds[stat])
@@ -178,7 +181,7 @@ def main() -> None:
     print(df.drop(columns=["extrapolated", "hidden", "heads", "kv_heads", "ffn"])
           .round(2).to_string(index=False))
     print()
-    for stat in STATS:
+    for stat in COMPUTE_STATS:
         err = df[f"error_{stat}_pct"].abs()
         print(f"{stat:>6}: median |error| {err.median():.1f}%, worst {err.max():.1f}% "
               f"({df.loc[err.idxmax(), 'layer']})")

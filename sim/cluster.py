@@ -89,6 +89,9 @@ class ClusterSpec:
     def __post_init__(self) -> None:
         _check_int("nodes", self.nodes)
         _check_choice("compute_stat", self.compute_stat, COMPUTE_STATS)
+        if self.compute_stat != "median" and not self.profile:
+            raise SpecError("compute_stat", f"{self.compute_stat} is a statistic of profiled "
+                            "times: name a profile DB too (profile = \"DIR\" or --profile)")
         _check_int("gpus_per_node", self.gpus_per_node)
         _check_choice("intra_node.kind", self.intra_node.kind, INTRA_KINDS)
         object.__setattr__(self, "node_groups", _resolve_groups(self))

@@ -19,12 +19,14 @@ each holding ``meta.json`` and CSV tables with units in their column names:
   after a compute burst of ``burst_s`` as in a training step, and ``overhead_s``, their
   difference; the simulator adds its median over sizes to each such collective.
 * Each compute row keeps the median of its timed samples and their 10th percentile
-  (``p10``); the cost model reads one of them (``compute_stat``, default ``median``). On a
-  shared machine the median carries whatever interference other tenants caused while the
-  profile ran; the p10 is the operation's cost with most of it removed, and reproduces
-  across hours where the median drifts (README, "Profiler").
-* ``calibration.json`` (optional): ``compute_scale``, the factor ``trainsim compare
-  --calibrate`` found between real runs and predictions; every compute time is scaled by it.
+  (``p10``: with the 3-7 samples a row takes, the fastest one); the cost model reads one of
+  them (``compute_stat``, default ``median``). On a shared machine the median carries
+  whatever interference other work caused while the profile ran; the p10 leaves most of it
+  out.
+* ``calibration.json`` (optional): ``compute_scale`` (for ``median``) and
+  ``compute_scale_p10``, the factors ``trainsim compare --calibrate`` found between real
+  runs and predictions made with that statistic; every compute time read with that
+  statistic is scaled by its factor.
 """
 
 from __future__ import annotations
@@ -38,9 +40,9 @@ from pathlib import Path
 from sim.errors import SpecError
 from sim.io import read_text
 
-__all__ = ["ProfileDB", "load_profile_db", "COMPUTE_STATS", "resolve_device_dir", "segment_time",
-           "insitu_overhead", "COMPUTE_COLUMNS", "COMM_COLUMNS", "FIT_COLUMNS",
-           "INSITU_COLUMNS", "SHAPE_DIMS"]
+__all__ = ["ProfileDB", "load_profile_db", "COMPUTE_STATS", "calibration_key",
+           "resolve_device_dir", "segment_time", "insitu_overhead", "COMPUTE_COLUMNS",
+           "COMM_COLUMNS", "FIT_COLUMNS", "INSITU_COLUMNS", "SHAPE_DIMS"]
 
 COMPUTE_COLUMNS = ["op", "variant", "dtype", "grid", "m", "n", "k", "fwd_median_s",
                    "fwd_p10_s", "fwd_p90_s", "bwd_median_s", "bwd_p10_s", "bwd_p90_s",
@@ -53,6 +55,12 @@ FIT_COLUMNS = ["collective", "backend", "fabric", "group_size", "min_size_bytes"
 INSITU_COLUMNS = ["collective", "backend", "fabric", "group_size", "size_bytes", "isolated_s",
                   "insitu_s", "overhead_s", "burst_s", "repeats"]
 COMPUTE_STATS = ("median", "p10")  # which recorded statistic the cost model reads
+
+
+def calibration_key(stat: str) -> str:
+    """The ``calibration.json`` key of the compute scale for predictions made with ``stat``."""
+    return "compute_scale" if stat == "median" else f"compute_scale_{stat}"
+
 # How many of (m, n, k) each op uses.
 SHAPE_DIMS = {"gemm": 3, "attention": 3, "embedding": 3, "optimizer": 1, "layer": 3}
 
@@ -135,21 +143,23 @@ def load_profile_db(path: str | Path, device_hint: str, stat: str = "median") ->
                                                      float(row["overhead_s"])))
     for points in db.comm_overhead.values():
         points.sort()
-    db.compute_scale = _compute_scale(folder / "calibration.json")
+    db.compute_scale = _compute_scale(folder / "calibration.json", calibration_key(stat))
     return db
 
 
-def _compute_scale(path: Path) -> float:
+def _compute_scale(path: Path, key: str) -> float:
+    """The factor under ``key``; 1 without a file or without a calibration for ``key``."""
     if not path.exists():
         return 1.0
     try:
-        value = json.loads(read_text(path, "profile"))["compute_scale"]
-    except (json.JSONDecodeError, KeyError, TypeError):
-        raise SpecError("profile", f"{path} is not a calibration file (needs "
-                        "compute_scale)") from None
+        data = json.loads(read_text(path, "profile"))
+    except json.JSONDecodeError:
+        data = None
+    if not isinstance(data, dict):
+        raise SpecError("profile", f"{path} is not a calibration file (a JSON object)")
+    value = data.get(key, 1.0)
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise SpecError("profile", f"{path}: compute_scale must be a number > 0, "
-                        f"got {value!r}")
+        raise SpecError("profile", f"{path}: {key} must be a number > 0, got {value!r}")
     return float(value)
 
 

@@ -32,6 +32,10 @@ def test_profile_compute_model_then_show(capsys, tmp_path):
                        "--json")
     low = json.loads(out)
     assert code == 0 and low["iteration_time_s"] < result["iteration_time_s"]
+    code, out, _ = run(capsys, "simulate", "--model", "tiny", "--cluster", "cpu:1", "--plan",
+                       _plan(tmp_path), "--profile", str(tmp_path), "--set",
+                       "compute_stat=p10", "--json")
+    assert code == 0 and json.loads(out)["iteration_time_s"] == low["iteration_time_s"]
 
 
 def _plan(tmp_path):
@@ -57,6 +61,10 @@ def test_cuda_requested_without_gpu(capsys, tmp_path):
      "--max-bytes: must be >= --min-bytes 2048"),
     (["simulate", "--model", "tiny", "--cluster", "cpu:1", "--plan", "x.json", "--profile",
       "/nonexistent"], "plan"),
+    (["simulate", "--model", "tiny", "--cluster", "cpu:1", "--plan", "x.json",
+      "--compute-stat", "mean"], "--compute-stat: invalid choice: 'mean'"),
+    (["simulate", "--model", "tiny", "--cluster", "dgx-h100:1", "--plan", "x.json",
+      "--compute-stat", "p10"], "compute_stat: p10 is a statistic of profiled times"),
 ])
 def test_bad_profile_input(capsys, args, needle):
     code, out, err = run(capsys, *args)

@@ -3,13 +3,18 @@
 import csv
 import dataclasses
 import json
+import shutil
 import statistics
+from pathlib import Path
 
 import pytest
 
 from sim import Plan, load_cluster, load_model, simulate
+from sim.cluster import cluster_from_dict
+from sim.compute import layer_time
 from sim.errors import SpecError
 from sim.hardware import get_hardware
+from sim.model import ModelSpec
 from sim.profile_db import (
     COMPUTE_COLUMNS,
     FIT_COLUMNS,
@@ -20,6 +25,7 @@ from sim.profile_db import (
 from sim.profiled import interpolate, load_cost_model
 
 CPU = get_hardware("cpu")
+SHIPPED = Path(__file__).resolve().parents[1] / "sim" / "data" / "profiles" / "cpu-amd-epyc"
 RATE = 5e10  # FLOP/s of the synthetic device
 
 
@@ -163,6 +169,65 @@ def test_compute_stat_picks_the_rows_median_or_p10(tmp_path):
     assert times[1] < times[0]
     with pytest.raises(SpecError, match="compute_stat"):
         dataclasses.replace(c, compute_stat="mean")
+
+
+def test_compute_stat_needs_a_profile_and_survives_a_round_trip(db):
+    with pytest.raises(SpecError, match="^compute_stat: p10 is a statistic of profiled"):
+        dataclasses.replace(load_cluster("dgx-h100:1"), compute_stat="p10")
+    c = dataclasses.replace(load_cluster("cpu:1"), profile=str(db), compute_stat="p10")
+    assert cluster_from_dict(c.to_dict(), "c").compute_stat == "p10"
+
+
+def test_p10_reaches_the_layer_correction_and_the_des(tmp_path):
+    """Every p10 half its median: the layer correction (a ratio of layer rows to op rows)
+    is the same with either statistic, so a whole layer and a DES step take exactly half."""
+    folder = tmp_path / "cpu-half"
+    shutil.copytree(SHIPPED, folder)
+    rows = list(csv.DictReader((folder / "compute.csv").open()))
+    for r in rows:
+        for d in ("fwd", "bwd"):
+            r[f"{d}_p10_s"] = str(float(r[f"{d}_median_s"] or 0) / 2)
+    with (folder / "compute.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, COMPUTE_COLUMNS)
+        w.writeheader()
+        w.writerows(rows)
+    hw = dataclasses.replace(CPU, name="cpu-half")
+    m = ModelSpec("l", 1, 384, 6, 1024, 1000, num_kv_heads=2, max_seq_len=640,
+                  gated_mlp=True, norm="rmsnorm", position_embedding="rope")
+    plan = Plan(global_batch_size=1, seq_len=640, dtype="fp32")
+    med, p10 = (load_cost_model(folder, hw, grid="preset-cpu", stat=s) for s in ("median", "p10"))
+    assert p10.layer_factor(m, plan) == pytest.approx(med.layer_factor(m, plan), rel=1e-9)
+    assert not med.extrapolated and not p10.extrapolated
+    whole = [layer_time(c, m, plan) for c in (med, p10)]
+    assert whole[1].forward == pytest.approx(whole[0].forward / 2, rel=1e-9)
+    assert whole[1].backward == pytest.approx(whole[0].backward / 2, rel=1e-9)
+    c = dataclasses.replace(load_cluster("cpu:1"), gpu=hw, profile=str(folder))
+    des = [simulate(load_model("tiny"), dataclasses.replace(c, compute_stat=s),
+                    Plan(global_batch_size=1, seq_len=512, dtype="fp32"), fidelity="des")
+           for s in ("median", "p10")]
+    assert 0 < des[1].iteration_time_s < des[0].iteration_time_s
+
+
+def test_calibration_is_kept_per_statistic(db):
+    from executor.compare import calibrate
+
+    hw = dataclasses.replace(CPU, name="dev")
+    c = dataclasses.replace(load_cluster("cpu:1"), gpu=hw, profile=str(db))
+    run = {"model": "tiny", "plan": {}, "measured_s": 2.0, "predicted_s": 1.0}
+    out = calibrate(dataclasses.replace(c, compute_stat="p10"), [run])
+    assert out["compute_stat"] == "p10" and out["compute_scale"] == pytest.approx(2.0)
+    data = json.loads((db / "calibration.json").read_text())
+    assert data["compute_scale_p10"] == pytest.approx(2.0) and "compute_scale" not in data
+    base = _gemm_rows()[0]
+    t = base["fwd_median_s"]
+    assert load_cost_model(db, hw).gemm(64, 64, 64, "fp32")[0] == pytest.approx(t)
+    assert calibrate(c, [run | {"measured_s": 3.0}])["compute_scale"] == pytest.approx(3.0)
+    assert load_cost_model(db, hw).gemm(64, 64, 64, "fp32")[0] == pytest.approx(3 * t)
+    data = json.loads((db / "calibration.json").read_text())
+    assert data["compute_scale_p10"] == pytest.approx(2.0) and len(data["runs"]) == 2
+    (db / "calibration.json").write_text("[1]")
+    with pytest.raises(SpecError, match="not a calibration file"):
+        load_cost_model(db, hw)
 
 
 def test_simulate_reads_the_clusters_profile(db):

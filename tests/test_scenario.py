@@ -64,7 +64,8 @@ def test_cluster_edit_changes_only_that_field():
         "name": "", "inter_node": {}}
     assert c.name == "dgx-h100:2[inter_node.nic_Gbps=800]"
     assert apply_cluster_edits(base, []) is base
-    assert apply_cluster_edits(base, [("compute_stat", "p10")]).compute_stat == "p10"
+    edited = apply_cluster_edits(base, [("profile", "db"), ("compute_stat", "p10")])
+    assert (edited.profile, edited.compute_stat) == ("db", "p10")
 
 
 def test_gpu_edit_carries_the_derived_nvlink_rate_but_not_an_explicit_one():
@@ -86,6 +87,7 @@ def test_gpu_edit_carries_the_derived_nvlink_rate_but_not_an_explicit_one():
     (("inter_node.oversubscription", 0.5), r"^inter_node\.oversubscription: must be a number >= 1"),
     (("inter_node.pod_gpus", 12), r"^inter_node\.pod_gpus: must be 0"),
     (("compute_stat", "mean"), r"^compute_stat: must be one of median, p10, got 'mean'"),
+    (("compute_stat", "p10"), r"^compute_stat: p10 is a statistic of profiled times"),
 ])
 def test_bad_cluster_edits_fail_like_a_cluster_file(edit, message):
     with pytest.raises(SpecError, match=message):

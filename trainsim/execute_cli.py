@@ -92,8 +92,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     print(format_comparison(result))
     if args.calibrate:
         cal = result["calibration"]
-        print(f"calibrated: compute scale {cal['compute_scale']:.3f} (x{cal['step']:.3f} "
-              f"this run) written to {cal['path']}")
+        print(f"calibrated: compute scale ({cal['compute_stat']}) {cal['compute_scale']:.3f} "
+              f"(x{cal['step']:.3f} this run) written to {cal['path']}")
     return 0
 
 

@@ -17,8 +17,10 @@ DEFAULT_DB = "profiles"
 
 def add_profile_options(p: argparse.ArgumentParser, profile_help: str) -> None:
     """``--profile DIR`` and ``--compute-stat`` on a command that simulates a cluster."""
+    from sim.profile_db import COMPUTE_STATS
+
     p.add_argument("--profile", metavar="DIR", help=profile_help)
-    p.add_argument("--compute-stat", choices=("median", "p10"), help="which statistic of "
+    p.add_argument("--compute-stat", choices=COMPUTE_STATS, help="which statistic of "
                    "each profiled compute time to read (overrides the cluster's "
                    "compute_stat; default median). p10 leaves out most interference from "
                    "other work on a shared machine")
@@ -28,11 +30,9 @@ def with_profile_options(cluster: Any, args: argparse.Namespace) -> Any:
     """``cluster`` with the ``--profile`` and ``--compute-stat`` given on the command line."""
     import dataclasses
 
-    if getattr(args, "profile", None):
-        cluster = dataclasses.replace(cluster, profile=args.profile)
-    if getattr(args, "compute_stat", None):
-        cluster = dataclasses.replace(cluster, compute_stat=args.compute_stat)
-    return cluster
+    changes = {k: getattr(args, k, None) for k in ("profile", "compute_stat")}
+    changes = {k: v for k, v in changes.items() if v}
+    return dataclasses.replace(cluster, **changes) if changes else cluster
 
 
 def _int_list(text: str) -> list[int]:
