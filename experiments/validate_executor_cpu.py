@@ -2,9 +2,13 @@
 
 Run: ``.venv/bin/python experiments/validate_executor_cpu.py [--db DIR] [--rounds R]``.
 
-1. Profiles this machine first (unless ``--db`` names a profile of it): ``trainsim profile
-   compute --model tiny`` (one thread, the other core kept busy as in a two-rank run) and
-   ``trainsim profile comm --nproc 2`` up to 64 MiB, into ``runs/executor-profile``.
+1. Profiles this machine unless ``--db`` names a profile of it, into
+   ``runs/executor-profile``: ``trainsim profile comm --nproc 2`` up to 64 MiB first, then
+   the compute profile of ``tiny`` (``trainsim profile compute --model tiny``, one thread, the
+   other core kept busy as in a two-rank run) **once per round, just before that round's
+   runs**. Each shape keeps its median pass over the rounds (``profiler.compute.
+   merge_passes``). A shared VM's speed wanders by more than the targets within minutes;
+   interleaved, the profile and the runs it predicts sample the same minutes.
 2. Runs the eight two-rank plans of :func:`executor.suite.suite_plans` on ``cpu:2`` with
    torchrun + gloo, ``--rounds`` times each, round-robin (so slow spells of a shared host
    hit all plans alike); the measured iteration time of a plan is the median over every
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import shutil
 import statistics
 import subprocess
 import sys
@@ -34,6 +39,7 @@ import pandas as pd
 
 from executor.launch import execute
 from executor.suite import suite_plans
+from profiler.compute import merge_passes
 from sim.api import simulate
 from sim.cluster import load_cluster
 from sim.inventory import compare_inventory, expected_collectives
@@ -45,10 +51,20 @@ OUT = ROOT / "experiments" / "results" / "executor_cpu.csv"
 TRAINSIM = [str(Path(sys.executable).with_name("trainsim"))]
 
 
-def profile(db: Path) -> None:
-    for args in (["compute", "--model", "tiny", "--passes", "3"],
-                 ["comm", "--nproc", "2", "--max-bytes", str(64 << 20), "--rounds", "5"]):
-        subprocess.run([*TRAINSIM, "profile", *args, "--db", str(db)], check=True, cwd=ROOT)
+def profile(args: list[str], db: Path) -> None:
+    subprocess.run([*TRAINSIM, "profile", *args, "--db", str(db)], check=True, cwd=ROOT)
+
+
+def profile_comm(db: Path) -> None:
+    profile(["comm", "--nproc", "2", "--max-bytes", str(64 << 20), "--rounds", "5"], db)
+
+
+def profile_compute_pass(db: Path, r: int) -> Path:
+    """One pass of the ``tiny`` compute profile into its own DB; its device folder."""
+    root = db / "passes" / f"round-{r + 1}"
+    shutil.rmtree(root, ignore_errors=True)
+    profile(["compute", "--model", "tiny"], root)
+    return next(p for p in root.iterdir() if (p / "meta.json").is_file())
 
 
 def spearman(a: pd.Series, b: pd.Series) -> float:
@@ -80,10 +96,10 @@ def main() -> None:
         report(old)
         return
     db = Path(args.db) if args.db else ROOT / "runs" / "executor-profile"
+    passes: list[Path] = []
     if not args.db:
-        t0 = time.time()
-        profile(db)
-        print(f"profiled this machine into {db} in {time.time() - t0:.0f} s")
+        shutil.rmtree(db, ignore_errors=True)
+        profile_comm(db)
     model = load_model("tiny")
     cluster = dataclasses.replace(load_cluster("cpu:2"), profile=str(db))
     plans = suite_plans()
@@ -91,6 +107,8 @@ def main() -> None:
     per_round: dict[str, list[float]] = {k: [] for k in plans}
     runs: dict[str, dict] = {}
     for r in range(args.rounds):
+        if not args.db:
+            passes.append(profile_compute_pass(db, r))
         for name, plan in plans.items():
             t0 = time.time()
             res = execute(model, plan, steps=args.steps, warmup=args.warmup)
@@ -99,6 +117,10 @@ def main() -> None:
             runs.setdefault(name, res)
             print(f"round {r + 1} {name:14s} {res['iteration_s']:.3f} s "
                   f"(wall {time.time() - t0:.0f} s)", flush=True)
+    if passes:
+        shapes = merge_passes(passes, db / passes[0].name)
+        print(f"profiled {shapes} shapes in {len(passes)} passes, one before each round, "
+              f"into {db / passes[0].name}")
     rows = []
     for name, plan in plans.items():
         measured = statistics.median(steps[name])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -15,8 +16,9 @@ from profiler.db import device_dir, merge_rows, read_table, update_meta
 from profiler.device import device_name, environment
 from profiler.ops import OpSpec, build_op
 from profiler.timing import time_op
+from sim.io import read_text
 
-__all__ = ["measure", "run_compute_profile", "FLUSH_EVERY_S"]
+__all__ = ["measure", "run_compute_profile", "merge_passes", "median_pass", "FLUSH_EVERY_S"]
 
 FLUSH_EVERY_S = 20.0  # a killed run loses at most this much work
 
@@ -47,11 +49,29 @@ def _done(folder: Path) -> set[tuple[str, ...]]:
             .itertuples(index=False)}
 
 
-def _median_pass(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def median_pass(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Of one shape's rows from several passes, the one whose forward + backward is the
     median (a slow spell of the machine hits one pass, not the shape's final row)."""
     ranked = sorted(rows, key=lambda r: r["fwd_median_s"] + r["bwd_median_s"])
     return {**ranked[(len(ranked) - 1) // 2], "repeats": sum(r["repeats"] for r in rows)}
+
+
+def merge_passes(passes: list[Path], dest: Path) -> int:
+    """Merge device folders that each hold one pass over the same shapes (taken at
+    different times, e.g. between other measurements) into ``dest``: every shape keeps its
+    median pass, as with ``--passes``. Returns the number of shapes written."""
+    results: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    for folder in passes:
+        for row in read_table(folder, "compute").to_dict("records"):
+            key = _key(row[c] for c in ("op", "variant", "dtype", "grid", "m", "n", "k"))
+            results.setdefault(key, []).append(row)
+    dest.mkdir(parents=True, exist_ok=True)
+    merge_rows(dest, "compute", [median_pass(rows) for rows in results.values()])
+    first = json.loads(read_text(passes[0] / "meta.json", "profile")) \
+        if (passes[0] / "meta.json").is_file() else {}
+    update_meta(dest, first.get("device", dest.name), first.get("environment", {}),
+                {"kind": "compute", "rows": len(results), "merged_passes": len(passes)})
+    return len(results)
 
 
 def run_compute_profile(specs: Iterable[OpSpec], device: str, root: str | Path,
@@ -76,7 +96,7 @@ def run_compute_profile(specs: Iterable[OpSpec], device: str, root: str | Path,
 
     def flush() -> None:
         if pending:
-            merge_rows(folder, "compute", [_median_pass(results[k]) for k in sorted(pending)])
+            merge_rows(folder, "compute", [median_pass(results[k]) for k in sorted(pending)])
             pending.clear()
 
     with busy_neighbours(busy if todo else 0):

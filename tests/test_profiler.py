@@ -94,10 +94,25 @@ def test_compute_profile_passes_keep_each_shapes_median_pass(tmp_path):
 def test_median_pass_picks_the_middle_total():
     rows = [{"fwd_median_s": f, "bwd_median_s": b, "repeats": 7}
             for f, b in ((1.0, 2.0), (5.0, 5.0), (2.0, 2.0))]
-    from profiler.compute import _median_pass
+    from profiler.compute import median_pass
 
-    best = _median_pass(rows)
+    best = median_pass(rows)
     assert (best["fwd_median_s"], best["bwd_median_s"], best["repeats"]) == (2.0, 2.0, 21)
+
+
+def test_merge_passes_keeps_each_shapes_median_pass(tmp_path):
+    from profiler.compute import merge_passes
+
+    row = dict(op="gemm", variant="", dtype="fp32", grid="g", m=1, n=2, k=3, fwd_p10_s=1,
+               fwd_p90_s=1, bwd_median_s=2, bwd_p10_s=2, bwd_p90_s=2, repeats=3, threads=1)
+    for i, fwd in enumerate((9.0, 1.0, 4.0)):
+        merge_rows(tmp_path / f"p{i}", "compute", [{**row, "fwd_median_s": fwd}] + (
+            [{**row, "m": 8, "fwd_median_s": 3.0}] if i == 0 else []))
+    dest = tmp_path / "dest"
+    assert merge_passes([tmp_path / f"p{i}" for i in range(3)], dest) == 2
+    table = read_table(dest, "compute").set_index("m")
+    assert table.loc[1, "fwd_median_s"] == 4.0 and table.loc[1, "repeats"] == 9
+    assert table.loc[8, "fwd_median_s"] == 3.0
 
 
 def test_merge_keeps_newest_row_per_key(tmp_path):
