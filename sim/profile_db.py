@@ -55,14 +55,14 @@ FIT_COLUMNS = ["collective", "backend", "fabric", "group_size", "min_size_bytes"
 INSITU_COLUMNS = ["collective", "backend", "fabric", "group_size", "size_bytes", "isolated_s",
                   "insitu_s", "overhead_s", "burst_s", "repeats"]
 COMPUTE_STATS = ("median", "p10")  # which recorded statistic the cost model reads
+# How many of (m, n, k) each op uses.
+SHAPE_DIMS = {"gemm": 3, "attention": 3, "embedding": 3, "optimizer": 1, "layer": 3}
 
 
 def calibration_key(stat: str) -> str:
     """The ``calibration.json`` key of the compute scale for predictions made with ``stat``."""
     return "compute_scale" if stat == "median" else f"compute_scale_{stat}"
 
-# How many of (m, n, k) each op uses.
-SHAPE_DIMS = {"gemm": 3, "attention": 3, "embedding": 3, "optimizer": 1, "layer": 3}
 
 Key = tuple[str, str, str]  # op, variant, dtype
 Point = tuple[float, ...]
