@@ -16,7 +16,8 @@ with so few samples the p10 is the fastest one on both sides.
 
 Against an existing DB (the one trainsim ships for this CPU by default) the layers are
 measured in ``--rounds`` rounds back to back. ``--fresh`` profiles the fp32 preset grid into
-a new DB (about 5 min here) and predicts from it once it is complete, as the issue asks, but
+a new DB, ``runs/heldout-profile`` (about 5 min here; kept for a later look, replaced by the
+next ``--fresh``), and predicts from it once it is complete, as the issue asks, but
 measures the layers while the grid is profiled rather than after: the grid is cut into
 ``--rounds`` stripes (every 10th shape of the list, so each stripe holds shapes of every op
 but the optimizer's five), and after each stripe every layer is measured once more. A shared
@@ -30,8 +31,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import shutil
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -56,6 +57,7 @@ from sim.profile_db import COMPUTE_STATS
 from sim.profiled import load_cost_model
 
 OUT = Path(__file__).resolve().parent / "results" / "profile_heldout_cpu.csv"
+FRESH_DB = Path(__file__).resolve().parents[1] / "runs" / "heldout-profile"  # --fresh's DB
 LLAMA = dict(gated_mlp=True, norm="rmsnorm", position_embedding="rope", tied_embeddings=False)
 GPT = dict(linear_bias=True, dropout=True)
 # (name, hidden, heads, kv heads, ffn, seq, micro-batch, style)
@@ -168,9 +170,10 @@ def main() -> None:
     torch.set_num_threads(1)
     layers = [held_out(*spec) for spec in SHAPES]
     t0 = time.time()
-    with tempfile.TemporaryDirectory() as tmp, busy_neighbours(args.busy):
+    with busy_neighbours(args.busy):
         if args.fresh:
-            db = fresh_interleaved(tmp, layers, rounds, args.samples)
+            shutil.rmtree(FRESH_DB, ignore_errors=True)
+            db = fresh_interleaved(str(FRESH_DB), layers, rounds, args.samples)
         else:
             db = args.db
             measure(layers, rounds, args.samples)
