@@ -40,6 +40,8 @@ import pandas as pd
 from executor.launch import execute
 from executor.suite import suite_plans
 from profiler.compute import merge_passes
+from profiler.db import device_dir
+from profiler.device import device_name
 from sim.api import simulate
 from sim.cluster import load_cluster
 from sim.inventory import compare_inventory, expected_collectives
@@ -64,7 +66,7 @@ def profile_compute_pass(db: Path, r: int) -> Path:
     root = db / "passes" / f"round-{r + 1}"
     shutil.rmtree(root, ignore_errors=True)
     profile(["compute", "--model", "tiny"], root)
-    return next(p for p in root.iterdir() if (p / "meta.json").is_file())
+    return device_dir(root, device_name("cpu"))
 
 
 def spearman(a: pd.Series, b: pd.Series) -> float:

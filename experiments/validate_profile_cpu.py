@@ -44,6 +44,8 @@ from tqdm import tqdm
 
 from profiler.busy import busy_neighbours, default_busy
 from profiler.compute import run_compute_profile
+from profiler.db import device_dir
+from profiler.device import device_name
 from profiler.grids import preset_grid
 from profiler.layer import ReferenceLayer
 from profiler.timing import time_op
@@ -116,14 +118,9 @@ def fresh_interleaved(root: str, layers: list[HeldOut], rounds: int, samples: in
     layer after each; returns the device folder."""
     specs = preset_grid("cpu", ["fp32"])
     stripes = [specs[i::rounds] for i in range(rounds)]
-    folder: list[Path] = []
-
-    def profile_stripe(r: int) -> None:
-        path, _ = run_compute_profile(stripes[r], "cpu", root, threads=1, progress=False)
-        folder.append(path)
-
-    measure(layers, rounds, samples, between=profile_stripe)
-    return str(folder[-1])
+    measure(layers, rounds, samples, between=lambda r: run_compute_profile(
+        stripes[r], "cpu", root, threads=1, progress=False))
+    return str(device_dir(root, device_name("cpu")))
 
 
 def table(db: str, layers: list[HeldOut]) -> pd.DataFrame:
