@@ -10,14 +10,14 @@ from typing import Any
 
 from executor.launch import execute
 from sim.api import simulate
-from sim.cluster import ClusterSpec
+from sim.cost.profile_db import calibration_key, resolve_device_dir
 from sim.errors import SpecError
-from sim.hardware import cpu_device_name
-from sim.inventory import compare_inventory, expected_collectives
 from sim.io import atomic_write_text
-from sim.model import ModelSpec
-from sim.plan import Plan, validate
-from sim.profile_db import calibration_key, resolve_device_dir
+from sim.layout.inventory import compare_inventory, expected_collectives
+from sim.spec.cluster import ClusterSpec
+from sim.spec.hardware import cpu_device_name
+from sim.spec.model import ModelSpec
+from sim.spec.plan import Plan, validate
 
 __all__ = ["compare", "calibrate", "format_comparison"]
 

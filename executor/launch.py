@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from sim.errors import SpecError
-from sim.model import ModelSpec
-from sim.plan import Plan
+from sim.spec.model import ModelSpec
+from sim.spec.plan import Plan
 
 __all__ = ["execute", "ExecutionError", "summarize_ranks"]
 

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sim.errors import SpecError
-from sim.model import ModelSpec
+from sim.spec.model import ModelSpec
 
 __all__ = ["Transformer", "scale_model", "moe_layer_ids"]
 

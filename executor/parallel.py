@@ -20,10 +20,10 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from executor.model import MoE, Transformer
 from sim.errors import SpecError
-from sim.model import ModelSpec
-from sim.placement import rank_coords
-from sim.plan import Plan
-from sim.stages import virtual_stage_layers
+from sim.layout.placement import rank_coords
+from sim.layout.stages import virtual_stage_layers
+from sim.spec.model import ModelSpec
+from sim.spec.plan import Plan
 
 __all__ = ["Parallel", "parallelize", "build_mesh", "ddp_bucket_bytes", "MESH_DIMS"]
 
@@ -51,7 +51,7 @@ class Parallel:
 
 def _logical_rank(plan: Plan, pp: int, dp: int, cp: int, tp: int) -> int:
     """Rank at these coordinates under the plan's placement (the dp coordinate is split
-    into its expert-parallel part, innermost, and the rest, as in :mod:`sim.placement`)."""
+    into its expert-parallel part, innermost, and the rest, as in :mod:`sim.layout.placement`)."""
     _, stride = rank_coords(plan)
     coords = {"pp": pp, "ep": dp % plan.ep, "dp": dp // plan.ep, "cp": cp, "tp": tp}
     r = sum(coords[d] * stride[d] for d in stride)
@@ -84,7 +84,7 @@ def _new_groups(sets: list[list[int]]) -> Any:
 def ddp_bucket_bytes(plan: Plan) -> int:
     """Gradient bucket of the simulator's data-parallel model (Megatron-LM's 40M
     parameters, at least 1M per DP rank), in bytes of the reduced gradient dtype."""
-    from sim.des import dp_bucket_params
+    from sim.layout.inventory import dp_bucket_params
 
     return int(dp_bucket_params(plan) * plan.activation_bytes)
 

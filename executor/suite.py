@@ -4,7 +4,7 @@ validate_executor_cpu.py`` compares them with the simulator)."""
 
 from __future__ import annotations
 
-from sim.plan import Plan
+from sim.spec.plan import Plan
 
 __all__ = ["suite_plans"]
 

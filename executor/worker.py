@@ -26,8 +26,8 @@ import torch.nn.functional as F
 from executor.collectives import CollectiveRecorder, attribute, summarize, trace_collectives
 from executor.model import Transformer
 from executor.parallel import Parallel, parallelize
-from sim.model import ModelSpec
-from sim.plan import Plan
+from sim.spec.model import ModelSpec
+from sim.spec.plan import Plan
 
 __all__ = ["main", "synthetic_batch"]
 

@@ -17,7 +17,7 @@ import timeit
 from pathlib import Path
 
 from sim import Plan, load_cluster, load_model, save_plan, simulate
-from sim.placement import _group_span
+from sim.layout.placement import _group_span
 
 PLAN = Plan(global_batch_size=1536, seq_len=2048, dp=16, tp=8, pp=8, vpp=4,
             schedule="interleaved-1f1b", recompute="full", dtype="fp16", attention="standard")

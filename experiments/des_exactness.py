@@ -2,7 +2,7 @@
 
 Run: ``.venv/bin/python experiments/des_exactness.py``. For every collective algorithm the
 DES tier implements, on groups inside one node, across nodes, and both, at 1 KiB, 1 MiB and
-1 GiB: the simulated time on an otherwise idle network vs ``sim.alphabeta`` (α and β terms).
+1 GiB: the simulated time on an otherwise idle network vs ``sim.network.alphabeta`` (α and β terms).
 Also the two checks of the flow model itself: two flows on one link each take twice as
 long, and max-min shares on a hand-solved three-link example. Writes
 ``experiments/results/des_exactness.csv``.
@@ -16,13 +16,13 @@ from pathlib import Path
 import pandas as pd
 import simpy
 
-from sim.alphabeta import collective_time, fabric_for
-from sim.cluster import load_cluster
-from sim.des_comm import CommEngine
 from sim.io import atomic_write_text
-from sim.network import Flow, Network, max_min_rates
-from sim.placement import GroupSpan
-from sim.topology import build_topology
+from sim.layout.placement import GroupSpan
+from sim.network.alphabeta import collective_time, fabric_for
+from sim.network.engine import CommEngine
+from sim.network.flows import Flow, Network, max_min_rates
+from sim.network.topology import build_topology
+from sim.spec.cluster import load_cluster
 
 OUT = Path(__file__).resolve().parent / "results" / "des_exactness.csv"
 GROUPS = {"1 node x 8": (list(range(8)), GroupSpan(8, 8, 1, False)),

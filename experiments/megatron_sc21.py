@@ -19,10 +19,10 @@ import csv
 from pathlib import Path
 from typing import Any
 
-from sim.cluster import ClusterSpec, load_cluster
-from sim.hf_config import hf_config_to_spec
-from sim.model import ModelSpec
-from sim.plan import Plan
+from sim.spec.cluster import ClusterSpec, load_cluster
+from sim.spec.hf_config import hf_config_to_spec
+from sim.spec.model import ModelSpec
+from sim.spec.plan import Plan
 
 __all__ = ["load_rows", "row_model", "row_plan", "row_cluster", "eq3_flops", "DATA"]
 

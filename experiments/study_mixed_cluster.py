@@ -32,8 +32,8 @@ from optimizer.search import Candidate, SearchReport, optimize
 from optimizer.space import SearchSpace
 from sim import load_cluster, load_model, simulate
 from sim.io import atomic_write_text
-from sim.plan import Plan
-from sim.plots import save_figure
+from sim.spec.plan import Plan
+from trainsim.plots.figures import save_figure
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "experiments" / "results"

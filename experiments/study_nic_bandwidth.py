@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from optimizer.sweep import SweepSpec
-from optimizer.sweep_run import run_sweep
+from optimizer.sweep.grid import SweepSpec
+from optimizer.sweep.run import run_sweep
 from sim.io import atomic_write_text
-from sim.plots import save_figure
+from trainsim.plots.figures import save_figure
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "experiments" / "results"

@@ -29,9 +29,9 @@ from pathlib import Path
 import pandas as pd
 
 from sim import Plan, load_cluster, load_model, simulate
-from sim.faults import faults_from_options
 from sim.io import atomic_write_text
-from sim.plots import save_figure
+from sim.spec.faults import faults_from_options
+from trainsim.plots.figures import save_figure
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FACTORS = (1.0, 1.1, 1.2, 1.3, 1.4, 1.5)

@@ -14,9 +14,9 @@ from pathlib import Path
 import pandas as pd
 
 from profiler.db import read_table
-from sim.cluster import shipped_cpu_profile
+from sim.cost.profile_db import segment_time
 from sim.io import atomic_write_text
-from sim.profile_db import segment_time
+from sim.spec.cluster import shipped_cpu_profile
 
 OUT = Path(__file__).resolve().parent / "results" / "comm_fit_cpu.csv"
 

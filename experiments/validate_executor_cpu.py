@@ -43,10 +43,10 @@ from profiler.compute import merge_passes
 from profiler.db import device_dir
 from profiler.device import device_name
 from sim.api import simulate
-from sim.cluster import load_cluster
-from sim.inventory import compare_inventory, expected_collectives
 from sim.io import atomic_write_text
-from sim.model import load_model
+from sim.layout.inventory import compare_inventory, expected_collectives
+from sim.spec.cluster import load_cluster
+from sim.spec.zoo import load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "experiments" / "results" / "executor_cpu.csv"

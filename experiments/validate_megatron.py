@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from megatron_sc21 import eq3_flops, load_rows, row_cluster, row_model, row_plan  # noqa: E402
 
-from sim.api import simulate  # noqa: E402
+from sim.api import simulate
 from sim.io import atomic_write_text  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -3,7 +3,7 @@
 Run: ``.venv/bin/python experiments/validate_nccl.py``. Writes
 ``experiments/results/nccl_allreduce_validation.csv``: bus bandwidth measured (Azure
 nccl-tests, ``experiments/data/nccl_allreduce_busbw_8gpu_single_node_azure.csv``) and
-predicted by ``sim.alphabeta`` with the auto algorithm, per message size.
+predicted by ``sim.network.alphabeta`` with the auto algorithm, per message size.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from sim.alphabeta import collective_time, fabric_for
-from sim.cluster import load_cluster
 from sim.io import atomic_write_text
-from sim.placement import GroupSpan
+from sim.layout.placement import GroupSpan
+from sim.network.alphabeta import collective_time, fabric_for
+from sim.spec.cluster import load_cluster
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data" / "nccl_allreduce_busbw_8gpu_single_node_azure.csv"

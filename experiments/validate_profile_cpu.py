@@ -49,14 +49,13 @@ from profiler.device import device_name
 from profiler.grids import preset_grid
 from profiler.layer import ReferenceLayer
 from profiler.timing import time_op
-from sim.cluster import shipped_cpu_profile
-from sim.compute import layer_time
-from sim.hardware import get_hardware
+from sim.cost.compute import layer_time
+from sim.cost.profiled import load_cost_model
 from sim.io import atomic_write_text
-from sim.model import ModelSpec
-from sim.plan import Plan
-from sim.profile_db import COMPUTE_STATS
-from sim.profiled import load_cost_model
+from sim.spec.cluster import COMPUTE_STATS, shipped_cpu_profile
+from sim.spec.hardware import get_hardware
+from sim.spec.model import ModelSpec
+from sim.spec.plan import Plan
 
 OUT = Path(__file__).resolve().parent / "results" / "profile_heldout_cpu.csv"
 FRESH_DB = Path(__file__).resolve().parents[1] / "runs" / "heldout-profile"  # --fresh's DB

@@ -15,8 +15,8 @@ from pathlib import Path
 import pandas as pd
 
 from sim import Plan, load_cluster, simulate
-from sim.hf_config import hf_config_to_spec
 from sim.io import atomic_write_text
+from sim.spec.hf_config import hf_config_to_spec
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data" / "megatron_table2_ptdp_vs_zero3.csv"

@@ -19,12 +19,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
-from sim.cluster import ClusterSpec
-from sim.costmodel import CostModel
+from sim.analytic.replicas import replica_stage_scales, replica_timings
+from sim.cost.costmodel import CostModel
+from sim.cost.scales import gpu_compute_scales
 from sim.errors import SpecError
-from sim.hetero import gpu_compute_scales, replica_stage_scales, replica_timings
-from sim.model import ModelSpec
-from sim.plan import Plan, validate
+from sim.spec.cluster import ClusterSpec
+from sim.spec.model import ModelSpec
+from sim.spec.plan import Plan, validate
 
 __all__ = ["proportional", "balanced_variants", "balanced", "refine", "even_form"]
 

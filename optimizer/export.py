@@ -12,10 +12,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sim.cluster import ClusterSpec
 from sim.errors import SpecError
-from sim.model import ModelSpec
-from sim.plan import DEFAULT_PLACEMENT, Plan
+from sim.spec.cluster import ClusterSpec
+from sim.spec.model import ModelSpec
+from sim.spec.plan import DEFAULT_PLACEMENT, Plan
 
 __all__ = ["export", "FORMATS", "rank_table", "megatron_args", "deepspeed_config",
            "torchtitan_toml", "torchrun_command", "check_megatron", "check_deepspeed",
@@ -27,7 +27,7 @@ _DTYPE_FLAG = {"bf16": "--bf16", "fp16": "--fp16", "fp8": "--bf16 --fp8-format h
 
 def rank_table(plan: Plan, cluster: ClusterSpec) -> list[dict[str, int]]:
     """Global rank (framework order: tp innermost, then cp, ep/dp, pp) -> device."""
-    from sim.placement import rank_coords
+    from sim.layout.placement import rank_coords
 
     sizes, strides = rank_coords(plan)
     order = ("tp", "cp", "ep", "dp", "pp")  # the frameworks' default, innermost first
@@ -164,7 +164,7 @@ def torchrun_command(plan: Plan, cluster: ClusterSpec) -> str:
 
 def export(fmt: str, plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> dict[str, str]:
     """File name -> text for one framework (plus ``rank_table.json`` when needed)."""
-    from sim.plan import validate
+    from sim.spec.plan import validate
 
     validate(plan, model, cluster)
     if plan.micro_batches_per_replica is not None and fmt in FORMATS:

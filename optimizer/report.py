@@ -8,7 +8,7 @@ from typing import Any
 
 from optimizer.search import Candidate, SearchReport
 from sim.io import atomic_write_files
-from sim.plan import Plan
+from sim.spec.plan import Plan
 
 __all__ = ["plan_label", "summary", "format_report", "write_outputs"]
 
@@ -108,12 +108,10 @@ def _csv(rep: SearchReport) -> str:
 
 def write_outputs(rep: SearchReport, s: dict[str, Any], out: Path, extra: dict[str, str]
                   ) -> list[Path]:
-    """best_plan.json, plans.csv, report.json, the plots, and ``extra`` files."""
+    """best_plan.json, plans.csv, report.json and ``extra`` files (the front door adds the
+    plots: :func:`trainsim.plots.search.plot_search`)."""
     files = {out / "best_plan.json": json.dumps(rep.best.plan.to_dict(), indent=2) + "\n",
              out / "report.json": json.dumps(s, indent=2) + "\n", out / "plans.csv": _csv(rep)}
     files.update({out / name: text for name, text in extra.items()})
     atomic_write_files(files)
-    from optimizer.plots import plot_pareto, plot_top_breakdown
-
-    return [*files, plot_pareto(rep, out / "pareto.png"),
-            plot_top_breakdown(rep, out / "top_breakdown.png")]
+    return list(files)

@@ -19,14 +19,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from optimizer.space import SearchSpace, divisors
-from sim.api import cost_model_for, simulate
-from sim.cluster import ClusterSpec
+from sim.analytic.replicas import analytic_timing
+from sim.api import simulate
+from sim.cost.profiled import cost_model_for
 from sim.errors import NoFeasiblePlan, SpecError
-from sim.flops import model_flops_per_token
-from sim.hetero import analytic_timing, memory_verdict
-from sim.model import ModelSpec
-from sim.plan import Plan, validate
+from sim.layout.flops import model_flops_per_token
+from sim.layout.memory import memory_verdict
 from sim.result import Result
+from sim.spec.cluster import ClusterSpec
+from sim.spec.model import ModelSpec
+from sim.spec.plan import Plan, validate
 
 __all__ = ["optimize", "SearchReport", "Candidate", "megatron_heuristic", "lower_bound_s"]
 
@@ -170,7 +172,7 @@ def _plan_key(p: Plan) -> str:
 
 
 def _collective_moves(p: Plan, r: Result) -> list[tuple[str, Plan]]:
-    from sim.plan import ALGORITHMS
+    from sim.spec.plan import ALGORITHMS
 
     comm = r.communication
     group = max(("tp", "dp", "ep"), key=lambda g: (comm[g]["exposed_s"], g))
@@ -188,8 +190,8 @@ def _collective_moves(p: Plan, r: Result) -> list[tuple[str, Plan]]:
 
 def _stage_moves(space: SearchSpace, p: Plan) -> list[tuple[str, Plan]]:
     """Shift one layer off the slowest pipeline stage onto the fastest (1F1B only)."""
-    from sim.analytic import stage_costs
-    from sim.stages import virtual_stage_layers
+    from sim.analytic.iteration import stage_costs
+    from sim.layout.stages import virtual_stage_layers
 
     if p.pp == 1 or p.vpp > 1:
         return []

@@ -20,9 +20,9 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from sim.cluster import ClusterSpec
-from sim.model import ModelSpec
-from sim.plan import Plan
+from sim.spec.cluster import ClusterSpec
+from sim.spec.model import ModelSpec
+from sim.spec.plan import Plan
 
 __all__ = ["SearchSpace", "divisors", "plans"]
 

@@ -35,7 +35,7 @@ def _spin(stop: object, ready: object, kind: str) -> None:
             return a @ b
     else:  # a small training step: GEMMs, attention, element-wise passes, autograd
         from profiler.layer import ReferenceLayer
-        from sim.model import load_model
+        from sim.spec.zoo import load_model
 
         layer = ReferenceLayer(load_model("tiny"), 512)
         x = torch.randn(2, 512, 256, requires_grad=True)

@@ -14,8 +14,8 @@ from typing import Any
 
 import pandas as pd
 
+from sim.cost.profile_db import COMM_COLUMNS, COMPUTE_COLUMNS, FIT_COLUMNS, INSITU_COLUMNS
 from sim.io import atomic_write_text, read_text
-from sim.profile_db import COMM_COLUMNS, COMPUTE_COLUMNS, FIT_COLUMNS, INSITU_COLUMNS
 
 __all__ = ["TABLES", "read_table", "merge_rows", "write_table", "update_meta", "device_dir"]
 

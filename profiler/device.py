@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from sim.hardware import cpu_device_name, host_cpu_model
+from sim.spec.hardware import cpu_device_name, host_cpu_model
 
 __all__ = ["device_name", "environment", "cuda_device_name"]
 

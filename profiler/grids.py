@@ -11,9 +11,9 @@ import itertools
 from dataclasses import dataclass
 
 from profiler.ops import ROPE_HEAD_DIM, OpSpec
-from sim.compute import layer_variant
-from sim.flops import param_count
-from sim.model import ModelSpec
+from sim.cost.compute import layer_variant
+from sim.layout.flops import param_count
+from sim.spec.model import ModelSpec
 
 __all__ = ["preset_grid", "model_grid", "PRESETS", "Preset"]
 
@@ -115,7 +115,7 @@ def model_grid(m: ModelSpec, tps: list[int], micro_batches: list[int], seq_lens:
 
 def _preset_layers(p: Preset, device: str, dtype: str) -> list[OpSpec]:
     """Whole Llama-style layers (head dim 64, MHA, SwiGLU of 8/3 hidden) over the preset's
-    tokens and layer widths, one TP rank: what :meth:`sim.profiled.Profiled.layer_factor`
+    tokens and layer widths, one TP rank: what :meth:`sim.cost.profiled.Profiled.layer_factor`
     compares with the sum of their operations."""
     out = []
     for h, t in itertools.product(p.layer_hiddens, p.tokens):

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sim.model import ModelSpec
+from sim.spec.model import ModelSpec
 
 __all__ = ["ReferenceLayer"]
 

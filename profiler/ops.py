@@ -140,7 +140,7 @@ def _layer(s: OpSpec, dt: torch.dtype, dev: str) -> tuple[Fn, Fn]:
     """A whole layer on one of ``k`` TP ranks (its heads and FFN split, no communication):
     ``m`` tokens of ``n`` hidden, structure from the variant."""
     from profiler.layer import ReferenceLayer
-    from sim.compute import variant_layer
+    from sim.cost.compute import variant_layer
 
     spec, seq = variant_layer(s.variant, s.n)
     local = dataclasses.replace(spec, num_heads=spec.num_heads // s.k,

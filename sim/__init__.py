@@ -7,12 +7,13 @@ True
 """
 
 from sim.api import FIDELITIES, simulate
-from sim.cluster import ClusterSpec, load_cluster
 from sim.errors import NoFeasiblePlan, SpecError
-from sim.hardware import HardwareSpec, get_hardware
-from sim.model import ModelSpec, load_model
-from sim.plan import Plan, load_plan, save_plan, validate
 from sim.result import Result
+from sim.spec.cluster import ClusterSpec, load_cluster
+from sim.spec.hardware import HardwareSpec, get_hardware
+from sim.spec.model import ModelSpec
+from sim.spec.plan import Plan, load_plan, save_plan, validate
+from sim.spec.zoo import load_model
 
 __all__ = ["simulate", "FIDELITIES", "ClusterSpec", "load_cluster", "SpecError",
            "NoFeasiblePlan", "HardwareSpec", "get_hardware", "ModelSpec", "load_model", "Plan",

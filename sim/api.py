@@ -2,26 +2,24 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from sim.analytic import analytic_iteration, memory_gib
-from sim.cluster import ClusterSpec
-from sim.costmodel import CostModel, roofline_for
+from sim.analytic.iteration import analytic_iteration
+from sim.analytic.replicas import replica_analytic
+from sim.cost.costmodel import CostModel
+from sim.cost.profiled import cost_model_for
+from sim.cost.scales import combine_scales, gpu_compute_scales, mean_peak_tflops
 from sim.errors import SpecError
-from sim.flops import hardware_flops_per_token, model_flops_per_token
-from sim.hetero import (
-    combine_scales,
-    gpu_compute_scales,
-    mean_peak_tflops,
-    memory_verdict,
-    replica_analytic,
-)
-from sim.model import ModelSpec
-from sim.plan import Plan, validate
+from sim.layout.flops import hardware_flops_per_token, model_flops_per_token
+from sim.layout.memory import memory_report
+from sim.network.perturbation import NO_PERTURBATION, Perturbation
 from sim.result import Result, Timing
+from sim.spec.cluster import ClusterSpec
+from sim.spec.model import ModelSpec
+from sim.spec.plan import Plan, validate
 
 if TYPE_CHECKING:
-    from sim.faults import Faults
+    from sim.spec.faults import Faults
 
 __all__ = ["simulate", "FIDELITIES"]
 
@@ -33,7 +31,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, fidelity: str =
              faults: Faults | None = None) -> Result:
     """Predict one training iteration of ``model`` on ``cluster`` under ``plan``. The DES
     tier can run without symmetry reduction (``reduce=False``) and write a Chrome trace.
-    ``faults``: stragglers and link failures (:mod:`sim.faults`)."""
+    ``faults``: stragglers and link failures (:mod:`sim.spec.faults`)."""
     if fidelity not in FIDELITIES:
         raise SpecError("fidelity", f"must be one of {', '.join(FIDELITIES)}, got {fidelity!r}")
     validate(plan, model, cluster)
@@ -41,7 +39,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, fidelity: str =
     if faults is not None and not faults.empty:
         return _with_faults(model, cluster, plan, fidelity, cost, faults, reduce, trace)
     scales = gpu_compute_scales(model, cluster, plan)  # GPU types other than the cost model's
-    timing = _des(model, cluster, plan, cost, reduce, trace, compute_scale=scales) \
+    timing = _des(model, cluster, plan, cost, reduce, trace, NO_PERTURBATION.with_scale(scales)) \
         if fidelity == "des" else _analytic(model, cluster, plan, cost, scales)
     return _result(model, cluster, plan, fidelity, timing, cost)
 
@@ -52,14 +50,14 @@ def _with_faults(model: ModelSpec, cluster: ClusterSpec, plan: Plan, fidelity: s
     and failed links in the DES, which then runs unreduced."""
     import dataclasses
 
-    from sim.faults import fault_inputs
+    from sim.network.failures import fault_inputs
 
     f = fault_inputs(faults, cluster, plan, fidelity, reduce)
     gpu_scales = gpu_compute_scales(model, cluster, plan)
-    scales = combine_scales(gpu_scales, f.des_kwargs["compute_scale"])  # stragglers x GPU type
+    scales = combine_scales(gpu_scales, f.perturbation.compute_scale)  # stragglers x GPU type
     if fidelity == "des":
         timing = _des(model, cluster, plan, cost, f.reduce, trace,
-                      **(f.des_kwargs | {"compute_scale": scales}))
+                      f.perturbation.with_scale(scales))
     elif gpu_scales is not None or plan.micro_batches_per_replica is not None:
         timing = _analytic(model, cluster, plan, cost, scales)
     else:
@@ -74,25 +72,25 @@ def _with_faults(model: ModelSpec, cluster: ClusterSpec, plan: Plan, fidelity: s
 def _analytic(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel,
               scales: list[float] | None = None) -> Timing:
     """Per replica when devices differ in speed or replicas in micro-batches
-    (:func:`sim.hetero.replica_analytic`)."""
+    (:func:`sim.analytic.replicas.replica_analytic`)."""
     if scales is None and plan.micro_batches_per_replica is None:
         return analytic_iteration(model, cluster, plan, cost)
     return replica_analytic(model, cluster, plan, cost, scales)
 
 
 def _des(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel, reduce: bool,
-         trace: str | None, **faults: Any) -> Timing:
-    """``faults``: simulate_des's topology, compute_scale and link_failures."""
+         trace: str | None, perturbation: Perturbation) -> Timing:
+    """The DES tier (imported here: simulating analytically never loads SimPy)."""
     import time
 
-    from sim.des import simulate_des
+    from sim.des.run import simulate_des
 
     t0 = time.perf_counter()
     out = simulate_des(model, cluster, plan, cost, reduce=reduce, record=trace is not None,
-                       **faults)
+                       perturbation=perturbation)
     out.simulation["wall_s"] = time.perf_counter() - t0
     if trace:
-        from sim.trace import write_chrome_trace
+        from sim.des.trace import write_chrome_trace
 
         write_chrome_trace(trace, out.timeline, cluster)
     return out
@@ -105,8 +103,8 @@ def _result(model: ModelSpec, cluster: ClusterSpec, plan: Plan, fidelity: str, t
     per_gpu_s = t.iteration_s * gpus * 1e12
     model_tf = model_flops_per_token(model, plan.seq_len) * tokens / per_gpu_s
     hw_tf = hardware_flops_per_token(model, plan.seq_len, plan.recompute) * tokens / per_gpu_s
-    mem = memory_gib(model, cluster, plan)
-    peak, capacity = memory_verdict(model, cluster, plan)  # each stage against its own GPUs
+    mem = memory_report(model, cluster, plan)  # each stage against its own GPUs
+    peak, capacity = mem.peak_gib, mem.capacity_gib
     return Result(
         fidelity=fidelity, model=model.name, cluster=cluster.name, gpus=gpus,
         iteration_time_s=t.iteration_s, tokens_per_s=tokens / t.iteration_s,
@@ -115,7 +113,7 @@ def _result(model: ModelSpec, cluster: ClusterSpec, plan: Plan, fidelity: str, t
         memory_capacity_gib=capacity, fits_in_memory=peak <= capacity,
         bubble_fraction=t.breakdown["bubble"] / t.pipeline_s if t.pipeline_s else 0.0,
         num_microbatches=plan.num_microbatches, breakdown=t.breakdown,
-        communication=t.communication, memory_gib=mem,
+        communication=t.communication, memory_gib=mem.ranks_gib,
         extrapolated=sorted(cost.extrapolated), warnings=_warnings(plan, peak, capacity),
         links=t.links, simulation=t.simulation)
 
@@ -128,12 +126,3 @@ def _warnings(plan: Plan, peak_gib: float, capacity_gib: float) -> list[str]:
         out.append("recompute=selective re-runs the attention core, but flash attention keeps "
                    "no s x s scores: it costs time and saves no memory")
     return out
-
-
-def cost_model_for(cluster: ClusterSpec) -> CostModel:
-    """The cluster's profile DB when it names one, else the catalog roofline."""
-    if cluster.profile:
-        from sim.profiled import load_cost_model
-
-        return load_cost_model(cluster.profile, cluster.gpu, stat=cluster.compute_stat)
-    return roofline_for(cluster.gpu)

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from sim.alphabeta import NIC_EFFICIENCY, collective_time, default_algorithm, fabric_for
-from sim.cluster import load_cluster
-from sim.placement import GroupSpan
+from sim.layout.placement import GroupSpan
+from sim.network.alphabeta import NIC_EFFICIENCY, collective_time, default_algorithm, fabric_for
+from sim.spec.cluster import load_cluster
 
 A100 = load_cluster("dgx-a100:2")
 B_I = 300e9 * 0.77  # NVLink per direction x measured NCCL efficiency

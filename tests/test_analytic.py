@@ -3,8 +3,8 @@ import dataclasses
 import pytest
 
 from sim import Plan, load_cluster, load_model, simulate
-from sim.analytic import stage_costs
-from sim.costmodel import roofline_for
+from sim.analytic.iteration import stage_costs
+from sim.cost.costmodel import roofline_for
 from sim.result import BREAKDOWN_KINDS
 
 GPT3 = load_model("gpt3-175b")
@@ -173,7 +173,7 @@ def test_interleaved_calls_carry_two_messages():
 def test_embedding_and_output_layer_tp_collectives():
     """The first stage all-reduces the embedding output (no SP), the last stage the output
     layer's input gradient plus three fp32 values per token for the loss."""
-    from sim.stages import edge_tp_collectives
+    from sim.layout.stages import edge_tp_collectives
 
     p = plan(sequence_parallel=False)
     full = 2048 * 12288 * 2

@@ -1,7 +1,7 @@
 import pytest
 
-from sim.cluster import load_cluster
 from sim.errors import SpecError
+from sim.spec.cluster import load_cluster
 
 ISSUE_TOML = """
 nodes = 16

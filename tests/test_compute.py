@@ -1,10 +1,10 @@
 import pytest
 
-from sim.compute import layer_time, logits_time
-from sim.costmodel import Roofline, op_bytes, roofline_for
-from sim.hardware import get_hardware
-from sim.model import load_zoo
-from sim.plan import Plan
+from sim.cost.compute import layer_time, logits_time
+from sim.cost.costmodel import Roofline, op_bytes, roofline_for
+from sim.spec.hardware import get_hardware
+from sim.spec.plan import Plan
+from sim.spec.zoo import load_zoo
 
 A100 = get_hardware("a100-sxm4-80gb")
 RF = roofline_for(A100)

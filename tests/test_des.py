@@ -7,14 +7,15 @@ import pytest
 import simpy
 
 from sim import Plan, load_cluster, load_model, simulate
-from sim.alphabeta import collective_time, fabric_for
-from sim.costmodel import roofline_for
-from sim.des import simulate_des
-from sim.des_comm import CommEngine
-from sim.network import Flow, Network, max_min_rates
-from sim.placement import GroupSpan
-from sim.schedule import Exchange, stage_ops, stage_program
-from sim.topology import bisection_Bps, build_topology, check_route
+from sim.cost.costmodel import roofline_for
+from sim.des.run import simulate_des
+from sim.layout.placement import GroupSpan
+from sim.layout.schedule import Exchange, stage_ops, stage_program
+from sim.network.alphabeta import collective_time, fabric_for
+from sim.network.engine import CommEngine
+from sim.network.flows import Flow, Network, max_min_rates
+from sim.network.perturbation import Perturbation
+from sim.network.topology import bisection_Bps, build_topology, check_route
 
 H100 = load_cluster("dgx-h100:4")
 TOPO = build_topology(H100)
@@ -241,18 +242,19 @@ def test_compute_scale_uniform_is_exact_and_a_slow_rank_turns_reduction_off():
     p = Plan(global_batch_size=8, seq_len=2048, dp=4, tp=2, pp=2)
     cost = roofline_for(c.gpu)
     base = simulate_des(m, c, p, cost)
-    same = simulate_des(m, c, p, cost, compute_scale=[1.0] * c.world_size)
+    ones = Perturbation(compute_scale=[1.0] * c.world_size)
+    same = simulate_des(m, c, p, cost, perturbation=ones)
     assert same.iteration_s == base.iteration_s and same.simulation["reduced"]
     # a whole stage twice as slow is still one unit per stage
     stage1 = [1.0] * 8 + [2.0] * 8  # default placement: stage 1 holds ranks 8..15
-    slow_stage = simulate_des(m, c, p, cost, compute_scale=stage1)
+    slow_stage = simulate_des(m, c, p, cost, perturbation=Perturbation(compute_scale=stage1))
     assert slow_stage.simulation["reduced"] and slow_stage.iteration_s > base.iteration_s
     one = [1.0] * c.world_size
     one[9] = 1.5
-    slow = simulate_des(m, c, p, cost, compute_scale=one)
+    slow = simulate_des(m, c, p, cost, perturbation=Perturbation(compute_scale=one))
     assert not slow.simulation["reduced"] and "not_reduced_because" in slow.simulation
-    full = simulate_des(m, c, p, cost, reduce=False, compute_scale=one)
+    full = simulate_des(m, c, p, cost, reduce=False, perturbation=Perturbation(compute_scale=one))
     assert slow.iteration_s == full.iteration_s
     assert base.iteration_s < slow.iteration_s < slow_stage.iteration_s
     with pytest.raises(ValueError, match="entries"):
-        simulate_des(m, c, p, cost, compute_scale=[1.0])
+        simulate_des(m, c, p, cost, perturbation=Perturbation(compute_scale=[1.0]))

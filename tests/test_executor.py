@@ -18,10 +18,11 @@ from executor.parallel import _interleave_rows, mesh_ranks
 from executor.suite import suite_plans
 from executor.worker import synthetic_batch
 from sim.errors import SpecError
-from sim.flops import param_count
-from sim.inventory import compare_inventory, expected_collectives
-from sim.model import ModelSpec, load_model
-from sim.plan import Plan
+from sim.layout.flops import param_count
+from sim.layout.inventory import compare_inventory, expected_collectives
+from sim.spec.model import ModelSpec
+from sim.spec.plan import Plan
+from sim.spec.zoo import load_model
 
 TINY = load_model("tiny")
 MOE = ModelSpec("tiny-moe", 2, 64, 4, 128, 512, max_seq_len=128, gated_mlp=True,

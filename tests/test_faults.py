@@ -10,20 +10,7 @@ import pytest
 import simpy
 
 from sim import Plan, SpecError, load_cluster, load_model, simulate
-from sim.api import cost_model_for
-from sim.des import simulate_des
-from sim.faults import (
-    Faults,
-    fault_inputs,
-    faults_from_options,
-    link_ids,
-    parse_dist,
-    parse_failure,
-    parse_straggler,
-    resolve,
-    stage_scales,
-)
-from sim.goodput import (
+from sim.analytic.goodput import (
     GoodputInputs,
     expected_time_s,
     goodput_report,
@@ -32,9 +19,13 @@ from sim.goodput import (
     segment_time_s,
     young_interval_s,
 )
-from sim.network import Network
-from sim.scenario import apply_cluster_edits
-from sim.topology import build_topology
+from sim.cost.profiled import cost_model_for
+from sim.des.run import simulate_des
+from sim.network.failures import fault_inputs, link_ids, resolve, stage_scales
+from sim.network.flows import Network
+from sim.network.topology import build_topology
+from sim.spec.faults import Faults, faults_from_options, parse_dist, parse_failure, parse_straggler
+from sim.spec.scenario import apply_cluster_edits
 from trainsim.cli import main
 
 DP16 = Plan(global_batch_size=32, seq_len=1024, dp=16)
@@ -184,8 +175,8 @@ def test_failures_run_unreduced_even_when_asked_to_reduce():
     f = fault_inputs(faults_from_options(failures=["nic0.0@0"]), cluster, plan, "des", True)
     assert not f.reduce
     args = (load_model("tiny"), cluster, plan, cost_model_for(cluster))
-    asked = simulate_des(*args, reduce=True, **f.des_kwargs)
-    full = simulate_des(*args, reduce=False, **f.des_kwargs)
+    asked = simulate_des(*args, reduce=True, perturbation=f.perturbation)
+    full = simulate_des(*args, reduce=False, perturbation=f.perturbation)
     assert not asked.simulation["reduced"] and "failed link" in asked.simulation[
         "not_reduced_because"]
     assert asked.iteration_s == full.iteration_s > simulate_des(*args).iteration_s
@@ -333,7 +324,7 @@ def test_faults_empty():
 
 
 def test_sweep_varies_a_straggler():
-    from optimizer.sweep import SweepSpec, check_spec, evaluate_point
+    from optimizer.sweep.grid import SweepSpec, check_spec, evaluate_point
 
     spec = SweepSpec("tiny", "dgx-a100:2", fixed=(("global_batch_size", 16), ("seq_len", 256)),
                      axes=(("straggler", ("none", "node:1=1.5")),))
@@ -361,7 +352,7 @@ def test_scenario_file_faults(capsys, tmp_path, plan_file):
 
 def test_a_link_named_in_a_result_table_can_be_slowed():
     """The busiest-links table and --straggler link: / --fail-link use the same names."""
-    from sim.links import link_name
+    from sim.network.links import link_name
 
     topo = build_topology(load_cluster("dgx-h100:2"))
     for lid in (0, len(topo.links) // 2, len(topo.links) - 1):

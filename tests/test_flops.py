@@ -1,14 +1,15 @@
 import pytest
 from megatron_sc21 import eq3_flops, load_rows, row_model
 
-from sim.flops import (
+from sim.layout.flops import (
     active_param_count,
     forward_flops_per_token,
     hardware_flops_per_token,
     model_flops_per_token,
     param_count,
 )
-from sim.model import ModelSpec, load_zoo
+from sim.spec.model import ModelSpec
+from sim.spec.zoo import load_zoo
 
 ROWS = load_rows()
 

@@ -6,7 +6,7 @@ from importlib import resources
 import pytest
 
 from sim.errors import SpecError
-from sim.hardware import HardwareSpec, catalog, get_hardware
+from sim.spec.hardware import HardwareSpec, catalog, get_hardware
 
 REQUIRED = ("a100-sxm4-80gb", "h100-sxm5-80gb", "h200-sxm-141gb", "b200", "mi300x", "cpu")
 

@@ -17,14 +17,15 @@ from optimizer.export import export
 from optimizer.report import format_report, summary
 from optimizer.search import optimize
 from sim import load_cluster, load_model, simulate
-from sim.api import cost_model_for
+from sim.cost.profiled import cost_model_for
+from sim.cost.scales import gpu_compute_scales
 from sim.errors import SpecError
-from sim.hetero import gpu_compute_scales, memory_verdict
-from sim.plan import Plan
-from sim.scenario import apply_cluster_edits, parse_value
-from sim.topology import build_topology
+from sim.layout.memory import memory_verdict
+from sim.network.topology import build_topology
+from sim.spec.plan import Plan
+from sim.spec.scenario import apply_cluster_edits, parse_value
 from trainsim.cli import main
-from trainsim.optimize_cli import run_optimize
+from trainsim.commands.optimize import run_optimize
 
 MIXED = "dgx-a100:1+dgx-h100:1"
 GROUPS_TOML = """
@@ -72,7 +73,7 @@ def test_toml_groups_parse(tmp_path):
     assert c.nic_GBps_per_gpu == 25.0  # the slowest group's share: 8 x 200 Gb/s / 8
     again = load_cluster(MIXED)
     assert again.to_dict()["node_groups"][1]["gpu"] == "h100-sxm5-80gb"
-    from sim.cluster import cluster_from_dict
+    from sim.spec.cluster import cluster_from_dict
     assert cluster_from_dict(c.to_dict(), "x").node_groups == c.node_groups
 
 
@@ -266,16 +267,16 @@ def test_doctests():
     import doctest
 
     import optimizer.balance
-    import sim.hetero
+    import sim.analytic.replicas
 
-    for module in (sim.hetero, optimizer.balance):
+    for module in (sim.analytic.replicas, optimizer.balance):
         assert doctest.testmod(module).failed == 0
 
 
 @pytest.mark.parametrize("fidelity", ["analytic", "des"])
 def test_stragglers_multiply_gpu_type_scales(model, fidelity):
     """A straggler on an H100 slows the H100 replica that the balanced split loads most."""
-    from sim.faults import faults_from_options
+    from sim.spec.faults import faults_from_options
 
     c, plan = load_cluster(MIXED), _dp_plan((12, 20))
     base = simulate(model, c, plan, fidelity).iteration_time_s

@@ -1,4 +1,4 @@
-"""sim.hf_config: Hugging Face config.json -> ModelSpec, checked against published sizes."""
+"""sim.spec.hf_config: Hugging Face config.json -> ModelSpec, checked against published sizes."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from sim.errors import SpecError
-from sim.flops import active_param_count, param_count
-from sim.hf_config import SUPPORTED_MODEL_TYPES, hf_config_to_spec, load_hf_config
-from sim.model import load_model
+from sim.layout.flops import active_param_count, param_count
+from sim.spec.hf_config import SUPPORTED_MODEL_TYPES, hf_config_to_spec, load_hf_config
+from sim.spec.zoo import load_model
 
 # The size-relevant part of each model's config.json on the Hugging Face Hub, plus a few
 # of the keys the loader must ignore.

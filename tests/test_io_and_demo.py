@@ -1,7 +1,7 @@
 import pytest
 
 from sim.io import atomic_write_text
-from trainsim.demo import SCENARIO
+from trainsim.commands.demo import SCENARIO
 
 
 def test_atomic_write_replaces_whole_file(tmp_path):

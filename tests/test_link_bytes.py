@@ -26,18 +26,18 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from optimizer.space import SearchSpace
-from sim.api import cost_model_for
-from sim.cluster import TOPOLOGIES, ClusterSpec, load_cluster
-from sim.des import simulate_des
-from sim.des_collectives import ALGORITHMS, expand
-from sim.des_comm import CommEngine
-from sim.memory import rank_params
-from sim.model import load_model
-from sim.network import Network
-from sim.plan import Plan
-from sim.scenario import apply_cluster_edits
-from sim.stages import pipeline_rank_layers
-from sim.topology import Topology, build_topology
+from sim.cost.profiled import cost_model_for
+from sim.des.run import simulate_des
+from sim.layout.memory import rank_params
+from sim.layout.stages import pipeline_rank_layers
+from sim.network.collectives import ALGORITHMS, expand
+from sim.network.engine import CommEngine
+from sim.network.flows import Network
+from sim.network.topology import Topology, build_topology
+from sim.spec.cluster import TOPOLOGIES, ClusterSpec, load_cluster
+from sim.spec.plan import Plan
+from sim.spec.scenario import apply_cluster_edits
+from sim.spec.zoo import load_model
 
 FLOWS = settings(max_examples=60, deadline=None, derandomize=True,
                  suppress_health_check=[HealthCheck.too_slow])

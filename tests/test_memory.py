@@ -1,14 +1,14 @@
 import pytest
 
-from sim.memory import (
+from sim.layout.memory import (
     GIB,
     inflight_microbatches,
     layer_activation_bytes,
     model_state_bytes_per_param,
     peak_memory,
 )
-from sim.model import load_zoo
-from sim.plan import Plan
+from sim.spec.plan import Plan
+from sim.spec.zoo import load_zoo
 
 GPT3 = load_zoo("gpt3-175b")  # s=2048, h=12288, a=96; has dropout like Korthikanti's GPT
 S, H, A = 2048, 12288, 96

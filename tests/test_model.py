@@ -4,7 +4,8 @@ import pytest
 
 import sim
 from sim.errors import SpecError
-from sim.model import ModelSpec, load_model, load_zoo, zoo_names
+from sim.spec.model import ModelSpec
+from sim.spec.zoo import load_model, load_zoo, zoo_names
 
 
 def test_zoo_presets_present():

@@ -1,4 +1,4 @@
-"""Jobs sharing one cluster's network (``sim.multijob``, ``trainsim cosim``) and the link
+"""Jobs sharing one cluster's network (``sim.des.multijob``, ``trainsim cosim``) and the link
 heat map (``trainsim plot links``)."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from sim import Plan, SpecError, load_cluster, load_model, simulate
-from sim.api import cost_model_for
-from sim.des import simulate_des
-from sim.multijob import Job, cosimulate, job_cluster, job_devices, run_jobs
-from sim.scenario import apply_cluster_edits
+from sim.cost.profiled import cost_model_for
+from sim.des.multijob import Job, cosimulate, job_cluster, job_devices, run_jobs
+from sim.des.run import simulate_des
+from sim.spec.scenario import apply_cluster_edits
 from tests.test_cli import cli
 
 LLAMA = load_model("llama3-8b")

@@ -14,13 +14,13 @@ from optimizer.export import (
     rank_table,
     torchtitan_toml,
 )
-from optimizer.plots import pareto_front
 from optimizer.search import lower_bound_s, megatron_heuristic, optimize
 from optimizer.space import SearchSpace, divisors
 from sim import Plan, load_cluster, load_model, validate
 from sim.errors import NoFeasiblePlan, SpecError
-from sim.flops import model_flops_per_token
+from sim.layout.flops import model_flops_per_token
 from trainsim.cli import main
+from trainsim.plots.search import pareto_front
 
 L8, H1, H2 = load_model("llama3-8b"), load_cluster("dgx-h100:1"), load_cluster("dgx-h100:2")
 MIX = load_model("mixtral-8x7b")

@@ -1,10 +1,11 @@
 import pytest
 
-from sim.cluster import load_cluster
-from sim.model import ModelSpec, load_zoo
-from sim.placement import GroupSpan, group_span
-from sim.plan import Plan
-from sim.stages import pipeline_rank_layers, virtual_stage_layers
+from sim.layout.placement import GroupSpan, group_span
+from sim.layout.stages import pipeline_rank_layers, virtual_stage_layers
+from sim.spec.cluster import load_cluster
+from sim.spec.model import ModelSpec
+from sim.spec.plan import Plan
+from sim.spec.zoo import load_zoo
 
 C = load_cluster("dgx-a100:16")  # 128 devices, 8 per node
 

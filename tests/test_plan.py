@@ -2,10 +2,10 @@ import json
 
 import pytest
 
-from sim.cluster import load_cluster
 from sim.errors import SpecError
-from sim.model import load_zoo
-from sim.plan import Plan, load_plan, save_plan, validate
+from sim.spec.cluster import load_cluster
+from sim.spec.plan import Plan, load_plan, save_plan, validate
+from sim.spec.zoo import load_zoo
 
 GPT3 = load_zoo("gpt3-175b")
 

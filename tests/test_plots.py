@@ -9,8 +9,8 @@ import pytest
 
 from sim import Plan
 from tests.test_cli import assert_bad_input, cli
-from trainsim.breakdown_cli import load_breakdowns
 from trainsim.cli import main
+from trainsim.commands.breakdown import load_breakdowns
 
 MODEL = ["--model", "llama3-8b", "--cluster", "dgx-h100:2"]
 

@@ -10,19 +10,19 @@ from pathlib import Path
 import pytest
 
 from sim import Plan, load_cluster, load_model, simulate
-from sim.cluster import cluster_from_dict
-from sim.compute import layer_time
-from sim.errors import SpecError
-from sim.hardware import get_hardware
-from sim.model import ModelSpec
-from sim.profile_db import (
+from sim.cost.compute import layer_time
+from sim.cost.profile_db import (
     COMPUTE_COLUMNS,
     FIT_COLUMNS,
     INSITU_COLUMNS,
     insitu_overhead,
     segment_time,
 )
-from sim.profiled import interpolate, load_cost_model
+from sim.cost.profiled import interpolate, load_cost_model
+from sim.errors import SpecError
+from sim.spec.cluster import cluster_from_dict
+from sim.spec.hardware import get_hardware
+from sim.spec.model import ModelSpec
 
 CPU = get_hardware("cpu")
 SHIPPED = Path(__file__).resolve().parents[1] / "sim" / "data" / "profiles" / "cpu-amd-epyc"

@@ -16,8 +16,8 @@ from profiler.device import cuda_device_name
 from profiler.grids import PRESETS, model_grid, preset_grid
 from profiler.ops import OpSpec, build_op
 from profiler.timing import time_op
-from sim.hardware import cpu_device_name
-from sim.model import load_zoo
+from sim.spec.hardware import cpu_device_name
+from sim.spec.zoo import load_zoo
 
 TINY_OPS = [OpSpec("gemm", "", "fp32", "t", 16, 32, 8), OpSpec("attention", "causal", "bf16",
             "t", 2, 16, 8), OpSpec("rmsnorm", "", "fp32", "t", 8, 16),

@@ -6,7 +6,7 @@ sees the same examples every run):
 * the analytic tier never gets slower with a faster link or a faster GPU;
 * no tier finishes an iteration before its busiest pipeline rank has done its compute.
 
-Scenarios are random cluster edits of a preset (``sim.scenario``) and a random plan from the
+Scenarios are random cluster edits of a preset (``sim.spec.scenario``) and a random plan from the
 optimizer's valid space (every parallel degree, schedule, ZeRO stage, recompute mode,
 placement).
 """
@@ -16,18 +16,18 @@ from __future__ import annotations
 import functools
 
 import pytest
+from helpers.scaled import ScaledCost, scale_cluster
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from optimizer.space import SearchSpace
-from sim.analytic import analytic_iteration, stage_costs
-from sim.api import cost_model_for
-from sim.cluster import ClusterSpec, load_cluster
-from sim.des import simulate_des
-from sim.model import load_model
-from sim.plan import Plan
-from sim.scaled import ScaledCost, scale_cluster
-from sim.scenario import apply_cluster_edits
+from sim.analytic.iteration import analytic_iteration, stage_costs
+from sim.cost.profiled import cost_model_for
+from sim.des.run import simulate_des
+from sim.spec.cluster import ClusterSpec, load_cluster
+from sim.spec.plan import Plan
+from sim.spec.scenario import apply_cluster_edits
+from sim.spec.zoo import load_model
 
 FAST = settings(max_examples=40, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow])

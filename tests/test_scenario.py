@@ -10,7 +10,7 @@ import pytest
 
 from sim import Plan, load_cluster, load_model, simulate
 from sim.errors import SpecError
-from sim.scenario import (
+from sim.spec.scenario import (
     Scenario,
     apply_cluster_edits,
     apply_plan_edits,

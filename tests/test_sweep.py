@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from optimizer.sweep import (
+from optimizer.sweep.grid import (
     SweepSpec,
     check_spec,
     evaluate_point,
@@ -23,8 +23,8 @@ from optimizer.sweep import (
     point_key,
     sort_key,
 )
-from optimizer.sweep_report import non_monotone, sensitivity
-from optimizer.sweep_run import POINTS_FILE, read_points, run_sweep
+from optimizer.sweep.report import non_monotone, sensitivity
+from optimizer.sweep.run import POINTS_FILE, read_points, run_sweep
 from sim import load_cluster
 from sim.errors import SpecError
 from trainsim.cli import main

@@ -1,0 +1,265 @@
+"""The analytic tier: one training iteration in closed form.
+
+Per pipeline rank and micro-batch: layer compute (roofline, :mod:`sim.cost.compute`) plus the
+tensor-, context-, expert- and pipeline-parallel communication on its critical path
+(alpha-beta over the fabric each group spans, :mod:`sim.network.alphabeta`), including the
+embedding's and output layer's TP collectives on the first and last stage and Megatron-LM's
+batched point-to-point calls. The pipeline runs at the pace of its slowest rank:
+``m * t_max + (sum(t_r) - t_max) / vpp`` (the bubble of GPipe and 1F1B is ``(pp - 1) / vpp``
+stage times). Data-parallel gradient reduction overlaps the last micro-batch's backward;
+with tied embeddings and pp > 1 the first and last stage then all-reduce the embedding's
+gradient; the optimizer step streams its state through HBM.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sim.cost import compute as cm
+from sim.cost.costmodel import CostModel
+from sim.layout.memory import rank_params
+from sim.layout.placement import group_span
+from sim.layout.stages import StageLayers, edge_tp_collectives, pipeline_rank_layers
+from sim.network.alphabeta import Fabric, collective_time, fabric_for
+from sim.result import Timing
+from sim.spec.cluster import ClusterSpec
+from sim.spec.model import ModelSpec
+from sim.spec.plan import Plan
+
+__all__ = ["StageCost", "Timing", "stage_costs", "analytic_iteration"]
+
+@dataclass(frozen=True)
+class _DPCost:
+    """Data-parallel seconds: per micro-batch (ZeRO-2/3) and once after the last backward."""
+
+    mb_exposed_s: float = 0.0
+    mb_overlapped_s: float = 0.0
+    tail_exposed_s: float = 0.0
+    tail_overlapped_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """Seconds per micro-batch on one pipeline rank, and its once-per-iteration tail."""
+
+    compute_s: float
+    tp_s: float
+    cp_exposed_s: float
+    cp_overlapped_s: float
+    ep_s: float
+    pp_s: float
+    dp: _DPCost
+    optimizer_s: float
+    embedding_s: float = 0.0  # the tied embedding's gradient all-reduce (first, last stage)
+
+    @property
+    def per_microbatch_s(self) -> float:
+        return (self.compute_s + self.tp_s + self.cp_exposed_s + self.ep_s + self.pp_s
+                + self.dp.mb_exposed_s)
+
+    @property
+    def tail_s(self) -> float:
+        return self.dp.tail_exposed_s + self.embedding_s + self.optimizer_s
+
+
+class _Ctx:
+    """Inputs shared by every stage, computed once per call."""
+
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel
+                 ) -> None:
+        self.m, self.c, self.p, self.cost = model, cluster, plan, cost
+        self.fabric: dict[str, Fabric] = {
+            g: fabric_for(cluster, group_span(plan, cluster, g))
+            for g in ("tp", "cp", "ep", "pp", "dp", "edp", "emb")}
+        self.dense = cm.layer_time(cost, model, plan)
+        self.moe = cm.layer_time(cost, model, plan, moe=True) if model.is_moe else self.dense
+        self.e = plan.activation_bytes
+        self.tokens = plan.local_tokens
+        self.overlap = cluster.comm_overlap
+
+    def coll(self, group: str, kind: str, size: float) -> float:
+        """Seconds of one collective: measured (profile fit) if the cost model has it,
+        else the alpha-beta link model with the plan's algorithm."""
+        fabric = self.fabric[group]
+        if fabric.span.size > 1 and size > 0:
+            measured = self.cost.collective(kind, fabric.span.size, fabric.span.nodes > 1, size)
+            if measured is not None:
+                return measured
+        algo = self.p.algorithm("dp" if group == "edp" else group)
+        return collective_time(kind, fabric, size, algo)
+
+
+def _tp_per_layer(x: _Ctx) -> float:
+    """TP collectives of one layer, forward + backward (+ forward again if recomputed)."""
+    if x.p.tp == 1:
+        return 0.0
+    size = x.tokens * x.m.hidden_size * x.e
+    if x.p.sequence_parallel:
+        one = x.coll("tp", "all_gather", size) + x.coll("tp", "reduce_scatter", size)
+    else:
+        one = x.coll("tp", "all_reduce", size)
+    passes = 3 if x.p.recompute == "full" else 2  # forward, backward, recomputed forward
+    return 2 * one * passes
+
+
+def _tp_edges(x: _Ctx, st: StageLayers) -> float:
+    """TP collectives of the embedding and the output layer and loss (first, last stage)."""
+    return sum(x.coll("tp", coll, size)
+               for _, coll, size in edge_tp_collectives(x.m, x.p, st.first, st.last))
+
+
+def _p2p(x: _Ctx, st: StageLayers) -> float:
+    """Pipeline communication per micro-batch, in Megatron-LM's blocking batched calls
+    (:mod:`sim.layout.schedule`): ``calls * alpha + messages * S/beta + receives * gather``. Each
+    TP rank sends ``S`` = 1/tp of the activation, and without sequence parallelism the
+    receiver all-gathers it. ``messages`` is the most a call sends or receives through the
+    rank's NIC, summed over its calls: interleaved 1F1B makes one call per forward +
+    backward step, with an activation and a gradient each way (two messages); 1F1B two
+    calls with one message each way; GPipe two calls, one message. The end stages have no
+    neighbour on one side: one message and one receive fewer per micro-batch (1F1B: one
+    call fewer too). They run at their own pace when they are the slowest rank (their
+    neighbours wait for them in each call); the pipeline formula takes the slowest rank."""
+    p = x.p
+    if p.pp == 1:
+        return 0.0
+    end = 1 if st.first or st.last else 0
+    if p.vpp > 1:
+        calls, messages = p.vpp, 2 * p.vpp - end
+    elif p.schedule == "gpipe":
+        calls, messages = 2, 2
+    else:
+        calls = messages = 2 - end
+    full = x.tokens * x.m.hidden_size * x.e
+    gather = x.coll("tp", "all_gather", full) if not p.sequence_parallel else 0.0
+    send = x.coll("pp", "send_recv", messages / calls * full / p.tp)
+    return calls * send + (2 * p.vpp - end) * gather
+
+
+def _embedding_allreduce(x: _Ctx, st: StageLayers) -> float:
+    """Megatron-LM's embedding group: with tied embeddings and pp > 1 the first and last
+    stage all-reduce the word embedding's gradient (vocab x hidden / tp, training dtype)
+    after the data-parallel reduction, before the optimizer step."""
+    if not x.m.tied_embeddings or x.p.pp == 1 or not (st.first or st.last):
+        return 0.0
+    return x.coll("emb", "all_reduce", x.m.vocab_size * x.m.hidden_size / x.p.tp * x.e)
+
+
+def _cp_per_layer(x: _Ctx, layer: cm.LayerTime) -> tuple[float, float]:
+    """Ring attention: (cp-1) K/V exchanges forward, twice that backward, hidden behind the
+    attention core when it is long enough. Returns (exposed, overlapped)."""
+    if x.p.cp == 1:
+        return 0.0, 0.0
+    kv = 2 * x.tokens * x.m.kv_dim / x.p.tp * x.e
+    step = x.coll("cp", "send_recv", kv)
+    passes = 4 if x.p.recompute == "full" else 3
+    comm = (x.p.cp - 1) * step * passes
+    forwards = 2 if x.p.recompute == "full" else 1
+    hide = (forwards * layer.attention_forward + layer.attention_backward) * x.overlap
+    return max(0.0, comm - hide), min(comm, hide)
+
+
+def _ep_per_layer(x: _Ctx) -> float:
+    if x.p.ep == 1:
+        return 0.0
+    tokens = x.tokens / (x.p.tp if x.p.sequence_parallel else 1)
+    size = tokens * x.m.top_k * x.m.hidden_size * x.e
+    passes = 3 if x.p.recompute == "full" else 2
+    return 2 * x.coll("ep", "all_to_all", size) * passes
+
+
+def _stage_compute(x: _Ctx, st: StageLayers) -> float:
+    d, e = x.dense, x.moe
+    t = st.dense * (d.forward + d.backward) + st.moe * (e.forward + e.backward)
+    if x.p.recompute == "full":
+        t += st.dense * d.forward + st.moe * e.forward
+    elif x.p.recompute == "selective":
+        t += st.dense * d.attention_forward + st.moe * e.attention_forward
+    if st.first:
+        t += cm.embedding_time(x.cost, x.m, x.p)
+    if st.last:
+        t += cm.logits_time(x.cost, x.m, x.p)
+    return t
+
+
+def _hide(comm_s: float, window_s: float) -> tuple[float, float]:
+    """(exposed, overlapped) seconds of ``comm_s`` run beside ``window_s`` of compute."""
+    return max(0.0, comm_s - window_s), min(comm_s, window_s)
+
+
+def _dp_costs(x: _Ctx, st: StageLayers, compute_s: float) -> _DPCost:
+    """Gradient reduction and ZeRO weight gathers of one pipeline rank. Gradients and
+    gathered weights move in the training dtype (fp32 for fp32 training, else 16 bits)."""
+    dense, expert = rank_params(x.m, x.p, st)
+    dense_b, expert_b = dense * x.e, expert * x.e
+
+    def both(kind: str, scale: float = 1.0) -> float:
+        return x.coll("dp", kind, dense_b * scale) + x.coll("edp", kind, expert_b * scale)
+
+    backward_s = st.dense * x.dense.backward + st.moe * x.moe.backward
+    window_s = backward_s * x.overlap if x.p.overlap_grad_reduce else 0.0
+    if x.p.zero_stage == 3:  # gather per pass, reduce-scatter per micro-batch, prefetched
+        passes = 2  # forward, backward (a recomputed forward reuses the backward's gather)
+        comm_s = passes * both("all_gather") + both("reduce_scatter")
+        first_layer_s = (passes * both("all_gather", 1 / st.total)
+                         + both("reduce_scatter", 1 / st.total))  # nothing to hide behind
+        exposed, overlapped = _hide(comm_s - first_layer_s,
+                                    (compute_s - first_layer_s) * x.overlap)
+        return _DPCost(exposed + first_layer_s, overlapped)
+    if x.p.zero_stage == 2:  # sharded gradients: reduce-scatter every micro-batch
+        exposed, overlapped = _hide(both("reduce_scatter"), window_s)
+        return _DPCost(exposed, overlapped, both("all_gather"))
+    if x.p.zero_stage == 1:
+        exposed, overlapped = _hide(both("reduce_scatter"), window_s)
+        return _DPCost(tail_exposed_s=exposed + both("all_gather"), tail_overlapped_s=overlapped)
+    exposed, overlapped = _hide(both("all_reduce"), window_s)
+    return _DPCost(tail_exposed_s=exposed, tail_overlapped_s=overlapped)
+
+
+def _optimizer(x: _Ctx, st: StageLayers) -> float:
+    dense, expert = rank_params(x.m, x.p, st)
+    shards = (x.p.dense_replicas, x.p.expert_replicas) if x.p.zero_stage >= 1 else (1, 1)
+    params = dense / shards[0] + expert / shards[1]
+    return cm.optimizer_time(x.cost, params)
+
+
+def stage_costs(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel,
+                stage_scale: Sequence[float] | None = None) -> list[StageCost]:
+    """Per pipeline rank; ``stage_scale`` multiplies a stage's compute and optimizer step
+    (stragglers: the stage's slowest rank, :func:`sim.network.failures.stage_scales`)."""
+    x = _Ctx(model, cluster, plan, cost)
+    tp_l, ep_l = _tp_per_layer(x), _ep_per_layer(x)
+    cp_d, cp_e = _cp_per_layer(x, x.dense), _cp_per_layer(x, x.moe)
+    out: list[StageCost] = []
+    for st in pipeline_rank_layers(plan, model):
+        k = 1.0 if stage_scale is None else stage_scale[len(out)]
+        comp = k * _stage_compute(x, st)
+        out.append(StageCost(
+            comp, st.total * tp_l + _tp_edges(x, st), st.dense * cp_d[0] + st.moe * cp_e[0],
+            st.dense * cp_d[1] + st.moe * cp_e[1], st.moe * ep_l, _p2p(x, st),
+            _dp_costs(x, st, comp), k * _optimizer(x, st), _embedding_allreduce(x, st)))
+    return out
+
+
+def analytic_iteration(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel,
+                       stage_scale: Sequence[float] | None = None) -> Timing:
+    stages = stage_costs(model, cluster, plan, cost, stage_scale)
+    m, v = plan.num_microbatches, plan.vpp
+    times = [s.per_microbatch_s for s in stages]
+    slow = max(range(len(stages)), key=lambda r: times[r])
+    pipe = m * times[slow] + (sum(times) - times[slow]) / v
+    tail_rank = max(range(len(stages)), key=lambda r: stages[r].tail_s)
+    b, t = stages[slow], stages[tail_rank]
+    breakdown = {
+        "compute": m * b.compute_s, "tp": m * b.tp_s, "cp": m * b.cp_exposed_s,
+        "ep": m * b.ep_s, "pp": m * b.pp_s + t.embedding_s,
+        "dp": m * b.dp.mb_exposed_s + t.dp.tail_exposed_s,
+        "optimizer": t.optimizer_s, "bubble": pipe - m * times[slow]}
+    comm = {
+        "tp": {"exposed_s": m * b.tp_s, "overlapped_s": 0.0},
+        "cp": {"exposed_s": m * b.cp_exposed_s, "overlapped_s": m * b.cp_overlapped_s},
+        "ep": {"exposed_s": m * b.ep_s, "overlapped_s": 0.0},
+        "pp": {"exposed_s": breakdown["pp"], "overlapped_s": 0.0},
+        "dp": {"exposed_s": breakdown["dp"],
+               "overlapped_s": m * b.dp.mb_overlapped_s + t.dp.tail_overlapped_s}}
+    return Timing(pipe + t.tail_s, pipe, breakdown, comm)

@@ -1,0 +1,69 @@
+"""The analytic tier replica by replica: on heterogeneous clusters, with stragglers, or
+when data-parallel replicas run different numbers of micro-batches, each replica (each
+stage at its slowest device's scale, :mod:`sim.cost.scales`) is evaluated as an even plan
+of its own and the slowest one sets the iteration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sim.analytic.iteration import analytic_iteration
+from sim.cost.costmodel import CostModel
+from sim.cost.scales import gpu_compute_scales
+from sim.layout.placement import stage_devices
+from sim.result import Timing
+from sim.spec.cluster import ClusterSpec
+from sim.spec.model import ModelSpec
+from sim.spec.plan import Plan, replica_plan
+
+__all__ = ["replica_stage_scales", "replica_analytic", "replica_timings", "analytic_timing"]
+
+
+def replica_stage_scales(plan: Plan, scales: Sequence[float] | None) -> list[list[float]]:
+    """``[replica][stage]``: the slowest device's scale (a stage runs at its slowest rank;
+    TP and CP ranks wait for each other every layer). All ones without scales."""
+    if scales is None:
+        return [[1.0] * plan.pp for _ in range(plan.dp)]
+    pl = plan.placement
+
+    def dev(r: int) -> int:
+        return r if isinstance(pl, str) else pl[r]
+
+    return [[max(scales[dev(r)] for r in stage_devices(plan, d, s)) for s in range(plan.pp)]
+            for d in range(plan.dp)]
+
+
+def replica_timings(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel,
+                    scales: Sequence[float] | None) -> list[Timing]:
+    """The analytic tier replica by replica: each replica (its micro-batch count, each stage
+    at its slowest device's scale) runs as an even plan of its own; alike replicas share
+    one evaluation."""
+    per_stage = replica_stage_scales(plan, scales)
+    seen: dict[tuple, Timing] = {}
+    out = []
+    for d, m in enumerate(plan.replica_microbatches):
+        key = (m, tuple(per_stage[d]))
+        if key not in seen:
+            seen[key] = analytic_iteration(model, cluster, replica_plan(plan, d), cost,
+                                           per_stage[d] if scales is not None else None)
+        out.append(seen[key])
+    return out
+
+
+def replica_analytic(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel,
+                     scales: Sequence[float] | None) -> Timing:
+    """The slowest replica's :func:`replica_timings`: the gradient reduction waits for
+    every replica (each one's reduction is taken to overlap its own last backward: the
+    documented approximation)."""
+    return max(replica_timings(model, cluster, plan, cost, scales),
+               key=lambda t: t.iteration_s)
+
+
+def analytic_timing(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel
+                    ) -> Timing:
+    """The analytic tier on any cluster: per replica where devices or replicas differ."""
+    scales = gpu_compute_scales(model, cluster, plan)
+    if scales is None and plan.micro_batches_per_replica is None:
+        return analytic_iteration(model, cluster, plan, cost)
+    return replica_analytic(model, cluster, plan, cost, scales)

@@ -1,0 +1,148 @@
+"""Compute time of one transformer layer for one micro-batch on one rank.
+
+The layer is composed from its building blocks, each timed by a :mod:`sim.cost.costmodel`
+(roofline or profile): norms, QKV projection, rotary embedding, attention, output
+projection, dropout and residual adds, the MLP (or the router, experts and shared expert
+of an MoE layer) — at the shapes the plan's TP/CP/EP split gives one rank. With sequence
+parallelism the norms, dropouts and residual adds work on ``tokens / tp``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.cost.costmodel import Cost, CostModel
+from sim.spec.model import ModelSpec
+from sim.spec.plan import Plan
+
+__all__ = ["LayerTime", "layer_time", "ops_layer_time", "logits_time", "embedding_time",
+           "optimizer_time", "layer_variant", "variant_layer"]
+
+# Fields of a layer's structure that a profiled whole layer records (its DB "variant").
+_LAYER_FIELDS = ("num_heads", "num_kv_heads", "head_dim", "ffn_hidden_size", "gated_mlp",
+                 "norm", "position_embedding", "linear_bias", "qkv_bias", "dropout")
+
+
+@dataclass(frozen=True)
+class LayerTime:
+    """Seconds of one layer for one micro-batch on one rank."""
+
+    forward: float
+    backward: float
+    attention_forward: float  # the attention core alone (what selective recompute re-runs)
+    attention_backward: float
+
+
+def _add(*costs: Cost) -> Cost:
+    return sum(c[0] for c in costs), sum(c[1] for c in costs)
+
+
+def _scale(c: Cost, k: float) -> Cost:
+    return c[0] * k, c[1] * k
+
+
+def _mlp(cm: CostModel, m: ModelSpec, plan: Plan, tokens: float, ffn: int) -> Cost:
+    """One MLP of width ``ffn`` split over TP: up (and gate), activation, down."""
+    up = 2 if m.gated_mlp else 1
+    act = "swiglu" if m.gated_mlp else "gelu"
+    return _add(cm.gemm(tokens, up * ffn / plan.tp, m.hidden_size, plan.dtype),
+                cm.elementwise(act, tokens, ffn / plan.tp, plan.activation_dtype),
+                cm.gemm(tokens, m.hidden_size, ffn / plan.tp, plan.dtype))
+
+
+def _moe(cm: CostModel, m: ModelSpec, plan: Plan, tokens: float) -> Cost:
+    """Router, the local experts under balanced routing, and the shared expert."""
+    per_expert = tokens * m.top_k * plan.ep / m.num_experts
+    experts = _scale(_mlp(cm, m, plan, per_expert, m.expert_ffn), m.num_experts / plan.ep)
+    router = cm.gemm(tokens, m.num_experts, m.hidden_size, plan.dtype)
+    shared = _mlp(cm, m, plan, tokens, m.shared_expert_ffn_hidden_size) \
+        if m.shared_expert_ffn_hidden_size else (0.0, 0.0)
+    return _add(experts, router, shared)
+
+
+def _attention_block(cm: CostModel, m: ModelSpec, plan: Plan, tokens: float) -> Cost:
+    t, dt = plan.tp, plan.dtype
+    qkv = cm.gemm(tokens, (m.q_dim + 2 * m.kv_dim) / t, m.hidden_size, dt)
+    proj = cm.gemm(tokens, m.hidden_size, m.q_dim / t, dt)
+    rope = cm.elementwise("rope", tokens, (m.q_dim + m.kv_dim) / t, plan.activation_dtype) \
+        if m.position_embedding == "rope" else (0.0, 0.0)
+    return _add(qkv, proj, rope)
+
+
+def _attention_core(cm: CostModel, m: ModelSpec, plan: Plan) -> Cost:
+    return cm.attention(m.num_heads / plan.tp * plan.micro_batch_size, plan.seq_len / plan.cp,
+                        plan.seq_len, m.head_size, plan.activation_dtype, plan.attention == "flash",
+                        m.dropout)
+
+
+def _pointwise(cm: CostModel, m: ModelSpec, plan: Plan, tokens: float) -> Cost:
+    """Two norms, two residual adds and (if the model has them) two dropouts."""
+    local = tokens / (plan.tp if plan.sequence_parallel else 1)
+    dt, h = plan.activation_dtype, m.hidden_size
+    parts = [cm.elementwise(m.norm, local, h, dt), cm.elementwise("residual", local, h, dt)]
+    if m.dropout:
+        parts.append(cm.elementwise("dropout", local, h, dt))
+    return _scale(_add(*parts), 2)
+
+
+def layer_variant(m: ModelSpec, seq_len: int) -> str:
+    """A layer's structure as a profile-DB variant string (hidden size and tokens are the
+    row's shape): ``seq=512;num_heads=8;...``."""
+    values = {"seq": seq_len, **{f: getattr(m, f) for f in _LAYER_FIELDS}}
+    values["num_kv_heads"], values["head_dim"] = m.kv_heads, m.head_size
+    return ";".join(f"{k}={v}" for k, v in values.items())
+
+
+def variant_layer(variant: str, hidden: int) -> tuple[ModelSpec, int]:
+    """(one-layer ModelSpec, sequence length) of a :func:`layer_variant` string."""
+    raw = dict(item.split("=", 1) for item in variant.split(";"))
+    seq = int(raw.pop("seq"))
+    typed: dict[str, object] = {}
+    for k, v in raw.items():
+        typed[k] = v == "True" if v in ("True", "False") else int(v) if v.isdigit() else v
+    spec = ModelSpec(name="profiled-layer", num_layers=1, hidden_size=hidden, vocab_size=1000,
+                     max_seq_len=seq, **typed)  # type: ignore[arg-type]
+    return spec, seq
+
+
+def layer_time(cm: CostModel, m: ModelSpec, plan: Plan, moe: bool = False) -> LayerTime:
+    """Forward and backward seconds of one layer for one micro-batch on one rank: the sum
+    of its operations, times the measured whole-layer/operation-sum ratio where the cost
+    model has whole layers profiled (what the operations leave out: autograd and dispatch
+    overhead, views and copies between them)."""
+    lt = ops_layer_time(cm, m, plan, moe)
+    factor = getattr(cm, "layer_factor", None)
+    f, b = factor(m, plan) if factor is not None else (1.0, 1.0)
+    return LayerTime(lt.forward * f, lt.backward * b, lt.attention_forward * f,
+                     lt.attention_backward * b)
+
+
+def ops_layer_time(cm: CostModel, m: ModelSpec, plan: Plan, moe: bool = False) -> LayerTime:
+    """:func:`layer_time` as the plain sum of the layer's operations."""
+    tokens = plan.local_tokens
+    mlp = _moe(cm, m, plan, tokens) if moe else _mlp(cm, m, plan, tokens, m.ffn_hidden_size)
+    core = _attention_core(cm, m, plan)
+    rest = _add(_attention_block(cm, m, plan, tokens), mlp, _pointwise(cm, m, plan, tokens))
+    return LayerTime(rest[0] + core[0], rest[1] + core[1], core[0], core[1])
+
+
+def logits_time(cm: CostModel, m: ModelSpec, plan: Plan) -> float:
+    """Forward + backward of the final norm, output projection and cross-entropy loss."""
+    tokens = plan.local_tokens
+    local = tokens / (plan.tp if plan.sequence_parallel else 1)
+    loss = "loss-parallel" if plan.tp > 1 else "loss"  # vocab-parallel: unfused passes
+    parts = _add(cm.elementwise(m.norm, local, m.hidden_size, plan.activation_dtype),
+                 cm.gemm(tokens, m.vocab_size / plan.tp, m.hidden_size, plan.dtype),
+                 cm.elementwise(loss, tokens, m.vocab_size / plan.tp, plan.activation_dtype))
+    return parts[0] + parts[1]
+
+
+def embedding_time(cm: CostModel, m: ModelSpec, plan: Plan) -> float:
+    """Forward + backward of the input embedding lookup."""
+    fwd, bwd = cm.embedding(plan.local_tokens, m.hidden_size, m.vocab_size, plan.activation_dtype)
+    return fwd + bwd
+
+
+def optimizer_time(cm: CostModel, params: float) -> float:
+    """One Adam step over ``params`` local parameters."""
+    return cm.optimizer(params)

@@ -1,0 +1,131 @@
+"""Cost models: seconds of each building block of a transformer layer, forward and backward.
+
+Two implementations of one interface (every method returns ``(forward_s, backward_s)``):
+
+* :class:`Roofline` — from rates: a GEMM runs at ``gemm_flops · Π d/(d + dim_half)`` over
+  its three dimensions or at the memory roofline if slower; element-wise operations stream
+  their bytes at ``mem_Bps``; fused attention runs at ``attention_flops`` on the causal half.
+  Backward = 2× forward (2.5× for fused attention, which recomputes the scores).
+  :func:`roofline_for` takes the rates from the hardware catalog.
+* :class:`Profiled` (in :mod:`sim.cost.profiled`) — measured times from a profile DB,
+  interpolated in log space, falling back to a :class:`Roofline` fitted to the profile.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from sim.spec.hardware import DTYPE_BYTES, HardwareSpec
+
+__all__ = ["Cost", "CostModel", "Roofline", "roofline_for", "BACKWARD_FACTOR",
+           "FLASH_BACKWARD_FACTOR", "ADAM_BYTES_PER_PARAM", "op_bytes", "op_flops"]
+
+Cost = tuple[float, float]
+BACKWARD_FACTOR = 2.0
+FLASH_BACKWARD_FACTOR = 2.5
+ADAM_BYTES_PER_PARAM = 32.0  # read fp32 master, m, v, grad; write master, m, v, 16-bit copy
+
+# Bytes streamed per element of the forward pass, per element-wise operation.
+_STREAM_ELEMS = {"layernorm": 2.0, "rmsnorm": 2.0, "residual": 3.0, "dropout": 2.5, "rope": 4.0,
+                 "gelu": 2.0, "swiglu": 3.0, "embedding": 1.0, "loss": 2.0,
+                 "loss-parallel": 2.0}  # vocab-parallel: profiled; the roofline as fused
+
+
+class CostModel(Protocol):
+    """Forward and backward seconds of each layer building block on one device."""
+
+    def gemm(self, m: float, n: float, k: float, dtype: str) -> Cost: ...
+
+    def attention(self, batch_heads: float, q_len: float, kv_len: float, head_dim: float,
+                  dtype: str, flash: bool, dropout: bool) -> Cost: ...
+
+    def elementwise(self, op: str, tokens: float, width: float, dtype: str) -> Cost: ...
+
+    def embedding(self, tokens: float, hidden: float, vocab: float, dtype: str) -> Cost: ...
+
+    def optimizer(self, numel: float) -> float: ...
+
+    def collective(self, kind: str, group_size: int, inter_node: bool, size_bytes: float
+                   ) -> float | None: ...
+
+    @property
+    def extrapolated(self) -> set[str]: ...
+
+
+def op_flops(m: float, n: float, k: float) -> float:
+    """FLOPs of a forward GEMM ``(m x k) @ (k x n)``."""
+    return 2.0 * m * n * k
+
+
+def op_bytes(op: str, tokens: float, width: float, dtype: str) -> float:
+    """Bytes a forward element-wise op streams (``loss``: 16-bit logits in, fp32 out)."""
+    e = DTYPE_BYTES[dtype] if op not in ("loss", "loss-parallel") else 3.0
+    return _STREAM_ELEMS[op] * tokens * width * e
+
+
+@dataclass
+class Roofline:
+    """Rates of one device: FLOP/s per dtype for large GEMMs and fused attention, B/s."""
+
+    gemm_flops: dict[str, float]
+    gemm_dim_half: float
+    mem_Bps: float
+    attention_flops: dict[str, float]
+    _extrapolated: set[str] = field(default_factory=set)
+
+    @property
+    def extrapolated(self) -> set[str]:
+        return self._extrapolated
+
+    def gemm_efficiency(self, m: float, n: float, k: float) -> float:
+        h = self.gemm_dim_half
+        return (m / (m + h)) * (n / (n + h)) * (k / (k + h))
+
+    def gemm(self, m: float, n: float, k: float, dtype: str, batch: float = 1.0) -> Cost:
+        compute = op_flops(m, n, k) * batch / (self.gemm_flops[dtype]
+                                               * self.gemm_efficiency(m, n, k))
+        memory = (m * k + k * n + m * n) * batch * DTYPE_BYTES[dtype] / self.mem_Bps
+        fwd = max(compute, memory)
+        return fwd, BACKWARD_FACTOR * fwd
+
+    def attention(self, batch_heads: float, q_len: float, kv_len: float, head_dim: float,
+                  dtype: str, flash: bool, dropout: bool) -> Cost:
+        if flash:  # causal: the kernel skips the masked half
+            flops = 4.0 * batch_heads * q_len * kv_len * head_dim * 0.5
+            fwd = flops / self.attention_flops[dtype]
+            return fwd, FLASH_BACKWARD_FACTOR * fwd
+        scores = self.gemm(q_len, kv_len, head_dim, dtype, batch_heads)[0]
+        weighted = self.gemm(q_len, head_dim, kv_len, dtype, batch_heads)[0]
+        per_elem = 4 + (5 if dropout else 0)  # scale+mask+softmax read/write, dropout
+        softmax = batch_heads * q_len * kv_len * per_elem / self.mem_Bps
+        fwd = scores + weighted + softmax
+        return fwd, BACKWARD_FACTOR * fwd
+
+    def elementwise(self, op: str, tokens: float, width: float, dtype: str) -> Cost:
+        fwd = op_bytes(op, tokens, width, dtype) / self.mem_Bps
+        return fwd, BACKWARD_FACTOR * fwd
+
+    def embedding(self, tokens: float, hidden: float, vocab: float, dtype: str) -> Cost:
+        return self.elementwise("embedding", tokens, hidden, dtype)
+
+    def optimizer(self, numel: float) -> float:
+        return numel * ADAM_BYTES_PER_PARAM / self.mem_Bps
+
+    def collective(self, kind: str, group_size: int, inter_node: bool, size_bytes: float
+                   ) -> float | None:
+        """No measurements: the caller uses the link model (:mod:`sim.network.alphabeta`)."""
+        return None
+
+
+def roofline_for(hw: HardwareSpec) -> Roofline:
+    """The catalog's rates: peak × measured efficiencies."""
+    gemm, attn = {}, {}
+    for dtype in DTYPE_BYTES:
+        try:
+            peak = hw.peak_tflops(dtype) * 1e12
+        except ValueError:  # a dtype this device lacks: validation reports it
+            continue
+        gemm[dtype] = peak * hw.gemm_eff_max
+        attn[dtype] = peak * hw.attention_eff
+    return Roofline(gemm, hw.gemm_dim_half, hw.hbm_GBps * 1e9 * hw.hbm_eff, attn)

@@ -1,0 +1,248 @@
+"""The profile-backed cost model: measured times, interpolated in log space.
+
+For an operation and shape: an exact measurement if there is one; else multilinear
+interpolation of ``log(time)`` over ``log(shape)`` between the surrounding points of one
+profiled grid; else (outside every grid, or an operation the profile lacks) a
+:class:`~sim.cost.costmodel.Roofline` whose rates are fitted to the profile's own measurements.
+Every fallback is recorded in :attr:`Profiled.extrapolated`, which the Result reports.
+
+Whole layers profiled beside their operations (op ``layer``) give a correction: the ratio
+of the measured layer to the sum of its operations, interpolated over (tokens, hidden) at
+the nearest profiled TP degree and held at the edge values outside them
+(:meth:`Profiled.layer_factor`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+import statistics
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+
+from sim.cost.costmodel import Cost, CostModel, Roofline, op_bytes, op_flops, roofline_for
+from sim.cost.profile_db import (
+    Key,
+    Point,
+    ProfileDB,
+    insitu_overhead,
+    load_profile_db,
+    resolve_device_dir,
+    segment_time,
+)
+from sim.spec.cluster import ClusterSpec
+from sim.spec.hardware import HardwareSpec, cpu_device_name
+from sim.spec.model import ModelSpec
+from sim.spec.plan import Plan
+
+__all__ = ["Profiled", "load_cost_model", "cost_model_for", "interpolate", "fit_roofline"]
+
+Table = dict[Point, tuple[float, float]]
+
+
+def _bracket(axis: list[float], v: float) -> list[tuple[float, float]] | None:
+    """(value, weight) pairs around ``v`` on a sorted axis, weights linear in log space."""
+    if v < axis[0] or v > axis[-1]:
+        return None
+    j = bisect.bisect_left(axis, v)
+    if axis[j] == v:
+        return [(v, 1.0)]
+    lo, hi = axis[j - 1], axis[j]
+    w = math.log(v / lo) / math.log(hi / lo)
+    return [(lo, 1.0 - w), (hi, w)]
+
+
+def _axes(table: Table) -> list[list[float]]:
+    dims = len(next(iter(table)))
+    return [sorted({p[i] for p in table}) for i in range(dims)]
+
+
+def interpolate(table: Table, query: Point, axes: list[list[float]] | None = None
+                ) -> tuple[float, float] | None:
+    """Multilinear interpolation of log(time) on the grid ``table``; None outside it or when
+    a corner of the surrounding cell was not measured."""
+    axes = axes or _axes(table)
+    brackets = [_bracket(ax, v) for ax, v in zip(axes, query, strict=True)]
+    if any(b is None for b in brackets):
+        return None
+    out = [0.0, 0.0]
+    for corner in itertools.product(*brackets):  # type: ignore[arg-type]
+        point = tuple(c[0] for c in corner)
+        if point not in table:
+            return None
+        weight = math.prod(c[1] for c in corner)
+        for i, t in enumerate(table[point]):
+            out[i] += weight * (math.log(t) if t > 0 else -math.inf)
+    return math.exp(out[0]), (math.exp(out[1]) if out[1] > -math.inf else 0.0)
+
+
+def _median_rate(pairs: list[tuple[float, float]], default: float) -> float:
+    """Median of work / time over measured (work, seconds) pairs."""
+    rates = [w / t for w, t in pairs if t > 0]
+    return statistics.median(rates) if rates else default
+
+
+def fit_roofline(db: ProfileDB, hw: HardwareSpec) -> Roofline:
+    """Catalog roofline with its rates replaced by those the profile measured: GEMM
+    FLOP/s (shape curve kept), fused-attention FLOP/s, and streaming bytes/s."""
+    base = roofline_for(hw)
+    gemm, attn, stream = dict(base.gemm_flops), dict(base.attention_flops), []
+    for (op, _, dtype), grids in db.compute.items():
+        points = [(s, t[0]) for g in grids.values() for s, t in g.items()]
+        if op == "gemm":
+            gemm[dtype] = _median_rate([(op_flops(*s) / base.gemm_efficiency(*s), t)
+                                        for s, t in points], gemm.get(dtype, 0.0))
+        elif op == "attention":
+            attn[dtype] = _median_rate([(2.0 * s[0] * s[1] ** 2 * s[2], t) for s, t in points],
+                                       attn.get(dtype, 0.0))
+        elif op not in ("embedding", "optimizer", "layer"):
+            stream += [(op_bytes(op, s[0], s[1], dtype), t) for s, t in points]
+    mem = _median_rate([p for p in stream if p[0] >= 1e6], base.mem_Bps)
+    return Roofline(gemm, base.gemm_dim_half, mem, attn)
+
+
+class Profiled:
+    """A :class:`~sim.cost.costmodel.CostModel` reading one device's profile DB."""
+
+    def __init__(self, db: ProfileDB, fallback: Roofline, grid: str | None = None) -> None:
+        """``grid`` restricts lookups to one profiled grid (e.g. ``preset-cpu``)."""
+        self.db, self.fallback = db, fallback
+        self._extrapolated: set[str] = set()
+        self._compute = {key: {g: t for g, t in grids.items() if grid in (None, g)}
+                         for key, grids in db.compute.items()}
+        self._axes = {(key, g): _axes(t) for key, grids in self._compute.items()
+                      for g, t in grids.items()}
+        self._layer_cache: dict[str, dict[int, tuple[Table, list[list[float]]]]] = {}
+
+    @property
+    def extrapolated(self) -> set[str]:
+        return self._extrapolated
+
+    def layer_factor(self, m: ModelSpec, plan: Plan) -> Cost:
+        """(forward, backward) ratio of measured whole layers to their operations' sum."""
+        tables = self._layer_tables(plan.dtype)
+        if not tables:
+            return 1.0, 1.0
+        tp = min(tables, key=lambda t: (abs(math.log(t / plan.tp)), t))
+        table, axes = tables[tp]
+        point = tuple(min(max(v, axis[0]), axis[-1]) for v, axis in
+                      zip((float(plan.local_tokens), float(m.hidden_size)), axes, strict=True))
+        hit = interpolate(table, point, axes)
+        return hit if hit is not None else (1.0, 1.0)
+
+    def _layer_tables(self, dtype: str) -> dict[int, tuple[Table, list[list[float]]]]:
+        """Per TP degree: (tokens, hidden) -> ratio, from every profiled ``layer`` row."""
+        if dtype in self._layer_cache:
+            return self._layer_cache[dtype]
+        from sim.cost.compute import ops_layer_time, variant_layer
+
+        plain = Profiled(self.db, self.fallback)  # its own extrapolation log
+        ratios: dict[int, Table] = {}
+        for (op, variant, dt), grids in self._compute.items():
+            if op != "layer" or dt != dtype:
+                continue
+            for table in grids.values():
+                for (tokens, hidden, tp), (fwd, bwd) in table.items():
+                    spec, seq = variant_layer(variant, int(hidden))
+                    mb = max(1, int(tokens) // seq)
+                    lt = ops_layer_time(plain, spec, Plan(global_batch_size=mb, seq_len=seq,
+                                                          micro_batch_size=mb, tp=int(tp),
+                                                          dtype=dtype))
+                    k = self.db.compute_scale  # the op sums are scaled too
+                    ratios.setdefault(int(tp), {})[(tokens, hidden)] = (
+                        k * fwd / lt.forward, k * bwd / lt.backward)
+        out = {tp: (table, _axes(table)) for tp, table in ratios.items()}
+        self._layer_cache[dtype] = out
+        return out
+
+    def _lookup(self, key: Key, shape: Point) -> tuple[float, float] | None:
+        grids = self._compute.get(key, {})
+        for table in grids.values():
+            if shape in table:
+                return table[shape]
+        for g in sorted(grids):
+            hit = interpolate(grids[g], shape, self._axes[(key, g)])
+            if hit is not None:
+                return hit
+        return None
+
+    def _note(self, what: str, shape: Point, dtype: str) -> None:
+        dims = "x".join(f"{v:g}" for v in shape)
+        self._extrapolated.add(f"{what} {dims} {dtype}")
+
+    def _measured(self, key: Key, shape: Point, fallback: Callable[[], Cost]) -> Cost:
+        """The profiled (forward, backward) seconds, else the fitted roofline's, noted."""
+        hit = self._lookup(key, shape)
+        if hit is None:
+            self._note(key[0], shape, key[2])
+            hit = fallback()
+        return hit[0] * self.db.compute_scale, hit[1] * self.db.compute_scale
+
+    def gemm(self, m: float, n: float, k: float, dtype: str) -> Cost:
+        return self._measured(("gemm", "", dtype), (m, n, k),
+                              lambda: self.fallback.gemm(m, n, k, dtype))
+
+    def attention(self, batch_heads: float, q_len: float, kv_len: float, head_dim: float,
+                  dtype: str, flash: bool, dropout: bool) -> Cost:
+        """Profiled causal SDPA at ``q_len``; a longer key range (context parallelism)
+        scales it by ``kv_len / q_len``."""
+        hit = self._lookup(("attention", "causal", dtype), (batch_heads, q_len, head_dim)) \
+            if flash else None
+        if hit is None:
+            self._note("attention" if flash else "attention(standard)",
+                       (batch_heads, q_len, head_dim), dtype)
+            f, b = self.fallback.attention(batch_heads, q_len, kv_len, head_dim, dtype, flash,
+                                           dropout)
+            return f * self.db.compute_scale, b * self.db.compute_scale
+        scale = self.db.compute_scale * kv_len / q_len
+        return hit[0] * scale, hit[1] * scale
+
+    def elementwise(self, op: str, tokens: float, width: float, dtype: str) -> Cost:
+        return self._measured((op, "", dtype), (tokens, width),
+                              lambda: self.fallback.elementwise(op, tokens, width, dtype))
+
+    def embedding(self, tokens: float, hidden: float, vocab: float, dtype: str) -> Cost:
+        return self._measured(("embedding", "", dtype), (tokens, hidden, vocab),
+                              lambda: self.fallback.embedding(tokens, hidden, vocab, dtype))
+
+    def optimizer(self, numel: float) -> float:
+        return self._measured(("optimizer", "adam", "fp32"), (numel,),
+                              lambda: (self.fallback.optimizer(numel), 0.0))[0]
+
+    def collective(self, kind: str, group_size: int, inter_node: bool, size_bytes: float
+                   ) -> float | None:
+        fabric = "inter" if inter_node else "intra"
+        segments = self.db.comm_fit.get((kind, fabric, group_size))
+        if segments is None:
+            self._extrapolated.add(f"{kind} x{group_size} {fabric}: no profile fit, link model")
+            return None
+        overhead = insitu_overhead(self.db.comm_overhead.get((kind, fabric, group_size), []))
+        return segment_time(segments, size_bytes) + overhead
+
+
+@cache
+def _load(folder: Path, stamp: tuple[float, ...], hw: HardwareSpec, stat: str
+          ) -> tuple[ProfileDB, Roofline]:
+    db = load_profile_db(folder, folder.name, stat)
+    return db, fit_roofline(db, hw)
+
+
+def load_cost_model(path: str | Path, hw: HardwareSpec, grid: str | None = None,
+                    stat: str = "median") -> Profiled:
+    """A fresh cost model (its own extrapolation log) over a cached DB, reading each compute
+    row's ``stat`` (``median`` or ``p10``). In a DB root the device folder is the catalog
+    name, or ``cpu-<model>`` of this host for ``cpu``."""
+    hint = cpu_device_name() if hw.name == "cpu" else hw.name
+    folder = resolve_device_dir(path, hint).resolve()
+    stamp = tuple(f.stat().st_mtime for f in sorted(folder.glob("*")) if f.is_file())
+    db, fallback = _load(folder, stamp, hw, stat)
+    return Profiled(db, fallback, grid)
+
+
+def cost_model_for(cluster: ClusterSpec) -> CostModel:
+    """The cluster's profile DB when it names one, else the catalog roofline."""
+    if cluster.profile:
+        return load_cost_model(cluster.profile, cluster.gpu, stat=cluster.compute_stat)
+    return roofline_for(cluster.gpu)

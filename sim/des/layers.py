@@ -1,0 +1,208 @@
+"""The forward and backward of one chunk (a virtual stage's layers, one micro-batch): per
+layer the compute from the cost model and the layer's collectives — TP all-reduces or
+all-gather/reduce-scatter, the context-parallel K/V ring beside the attention, expert
+all-to-alls — and the embedding's and output layer's TP collectives. A chunk whose work
+meets no other traffic (TP and EP memoised, no CP, no ZeRO-3) runs as one delay.
+"""
+
+from __future__ import annotations
+
+from sim.cost import compute as cm
+from sim.des.comm import Collectives
+from sim.des.context import Context, Proc, Unit
+from sim.des.data_parallel import DataParallel
+from sim.layout.memory import layer_rank_params
+from sim.layout.stages import edge_tp_collectives
+
+__all__ = ["Layers"]
+
+
+class Layers:
+    """Forward and backward passes over a unit's layers."""
+
+    def __init__(self, x: Context, comm: Collectives, dp: DataParallel) -> None:
+        self.x, self.comm, self.dp = x, comm, dp
+
+    # Sizes and passes -----------------------------------------------------------------------
+    def _tp_ops(self) -> list[str]:
+        """One TP pass over a layer: 2 all-reduces, or 2 all-gathers + 2 reduce-scatters."""
+        if self.x.p.tp == 1:
+            return []
+        return ["all_gather", "reduce_scatter"] * 2 if self.x.p.sequence_parallel else \
+            ["all_reduce"] * 2
+
+    def _ep_bytes(self) -> float:
+        p, m = self.x.p, self.x.m
+        tokens = p.local_tokens / (p.tp if p.sequence_parallel else 1)
+        return tokens * m.top_k * m.hidden_size * self.x.act
+
+    def _cp_bytes(self) -> float:
+        """Ring all-gather size of one pass: every rank's K and V chunk."""
+        p = self.x.p
+        return p.cp * 2 * p.local_tokens * self.x.m.kv_dim / p.tp * self.x.act
+
+    def _comm_passes(self, u: Unit, moe: bool, passes: int, tag: tuple) -> Proc:
+        """``passes`` forward-shaped TP passes and, for an MoE layer, expert all-to-alls."""
+        for i in range(passes):
+            for j, coll in enumerate(self._tp_ops()):
+                yield from self.comm.blocking(u, "tp", coll, self.x.tp_bytes(), tag + (i, j))
+            if moe and self.x.p.ep > 1:
+                for j in range(2):
+                    yield from self.comm.blocking(u, "ep", "all_to_all", self._ep_bytes(),
+                                                  tag + (i, "ep", j))
+
+    def _with_cp(self, u: Unit, seconds: float, cp_bytes: float, tag: tuple, name: str
+                 ) -> Proc:
+        """Compute beside the context-parallel K/V ring; the ring's excess is exposed."""
+        x = self.x
+        if x.p.cp == 1:
+            yield from x.compute(u, seconds, name)
+            return
+        t0 = x.env.now
+        if x.core is not None:  # no overlap: the ring, then the compute
+            yield from x.wait(u, "cp", self.comm.collective(u, "cp", "all_gather", cp_bytes,
+                                                            tag), "cp ring")
+            x.acct[u].comm_total["cp"] += x.env.now - t0
+            yield from x.compute(u, seconds, name)
+            return
+        ring = self.comm.collective(u, "cp", "all_gather", cp_bytes, tag)
+        ring_end: list[float] = []
+        ring.callbacks.append(lambda _e: ring_end.append(x.env.now))
+        yield from x.compute(u, seconds, name)
+        yield from x.wait(u, "cp", ring, "cp ring")
+        x.acct[u].comm_total["cp"] += ring_end[0] - t0
+
+    def _fast(self, u: Unit, layers: list[bool], backward: bool
+              ) -> tuple[float, float, float] | None:
+        """(compute, tp, ep) seconds of a whole chunk when nothing in it interacts with
+        other traffic (TP and EP memoised, no CP, no ZeRO-3)."""
+        x, p, comm = self.x, self.x.p, self.comm
+        solo_tp = p.tp == 1 or "tp" in comm.exclusive
+        solo_ep = p.ep == 1 or "ep" in comm.exclusive
+        if p.cp > 1 or p.zero_stage == 3 or not (solo_tp and solo_ep):
+            return None
+        passes = (2 if p.recompute == "full" else 1) if backward else 1
+        moe_layers = sum(layers)
+        tp1 = sum(comm.solo(u, "tp", c, x.tp_bytes(), passes * len(layers))
+                  for c in self._tp_ops())
+        ep1 = 2 * comm.solo(u, "ep", "all_to_all", self._ep_bytes(), 2 * passes * moe_layers) \
+            if p.ep > 1 and moe_layers else 0.0
+        compute = sum((lt.backward + self._recompute(lt)) if backward else lt.forward
+                      for lt in (x.moe_t if moe else x.dense_t for moe in layers))
+        return compute, passes * len(layers) * tp1, passes * moe_layers * ep1
+
+    def _recompute(self, lt: cm.LayerTime) -> float:
+        return {"full": lt.forward, "selective": lt.attention_forward}.get(self.x.p.recompute,
+                                                                             0.0)
+
+    def _extras(self, vs: int) -> tuple[float, float]:
+        """(forward, backward) seconds of the embedding (first virtual stage) and the output
+        layer and loss (last)."""
+        x = self.x
+        fwd = bwd = 0.0
+        if vs == 0:
+            f, b = x.cost.embedding(x.p.local_tokens, x.m.hidden_size, x.m.vocab_size,
+                                    x.p.activation_dtype)
+            fwd, bwd = fwd + f, bwd + b
+        if vs == len(x.vs_layers) - 1:
+            total = cm.logits_time(x.cost, x.m, x.p)
+            fwd, bwd = fwd + total / 3, bwd + 2 * total / 3
+        return fwd, bwd
+
+    # Passes -------------------------------------------------------------------------------
+    def forward(self, u: Unit, vs: int, mb: int) -> Proc:
+        x = self.x
+        layers = x.vs_layers[vs]
+        fwd_extra, _ = self._extras(vs)
+        fast = self._fast(u, layers, backward=False)
+        if fast:
+            compute, tp, ep = fast
+            yield from x.compute(u, compute + fwd_extra, f"F{mb} v{vs}")
+            yield from self._replay(u, tp, ep)
+            yield from self._edge(u, vs, "F", ("F", mb, vs))
+            return
+        yield from x.compute(u, fwd_extra, f"F{mb} v{vs} extra")
+        gather = self.dp.z3_gather(u, layers, 0, ("F", mb, vs))
+        for i, moe in enumerate(layers):
+            lt = x.moe_t if moe else x.dense_t
+            if gather is not None:
+                yield from x.wait(u, "dp", gather, "zero3 gather")
+                gather = self.dp.z3_gather(u, layers, i + 1, ("F", mb, vs))
+            yield from self._with_cp(u, lt.forward, self._cp_bytes(), ("Fcp", mb, vs, i),
+                                     f"F{mb} v{vs} L{i}")
+            yield from self._comm_passes(u, moe, 1, ("F", mb, vs, i))
+        yield from self._edge(u, vs, "F", ("F", mb, vs))
+
+    def backward(self, u: Unit, vs: int, mb: int) -> Proc:
+        x, dp = self.x, self.dp
+        layers = x.vs_layers[vs]
+        _, bwd_extra = self._extras(vs)
+        reduce_now = dp.reduces_after(u, mb)
+        # replicas meet in the gradient reduction after their last micro-batch, whichever
+        # it is (uneven splits); ZeRO-2 reduces after every one
+        gtag = ("B", mb if x.p.zero_stage == 2 else "last", vs)
+        fast = None if reduce_now else self._fast(u, layers, backward=True)
+        if fast:
+            compute, tp, ep = fast
+            yield from x.compute(u, compute + bwd_extra, f"B{mb} v{vs}")
+            yield from self._replay(u, tp, ep)
+            yield from self._edge(u, vs, "B", ("B", mb, vs))
+            return
+        yield from self._layers_backward(u, vs, mb, layers, reduce_now, gtag)
+        yield from x.compute(u, bwd_extra, f"B{mb} v{vs} extra")
+        yield from self._edge(u, vs, "B", ("B", mb, vs))
+        if reduce_now and x.p.zero_stage < 3:
+            dp.grad_ready(u, self._extra_params(vs), 0.0, gtag)
+            dp.flush(u, gtag)
+
+    def _layers_backward(self, u: Unit, vs: int, mb: int, layers: list[bool],
+                         reduce_now: bool, gtag: tuple) -> Proc:
+        """The layers' backward in reverse, each one's gradient handed to the data-parallel
+        stream as it is ready."""
+        x, dp = self.x, self.dp
+        passes = 2 if x.p.recompute == "full" else 1
+        gather = dp.z3_gather(u, layers, len(layers) - 1, ("B", mb, vs))
+        for i in reversed(range(len(layers))):
+            moe = layers[i]
+            lt = x.moe_t if moe else x.dense_t
+            if gather is not None:
+                yield from x.wait(u, "dp", gather, "zero3 gather")
+                gather = dp.z3_gather(u, layers, i - 1, ("B", mb, vs))
+            seconds = lt.backward + self._recompute(lt)
+            yield from self._with_cp(u, seconds, 2 * self._cp_bytes(), ("Bcp", mb, vs, i),
+                                     f"B{mb} v{vs} L{i}")
+            yield from self._comm_passes(u, moe, passes, ("B", mb, vs, i))
+            if x.p.zero_stage == 3:
+                dp.z3_reduce(u, moe, ("B", mb, vs, i))
+            elif reduce_now:
+                dp.grad_ready(u, *layer_rank_params(x.m, x.p, moe), gtag)
+
+    def _edge(self, u: Unit, vs: int, which: str, tag: tuple) -> Proc:
+        """The TP collectives of the embedding (first virtual stage) or of the output layer
+        and loss (last) in pass ``which`` (:func:`sim.layout.stages.edge_tp_collectives`)."""
+        x = self.x
+        ends = (vs == 0, vs == len(x.vs_layers) - 1)
+        for i, (when, coll, size) in enumerate(edge_tp_collectives(x.m, x.p, *ends)):
+            if when == which:
+                yield from self.comm.blocking(u, "tp", coll, size, tag + ("edge", i))
+
+    def _replay(self, u: Unit, tp: float, ep: float) -> Proc:
+        """Memoised TP and EP collectives of a whole chunk, as one delay each."""
+        x = self.x
+        if tp > 0:
+            yield from x.wait(u, "tp", x.env.timeout(tp), "tp (memoised)")
+            x.acct[u].comm_total["tp"] += tp
+        if ep > 0:
+            yield from x.wait(u, "ep", x.env.timeout(ep), "ep (memoised)")
+            x.acct[u].comm_total["ep"] += ep
+
+    def _extra_params(self, vs: int) -> float:
+        """Embedding and output-layer parameters held by a virtual stage."""
+        m, p, out = self.x.m, self.x.p, 0.0
+        vh = m.vocab_size * m.hidden_size / p.tp
+        if vs == 0:
+            out += vh + (m.max_seq_len * m.hidden_size
+                         if m.position_embedding == "learned" else 0)
+        if vs == len(self.x.vs_layers) - 1 and (not m.tied_embeddings or vs != 0):
+            out += vh
+        return out

@@ -1,0 +1,215 @@
+"""The discrete-event tier: one training iteration simulated in SimPy.
+
+Each unit (one tensor-parallel group at one pipeline stage, :mod:`sim.des.context`) runs
+its stage's schedule (:mod:`sim.layout.schedule`): per micro-batch and virtual stage the
+chunk's forward or backward (:mod:`sim.des.layers`), and between them the pipeline's
+point-to-point calls (:mod:`sim.des.pipeline`). Gradients are reduced in buckets on a
+separate data-parallel stream while backward goes on; ZeRO-3 prefetches each layer's
+weights (:mod:`sim.des.data_parallel`); the first and last stage all-reduce the tied
+embedding's gradient; the optimizer step ends it. Every collective goes through
+:mod:`sim.des.comm`.
+
+Reduction (default): one unit per stage; every collective's flows stand for those of the
+groups of its kind that run at the same time on that stage, and a collective whose links
+nothing else uses is simulated once per shape and then replayed as a delay.
+``reduce=False`` simulates every unit and every flow; on symmetric cases both give the same
+iteration time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import simpy
+
+from sim.cost import compute as cm
+from sim.cost.costmodel import CostModel
+from sim.des.comm import Collectives
+from sim.des.context import CATEGORIES, Acct, Context, CountingEnv, Proc, Unit
+from sim.des.data_parallel import DataParallel
+from sim.des.layers import Layers
+from sim.des.pipeline import Pipeline
+from sim.layout.memory import rank_params
+from sim.layout.placement import rank_coords
+from sim.layout.schedule import Exchange, stage_program
+from sim.layout.stages import StageLayers, pipeline_rank_layers
+from sim.network.engine import CommEngine
+from sim.network.failures import CannotComplete, install_failures
+from sim.network.links import link_table
+from sim.network.perturbation import NO_PERTURBATION, LinkFailure, Perturbation
+from sim.network.topology import Topology, build_topology
+from sim.result import Timing
+from sim.spec.cluster import ClusterSpec
+from sim.spec.model import ModelSpec
+from sim.spec.plan import Plan, replica_plan
+
+__all__ = ["simulate_des", "reducible", "Step", "CATEGORIES", "CountingEnv"]
+
+
+class Step:
+    """One simulated iteration, composed of its parts over one shared context."""
+
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel,
+                 topo: Topology, reduce: bool, record: bool,
+                 compute_scale: Sequence[float] | None = None,
+                 comm: CommEngine | None = None, devices: Sequence[int] | None = None) -> None:
+        """See :class:`~sim.des.context.Context` for ``comm`` and ``devices``."""
+        self.x = Context(model, cluster, plan, cost, topo, reduce, record, compute_scale,
+                         comm, devices)
+        self.comm = Collectives(self.x)
+        self.dp = DataParallel(self.x, self.comm)
+        self.layers = Layers(self.x, self.comm, self.dp)
+        self.pipeline = Pipeline(self.x, self.comm)
+
+    @property
+    def units(self) -> list[Unit]:
+        return self.x.units
+
+    def unit(self, u: Unit, stage: StageLayers) -> Proc:
+        """Process: the unit's whole step."""
+        x = self.x
+        for item in stage_program(replica_plan(x.p, u.dp), u.stage):
+            if isinstance(item, Exchange):
+                yield from self.pipeline.exchange(u, item)
+                continue
+            kind, mb, chunk = item
+            run = self.layers.forward if kind == "F" else self.layers.backward
+            yield from run(u, chunk * x.p.pp + u.stage, mb)
+        x.acct[u].pipeline_end = x.env.now
+        yield from self.finish(u, stage)
+        x.acct[u].end = x.env.now
+
+    def finish(self, u: Unit, stage: StageLayers) -> Proc:
+        """Remaining gradient reduction, the embedding group's all-reduce, the optimizer
+        step, ZeRO-1/2's weight gather."""
+        x, p = self.x, self.x.p
+        yield from self.dp.tail(u, stage)
+        yield from self.pipeline.embedding_allreduce(u)
+        dense, expert = rank_params(x.m, p, stage)
+        shards = (p.dense_replicas, p.expert_replicas) if p.zero_stage >= 1 else (1, 1)
+        seconds = cm.optimizer_time(x.cost, dense / shards[0] + expert / shards[1])
+        yield from x.wait(u, "optimizer", x.env.timeout(seconds * x.scale[u]), "optimizer")
+        yield from self.dp.zero_gather(u, stage)
+
+
+def _links(x: Context, seconds: float, top: int | None = 10) -> list[dict[str, Any]]:
+    """The busiest links: utilisation = bytes / (capacity x iteration)."""
+    return link_table(x.topo, x.net.stats.bytes, x.net.stats.busy_s, seconds, top)
+
+
+def _communication(a: Acct) -> dict[str, dict[str, float]]:
+    out = {}
+    for kind in ("tp", "cp", "ep", "pp", "dp"):
+        exposed = a.spent[kind]
+        out[kind] = {"exposed_s": exposed,
+                     "overlapped_s": max(0.0, a.comm_total[kind] - exposed)}
+    return out
+
+
+def reducible(plan: Plan, compute_scale: Sequence[float] | None,
+              dev: Callable[[int], int] | None = None) -> bool:
+    """Whether one unit per stage can stand for all: every replica runs as many
+    micro-batches and every rank of a pipeline stage has the same compute scale (``dev``
+    maps a logical rank to its device)."""
+    if len(set(plan.replica_microbatches)) > 1:
+        return False
+    if compute_scale is None:
+        return True
+    dev = dev or (lambda r: r)
+    sizes, strides = rank_coords(plan)
+    seen: dict[int, float] = {}
+    for r in range(plan.world_size):
+        stage = r // strides["pp"] % sizes["pp"]
+        if seen.setdefault(stage, compute_scale[dev(r)]) != compute_scale[dev(r)]:
+            return False
+    return True
+
+
+def _why_full(plan: Plan, link_failures: bool) -> str:
+    if link_failures:  # re-routed flows are not copies of one another
+        return "a failed link breaks the symmetry of the data-parallel replicas"
+    if len(set(plan.replica_microbatches)) > 1:
+        return "data-parallel replicas run different numbers of micro-batches"
+    return "ranks of one pipeline stage run at different speeds"
+
+
+def _run_with_failures(step: Step, failures: Sequence[LinkFailure]) -> Timing | None:
+    """Run the step with links failing; the Timing of a step that cannot complete."""
+    x = step.x
+    step.comm.exclusive = set()  # re-routed flows may cross any link: nothing is memoised
+    install_failures(x.env, x.net, x.topo, failures)
+    try:
+        x.env.run()
+    except CannotComplete as exc:
+        info = {"reduced": x.reduce, "units": len(x.units), "events": x.env.processed,
+                "completed": False,
+                "cannot_complete": f"{exc}; the step stalls at {x.env.now:.6g} s"}
+        zero = dict.fromkeys(CATEGORIES, 0.0)
+        return Timing(math.inf, math.inf, zero, _communication(Acct()), [], info, [])
+    return None
+
+
+def _check_scale(compute_scale: Sequence[float] | None, cluster: ClusterSpec) -> None:
+    if compute_scale is None:
+        return
+    if len(compute_scale) != cluster.world_size:
+        raise ValueError(f"compute_scale has {len(compute_scale)} entries for "
+                         f"{cluster.world_size} devices")
+    if any(not (x > 0) for x in compute_scale):
+        raise ValueError("compute_scale entries must be > 0")
+
+
+def _run(step: Step, procs: list[simpy.Process], failures: Sequence[LinkFailure]
+         ) -> Timing | None:
+    """Run the step to its end; the Timing of a step that cannot complete, else None."""
+    x = step.x
+    if failures:
+        stalled = _run_with_failures(step, failures)
+        if stalled is not None:
+            return stalled
+    else:
+        x.env.run()
+    stuck = [u for u, proc in zip(x.units, procs, strict=True) if proc.is_alive]
+    if stuck:  # an internal error, never a time: every unit must finish its step
+        raise RuntimeError(f"discrete-event step deadlocked at {x.env.now:.6g} s with "
+                           f"{len(stuck)} of {len(x.units)} units unfinished "
+                           f"(first: stage {stuck[0].stage}, dp {stuck[0].dp})")
+    return None
+
+
+def simulate_des(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel,
+                 reduce: bool = True, record: bool = False,
+                 perturbation: Perturbation = NO_PERTURBATION,
+                 top_links: int | None = 10) -> Timing:
+    """Simulate one iteration; ``record`` keeps the per-unit timeline (for traces);
+    ``top_links`` busiest links are reported (``None``: every used link).
+    ``perturbation`` (:class:`~sim.network.perturbation.Perturbation`): its compute scale
+    multiplies every compute duration of each device (index = device; 1.2 is 20% slower):
+    stragglers, or other GPU types relative to the cost model's. Reduction needs every rank
+    of a stage to have the same scale; where they differ the simulation runs in full and
+    says so. Its topology replaces the cluster's (slowed links), and its link failures fail
+    links mid-step (the step then runs unreduced): when a flow has no path left the step
+    cannot complete, and the Timing says so with an infinite iteration time."""
+    scale, failures = perturbation.compute_scale, perturbation.link_failures
+    _check_scale(scale, cluster)
+    pl = plan.placement
+    full_needed = reduce and (bool(failures) or not reducible(
+        plan, scale, None if isinstance(pl, str) else (lambda r: pl[r])))
+    step = Step(model, cluster, plan, cost, perturbation.topology or build_topology(cluster),
+                reduce and not full_needed, record, scale)
+    x = step.x
+    stages = pipeline_rank_layers(plan, model)
+    procs = [x.env.process(step.unit(u, stages[u.stage])) for u in x.units]
+    stalled = _run(step, procs, failures)
+    if stalled is not None:
+        return stalled
+    critical = max(x.units, key=lambda u: (x.acct[u].end, -u.stage))
+    a = x.acct[critical]
+    info: dict[str, Any] = {"reduced": x.reduce, "units": len(x.units),
+                            "events": x.env.processed}
+    if full_needed:
+        info["not_reduced_because"] = _why_full(plan, bool(failures))
+    return Timing(a.end, a.pipeline_end, dict(a.spent), _communication(a),
+                  _links(x, a.end, top_links), info, x.timeline)

@@ -1,0 +1,236 @@
+"""Peak memory per rank (weights, gradients, optimizer state, activations) and the
+out-of-memory verdict against each stage's own GPUs: the one owner of a plan's memory.
+
+* Model states follow the ZeRO paper (Rajbhandari et al. 2020, Sec. 3.1 and 5): mixed
+  precision Adam keeps ``2`` bytes of weights, ``2`` of gradients and ``K = 12`` of fp32
+  master weights, momentum and variance per parameter; ZeRO stage 1/2/3 shards the optimizer
+  state / + gradients / + weights over the ``N`` data-parallel ranks. fp32 training keeps
+  4 + 4 bytes and ``K = 8``.
+* Activations follow Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
+  Transformer Models", Sec. 4): ``s*b*h*(34 + 5*a*s/h)`` bytes per layer for a GPT layer,
+  ``s*b*h*(10 + 24/t + 5*a*s/(h*t))`` with tensor parallelism, ``s*b*h/t*(34 + 5*a*s/h)`` with
+  sequence parallelism, ``34*s*b*h/t`` with selective recompute and ``2*s*b*h/t`` per layer
+  with full recompute. Here every term is written per tensor, so the same code also covers
+  GQA, gated MLPs, no-dropout models, flash attention and MoE layers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sim.layout.flops import attention_params, layer_params, mlp_params
+from sim.layout.placement import stage_devices
+from sim.layout.stages import StageLayers, pipeline_rank_layers
+from sim.spec.cluster import ClusterSpec
+from sim.spec.hardware import HardwareSpec
+from sim.spec.model import ModelSpec
+from sim.spec.plan import Plan
+
+__all__ = ["MemoryBreakdown", "layer_activation_bytes", "model_state_bytes_per_param",
+           "rank_memory", "rank_params", "layer_rank_params", "peak_memory",
+           "inflight_microbatches", "GIB", "memory_verdict", "MemoryReport", "memory_report"]
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Bytes on one pipeline rank (every rank of a pipeline stage holds the same)."""
+
+    pipeline_rank: int
+    weights: float
+    gradients: float
+    optimizer: float
+    activations: float
+    transient: float  # logits, one layer being recomputed, ZeRO-3 gathered weights
+    reserved: float
+
+    @property
+    def total(self) -> float:
+        return (self.weights + self.gradients + self.optimizer + self.activations
+                + self.transient + self.reserved)
+
+
+def model_state_bytes_per_param(dtype: str, zero_stage: int, shards: int
+                                ) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer) bytes per parameter on one rank under ZeRO."""
+    w, g, k = (4.0, 4.0, 8.0) if dtype == "fp32" else (2.0, 2.0, 12.0)
+    if zero_stage >= 1:
+        k /= shards
+    if zero_stage >= 2:
+        g /= shards
+    if zero_stage >= 3:
+        w /= shards
+    return w, g, k
+
+
+def _attention_core_bytes(m: ModelSpec, plan: Plan, s: float, b: int) -> float:
+    """What attention itself keeps: the s x s scores unless fused or recomputed."""
+    heads = m.num_heads / plan.tp
+    if plan.attention == "flash":
+        return 4.0 * heads * s * b  # fp32 log-sum-exp per query
+    if plan.recompute == "selective":
+        return 0.0
+    kept = 2 + (3 if m.dropout else 0)  # softmax output (+ dropout mask and output)
+    return kept * heads * s * plan.seq_len * b
+
+
+def _mlp_inner_elems(m: ModelSpec, ffn: int) -> int:
+    """Elements per token inside one MLP: activation inputs and output."""
+    return 3 * ffn if m.gated_mlp else 2 * ffn
+
+
+def layer_activation_bytes(m: ModelSpec, plan: Plan, moe: bool = False) -> float:
+    """Bytes one layer keeps for backward, per micro-batch, on one rank (no recompute
+    other than ``selective``; see :func:`_stored_layer_bytes` for ``full``)."""
+    s = plan.seq_len // plan.cp
+    b = plan.micro_batch_size
+    t = plan.tp
+    e = plan.activation_bytes
+    sbh = s * b * m.hidden_size
+    replicated = (4 * sbh * e + (2 * sbh if m.dropout else 0)  # norms, QKV/MLP inputs, masks
+                  ) / (t if plan.sequence_parallel else 1)
+    tensors = 2 * m.q_dim + 2 * m.kv_dim  # Q, K, V and the output-projection input
+    if moe:
+        tensors += m.top_k * (_mlp_inner_elems(m, m.expert_ffn) + m.hidden_size)
+        tensors += _mlp_inner_elems(m, m.shared_expert_ffn_hidden_size)
+    else:
+        tensors += _mlp_inner_elems(m, m.ffn_hidden_size)
+    parallel = tensors * s * b * e / t
+    return replicated + parallel + _attention_core_bytes(m, plan, s, b)
+
+
+def _stored_layer_bytes(m: ModelSpec, plan: Plan, moe: bool) -> float:
+    if plan.recompute == "full":  # only the layer input is kept
+        sbh = plan.local_tokens * m.hidden_size
+        return plan.activation_bytes * sbh / (plan.tp if plan.sequence_parallel else 1)
+    return layer_activation_bytes(m, plan, moe)
+
+
+def inflight_microbatches(plan: Plan, rank: int) -> float:
+    """Micro-batches whose activations pipeline rank ``rank`` holds at its peak: all of
+    them under GPipe, ``pp - rank`` under 1F1B, Megatron-LM's warm-up count of virtual
+    chunks (in whole micro-batches through this rank's layers) when interleaved."""
+    m = plan.num_microbatches
+    if plan.schedule == "gpipe":
+        return float(m)
+    if plan.schedule == "1f1b":
+        return float(min(plan.pp - rank, m))
+    chunks = min(2 * (plan.pp - rank - 1) + (plan.vpp - 1) * plan.pp + 1, m * plan.vpp)
+    return chunks / plan.vpp
+
+
+def layer_rank_params(m: ModelSpec, plan: Plan, moe: bool) -> tuple[float, float]:
+    """(dense, expert) parameters of one layer on one rank: matrices split over TP, norms
+    replicated, experts split over EP (and TP), router and shared-expert gate replicated."""
+    norms = layer_params(m) - attention_params(m) - mlp_params(m, m.ffn_hidden_size)
+    if not moe:
+        return (layer_params(m) - norms) / plan.tp + norms, 0.0
+    shared = m.shared_expert_ffn_hidden_size
+    shared_params = mlp_params(m, shared) / plan.tp + m.hidden_size if shared else 0.0
+    dense = attention_params(m) / plan.tp + shared_params + norms + m.hidden_size * m.num_experts
+    return dense, m.num_experts / plan.ep * mlp_params(m, m.expert_ffn) / plan.tp
+
+
+def rank_params(m: ModelSpec, plan: Plan, st: StageLayers) -> tuple[float, float]:
+    """(dense, expert) parameters on one rank; ZeRO shards dense ones over dp*cp ranks,
+    expert ones over (dp/ep)*cp."""
+    d_dense, _ = layer_rank_params(m, plan, False)
+    m_dense, m_expert = layer_rank_params(m, plan, True) if st.moe else (0.0, 0.0)
+    dense = st.dense * d_dense + st.moe * m_dense
+    expert = st.moe * m_expert
+    vh = m.vocab_size * m.hidden_size / plan.tp
+    if st.first:
+        dense += vh + (m.max_seq_len * m.hidden_size if m.position_embedding == "learned" else 0)
+    if st.last and (not m.tied_embeddings or not st.first):
+        dense += vh  # output projection (a copy of the tied embedding on a separate stage)
+    return dense, expert
+
+
+def _transient_bytes(m: ModelSpec, plan: Plan, st: StageLayers) -> float:
+    tokens = plan.local_tokens
+    out = 0.0
+    if st.last:
+        out += 6.0 * tokens * m.vocab_size / plan.tp  # logits in dtype and fp32 for the loss
+    if plan.recompute == "full":
+        out += layer_activation_bytes(m, plan, moe=st.moe > 0)
+    if plan.zero_stage == 3:  # the current and the prefetched layer, gathered
+        out += 2 * plan.activation_bytes * sum(layer_rank_params(m, plan, st.moe > 0))
+    return out
+
+
+def rank_memory(m: ModelSpec, plan: Plan, st: StageLayers, rank: int, reserved_gib: float
+                ) -> MemoryBreakdown:
+    dense, expert = rank_params(m, plan, st)
+    wd, gd, od = model_state_bytes_per_param(plan.dtype, plan.zero_stage, plan.dense_replicas)
+    we, ge, oe = model_state_bytes_per_param(plan.dtype, plan.zero_stage, plan.expert_replicas)
+    per_mb = (st.dense * _stored_layer_bytes(m, plan, False)
+              + st.moe * _stored_layer_bytes(m, plan, True))
+    acts = per_mb * inflight_microbatches(plan, rank)
+    return MemoryBreakdown(rank, dense * wd + expert * we, dense * gd + expert * ge,
+                           dense * od + expert * oe, acts, _transient_bytes(m, plan, st),
+                           reserved_gib * GIB)
+
+
+def peak_memory(m: ModelSpec, plan: Plan, reserved_gib: float) -> list[MemoryBreakdown]:
+    """Memory of every pipeline rank; the caller takes the max for the peak."""
+    stages = pipeline_rank_layers(plan, m)
+    return [rank_memory(m, plan, st, r, reserved_gib) for r, st in enumerate(stages)]
+
+
+def _stage_gpus(cluster: ClusterSpec, plan: Plan, stage: int) -> set[HardwareSpec]:
+    pl = plan.placement
+    return {cluster.gpu_of(r if isinstance(pl, str) else pl[r])
+            for d in range(plan.dp) for r in stage_devices(plan, d, stage)}
+
+
+def memory_verdict(model: ModelSpec, cluster: ClusterSpec, plan: Plan,
+                   ranks: Sequence[MemoryBreakdown] | None = None) -> tuple[float, float]:
+    """(peak GiB, capacity GiB) of the tightest pipeline stage, each stage held against the
+    GPU type among its devices with the least room (own memory and reserve); the plan fits
+    when peak <= capacity. On a homogeneous cluster: the largest peak and the GPU's memory.
+    ``ranks``: :func:`peak_memory` at ``cluster.gpu``'s reserve, when already computed."""
+    ref = cluster.gpu.reserved_gib
+    ranks = peak_memory(model, plan, ref) if ranks is None else ranks
+    totals = [mb.total / GIB for mb in ranks]
+    if not cluster.heterogeneous:
+        return max(totals), cluster.gpu.memory_gib
+    rows = [t - ref for t in totals]
+    best: tuple[float, float, float] | None = None
+    for stage, need in enumerate(rows):
+        gpu = min(_stage_gpus(cluster, plan, stage),
+                  key=lambda g: (g.memory_gib - g.reserved_gib, g.name))
+        slack = gpu.memory_gib - gpu.reserved_gib - need
+        if best is None or slack < best[0]:
+            best = (slack, need + gpu.reserved_gib, gpu.memory_gib)
+    assert best is not None
+    return best[1], best[2]
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    """A plan's memory, computed once: per pipeline rank the breakdown in GiB (at
+    ``cluster.gpu``'s reserve), and the verdict of :func:`memory_verdict`."""
+
+    ranks_gib: list[dict[str, float]]
+    peak_gib: float
+    capacity_gib: float
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_gib <= self.capacity_gib
+
+
+def memory_report(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> MemoryReport:
+    """Per-rank breakdown and verdict from one :func:`peak_memory` evaluation."""
+    ranks = peak_memory(model, plan, cluster.gpu.reserved_gib)
+    peak, capacity = memory_verdict(model, cluster, plan, ranks)
+    return MemoryReport([_gib_row(mb) for mb in ranks], peak, capacity)
+
+
+def _gib_row(mb: MemoryBreakdown) -> dict[str, float]:
+    return {"pipeline_rank": mb.pipeline_rank, "weights": mb.weights / GIB,
+            "gradients": mb.gradients / GIB, "optimizer": mb.optimizer / GIB,
+            "activations": mb.activations / GIB, "transient": mb.transient / GIB,
+            "reserved": mb.reserved / GIB, "total": mb.total / GIB}

@@ -1,0 +1,150 @@
+"""Where each parallel group's ranks sit: how many share a node, how many nodes, pods.
+
+Ranks are laid out by ``plan.placement``, innermost dimension first: with the default
+``tp-cp-ep-dp-pp`` the ``tp`` ranks of a group are consecutive devices. ``ep`` is the inner
+part of ``dp`` (``dp = ep * dp_outer``), so the ``dp`` group spans both the ``ep`` and the
+outer ``dp`` dimension, while expert weights are reduced over ``edp`` (the outer part only).
+``emb`` is Megatron-LM's embedding group: the first and the last rank of each pipeline group
+(they all-reduce the tied word embedding's gradient).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections import Counter
+from dataclasses import dataclass
+
+from sim.spec.cluster import ClusterSpec
+from sim.spec.plan import DIMS, Plan
+
+__all__ = ["GroupSpan", "GROUP_DIMS", "group_span", "dim_sizes", "rank_coords", "groups_of",
+           "stage_devices"]
+
+# Parallel group -> the placement dimensions it spans.
+GROUP_DIMS = {
+    "tp": ("tp",), "cp": ("cp",), "ep": ("ep",), "pp": ("pp",),
+    "dp": ("ep", "dp", "cp"),  # dense gradients: every replica of a weight (dp and cp)
+    "edp": ("dp", "cp"),  # expert gradients: replicas of one expert shard
+    "emb": ("pp",),  # tied embedding gradients: the pipeline group's two ends only
+}
+
+
+@dataclass(frozen=True)
+class GroupSpan:
+    """The worst-placed group of a kind: ``size`` ranks, at most ``per_node`` on a node,
+    spread over ``nodes`` nodes; ``cross_pod`` when it leaves a full-bisection pod."""
+
+    size: int
+    per_node: int
+    nodes: int
+    cross_pod: bool
+
+
+def dim_sizes(plan: Plan) -> dict[str, int]:
+    return {"tp": plan.tp, "cp": plan.cp, "ep": plan.ep, "dp": plan.dp // plan.ep, "pp": plan.pp}
+
+
+def _strides(plan: Plan) -> dict[str, int]:
+    sizes, strides, stride = dim_sizes(plan), {}, 1
+    for d in plan.placement_order:
+        strides[d] = stride
+        stride *= sizes[d]
+    return strides
+
+
+def _ranks(plan: Plan, dims: tuple[str, ...], base: int) -> list[int]:
+    sizes, strides = dim_sizes(plan), _strides(plan)
+    ranges = [range(0, sizes[d] * strides[d], strides[d]) for d in dims]
+    return [base + sum(c) for c in itertools.product(*ranges)]
+
+
+def _span(devices: list[int], gpus_per_node: int, pod_size: int) -> GroupSpan:
+    per_node = Counter(d // gpus_per_node for d in devices)
+    cross_pod = min(devices) // pod_size != max(devices) // pod_size
+    return GroupSpan(len(devices), max(per_node.values()), len(per_node), cross_pod)
+
+
+def _others(dims: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(d for d in DIMS if d not in dims)
+
+
+def _residues(plan: Plan, dims: tuple[str, ...], modulus: int) -> set[int]:
+    """First ranks of all groups spanning ``dims``, modulo ``modulus`` (a sum-set, so it
+    costs at most ``modulus`` per dimension instead of one entry per group)."""
+    sizes, strides = dim_sizes(plan), _strides(plan)
+    out = {0}
+    for d in _others(dims):
+        steps = {c * strides[d] % modulus for c in range(min(sizes[d], modulus))}
+        out = {(a + b) % modulus for a in out for b in steps}
+    return out
+
+
+def _worst(spans: list[GroupSpan]) -> GroupSpan:
+    return max(spans, key=lambda s: (s.cross_pod, s.nodes, -s.per_node))
+
+
+def _order_span(plan: Plan, dims: tuple[str, ...], g: int, pod: int, world: int,
+                offsets: list[int]) -> GroupSpan:
+    """With a rank order, groups differ only by their first rank ``b``, and how a group
+    falls on nodes depends only on ``b mod gpus_per_node``. ``offsets``: the members'
+    ranks relative to ``b``."""
+    worst = _worst([_span([r + o for o in offsets], g, pod)
+                    for r in sorted(_residues(plan, dims, g))])
+    cross = pod < world and max(_residues(plan, dims, pod)) + offsets[-1] >= pod
+    return GroupSpan(worst.size, worst.per_node, worst.nodes, cross)
+
+
+def group_span(plan: Plan, cluster: ClusterSpec, group: str) -> GroupSpan:
+    """The worst-placed group of kind ``group`` (most nodes, then fewest ranks per node).
+    An explicit rank table is checked group by group. Memoised on what it depends on, since
+    a search evaluates many plans with the same degrees and placement."""
+    layout = (plan.dp, plan.tp, plan.pp, plan.cp, plan.ep, plan.placement)
+    return _group_span(layout, cluster.gpus_per_node, cluster.pod_size, cluster.world_size,
+                       group)
+
+
+@functools.lru_cache(maxsize=4096)
+def _group_span(layout: tuple, gpus_per_node: int, pod_size: int, world_size: int, group: str
+                ) -> GroupSpan:
+    dp, tp, pp, cp, ep, placement = layout  # what placement depends on, as a Plan
+    plan = Plan(global_batch_size=dp, seq_len=2 * cp, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep,
+                placement=placement)
+    dims = tuple(d for d in GROUP_DIMS[group] if dim_sizes(plan)[d] > 1)
+    offsets = _ranks(plan, dims, 0)
+    if group == "emb":  # first and last pipeline stage
+        offsets = sorted({offsets[0], offsets[-1]})
+    if isinstance(plan.placement, str):
+        return _order_span(plan, dims, gpus_per_node, pod_size, world_size, offsets)
+    table = plan.placement
+    return _worst([_span([table[b + o] for o in offsets], gpus_per_node, pod_size)
+                   for b in _ranks(plan, _others(dims), 0)])
+
+
+def rank_coords(plan: Plan) -> tuple[dict[str, int], dict[str, int]]:
+    """(sizes, strides) of the placement dimensions: rank = sum(coord[d] * stride[d])."""
+    return dim_sizes(plan), _strides(plan)
+
+
+def groups_of(plan: Plan, group: str, fixed: dict[str, int]) -> list[list[int]]:
+    """Logical ranks of every group of kind ``group`` whose coordinates in the dimensions of
+    ``fixed`` are as given (e.g. one pipeline stage), each in group order; the group
+    containing the lowest rank first."""
+    strides = _strides(plan)
+    dims = GROUP_DIMS[group]
+    base0 = sum(fixed[d] * strides[d] for d in fixed)
+    free = tuple(d for d in DIMS if d not in dims and d not in fixed)
+    offsets = _ranks(plan, dims, 0)
+    if group == "emb":
+        offsets = sorted({offsets[0], offsets[-1]})
+    return [[b + o for o in offsets] for b in _ranks(plan, free, base0)]
+
+
+def stage_devices(plan: Plan, replica: int, stage: int) -> list[int]:
+    """Logical ranks of one replica's pipeline stage: its TP and CP ranks (the replica is
+    the data-parallel index, the expert-parallel one being ``replica % ep``)."""
+    sizes, strides = rank_coords(plan)
+    base = (stage * strides["pp"] + (replica % plan.ep) * strides["ep"]
+            + (replica // plan.ep) * strides["dp"])
+    return [base + t * strides["tp"] + c * strides["cp"]
+            for t in range(sizes["tp"]) for c in range(sizes["cp"])]

@@ -1,0 +1,79 @@
+"""How a plan splits the model's layers over pipeline stages."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.spec.model import ModelSpec
+from sim.spec.plan import Plan
+
+__all__ = ["StageLayers", "virtual_stage_layers", "pipeline_rank_layers", "edge_tp_collectives"]
+
+
+@dataclass(frozen=True)
+class StageLayers:
+    """Layers held by one pipeline rank (all its virtual chunks together)."""
+
+    dense: int
+    moe: int
+    first: bool  # holds the input embedding
+    last: bool  # holds the output layer and loss
+
+    @property
+    def total(self) -> int:
+        return self.dense + self.moe
+
+
+def virtual_stage_layers(plan: Plan, model: ModelSpec) -> list[int]:
+    """Layer count of each of the pp*vpp virtual stages, in model order."""
+    if plan.layers_per_stage is not None:
+        return list(plan.layers_per_stage)
+    stages = plan.pp * plan.vpp
+    return [model.num_layers // stages] * stages
+
+
+def _is_moe_layer(model: ModelSpec, i: int) -> bool:
+    return (model.is_moe and (i + 1) % model.moe_layer_step == 0
+            and i not in model.mlp_only_layers)
+
+
+def pipeline_rank_layers(plan: Plan, model: ModelSpec) -> list[StageLayers]:
+    """For each pipeline rank: its dense and MoE layer counts (virtual stage k is on rank
+    k % pp, as in Megatron-LM's interleaved schedule)."""
+    dense = [0] * plan.pp
+    moe = [0] * plan.pp
+    start = 0
+    for k, n in enumerate(virtual_stage_layers(plan, model)):
+        for i in range(start, start + n):
+            if _is_moe_layer(model, i):
+                moe[k % plan.pp] += 1
+            else:
+                dense[k % plan.pp] += 1
+        start += n
+    return [StageLayers(dense[r], moe[r], r == 0, r == plan.pp - 1)
+            for r in range(plan.pp)]
+
+
+def edge_tp_collectives(model: ModelSpec, plan: Plan, first: bool, last: bool
+                        ) -> list[tuple[str, str, float]]:
+    """``(pass, collective, bytes)`` per micro-batch of the tensor-parallel collectives of
+    the input embedding (``first``) and of the output layer and loss (``last``), as
+    Megatron-LM runs them: the vocab-parallel embedding all-reduces its output in the
+    forward (with sequence parallelism reduce-scatters it, and all-gathers its gradient in
+    the backward); the output layer all-reduces its input gradient in the backward (with
+    sequence parallelism it all-gathers its input in the forward and reduce-scatters the
+    gradient); the vocab-parallel cross-entropy all-reduces three fp32 values per token
+    (max logit, target logit, sum of exponentials). None of them is recomputed."""
+    if plan.tp == 1:
+        return []
+    full = plan.local_tokens * model.hidden_size * plan.activation_bytes
+    sp = plan.sequence_parallel
+    out: list[tuple[str, str, float]] = []
+    if first:
+        out.append(("F", "reduce_scatter" if sp else "all_reduce", full))
+        out += [("B", "all_gather", full)] if sp else []
+    if last:
+        out += [("F", "all_gather", full)] if sp else []
+        out += [("F", "all_reduce", 4.0 * plan.local_tokens)] * 3
+        out.append(("B", "reduce_scatter" if sp else "all_reduce", full))
+    return out

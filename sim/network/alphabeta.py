@@ -1,0 +1,187 @@
+"""Closed-form (alpha-beta) collective costs over the fabric a group actually spans.
+
+Each formula is the textbook one: ``steps * alpha + fraction * bytes / bandwidth``. A group
+with ``g`` ranks per node over ``k`` nodes runs its intra-node phases on the node fabric
+and its inter-node phases on the NICs; every rank of a node uses its own NIC share, because
+the other ranks of the node belong to sibling groups that communicate at the same time.
+``size_bytes`` is the full buffer: the output of an all-gather, the input of a
+reduce-scatter, what one rank sends in an all-to-all.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from sim.layout.placement import GroupSpan
+from sim.network.collectives import CHUNK_BYTES, tree_load_factor
+from sim.spec.cluster import ClusterSpec
+
+__all__ = ["Fabric", "fabric_for", "collective_time", "NIC_EFFICIENCY", "PCIE_EFFICIENCY",
+           "default_algorithm"]
+# Achievable fraction of InfiniBand/RoCE line rate for large messages (nccl-tests inter-node
+# busbw is typically 90-95% of line rate) and of a PCIe link; constants, not per-run knobs.
+NIC_EFFICIENCY = 0.92
+PCIE_EFFICIENCY = 0.80
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """Effective rates seen by one rank of a group."""
+
+    span: GroupSpan
+    intra_Bps: float
+    intra_alpha_s: float
+    inter_Bps: float
+    inter_alpha_s: float
+    nvls_Bps: float = 0.0  # in-switch all-reduce bus bandwidth; 0 where there is none
+
+
+def _intra_link_Bps(cluster: ClusterSpec, span: GroupSpan) -> float:
+    """Node-fabric bandwidth one rank of the group can use: on an NVLink mesh only the links
+    to the group's other members on the node (a point-to-point link per peer)."""
+    raw = cluster.intra_GBps * 1e9
+    if cluster.intra_node.kind == "nvlink-mesh" and cluster.gpus_per_node > 1:
+        return raw * max(1, span.per_node - 1) / (cluster.gpus_per_node - 1)
+    return raw
+
+
+def fabric_for(cluster: ClusterSpec, span: GroupSpan) -> Fabric:
+    kind = cluster.intra_node.kind
+    link = _intra_link_Bps(cluster, span)
+    intra = link * (PCIE_EFFICIENCY if kind == "pcie" else cluster.gpu.comm_eff)
+    nvls = link * cluster.gpu.nvls_eff if kind == "nvswitch" else 0.0
+    inter = cluster.nic_GBps_per_gpu * 1e9 * NIC_EFFICIENCY
+    if span.cross_pod:
+        inter /= cluster.inter_node.oversubscription
+    return Fabric(span, intra, cluster.intra_node.latency_us * 1e-6, inter,
+                  (cluster.inter_node.latency_us + cluster.intra_node.latency_us) * 1e-6, nvls)
+
+
+def default_algorithm(collective: str, f: Fabric, size_bytes: float) -> str:
+    """NCCL-like choice: NVLS for all-reduces inside an NVSwitch node that has it, tree for
+    small all-reduces across nodes, hierarchical when a node holds several ranks of a
+    multi-node group, ring otherwise; direct all-to-all."""
+    span = f.span
+    if collective == "all_to_all":
+        return "direct"
+    if collective == "all_reduce" and span.nodes == 1 and f.nvls_Bps > 0:
+        return "nvls"
+    if span.nodes > 1 and collective == "all_reduce" and size_bytes < 256 * 1024:
+        return "tree"
+    if span.nodes > 1 and span.per_node > 1:
+        return "hierarchical"
+    return "ring"
+
+
+def _ring(n: int, alpha: float, bw: float, size: float, passes: int) -> float:
+    """``passes`` = 2 for all-reduce (reduce-scatter then all-gather), 1 otherwise."""
+    return passes * ((n - 1) * alpha + (n - 1) / n * size / bw)
+
+
+def _flat_rates(f: Fabric) -> tuple[float, float]:
+    """Bandwidth and per-step latency of a ring (or chain) over the whole group. Across
+    nodes NCCL runs one ring per local rank, each leaving the node through that rank's NIC
+    with ``1/g`` of the data, while inside the node each rank forwards ``g-1`` rings' share:
+    the busier of the two sets the pace."""
+    if f.span.nodes == 1:
+        return f.intra_Bps, f.intra_alpha_s
+    g = f.span.per_node
+    inside = f.intra_Bps * g / (g - 1) if g > 1 else math.inf
+    return min(inside, f.inter_Bps * g), f.inter_alpha_s
+
+
+def _halving_doubling(f: Fabric, collective: str, size: float) -> float:
+    """Step r exchanges ``size / 2^(r+1)`` with partner ``i xor 2^r``: inside the node while
+    ``2^r`` < ranks per node, else across (a ring unless the group is a power of two)."""
+    n, g = f.span.size, f.span.per_node
+    rounds = int(math.log2(n))
+    passes = 2 if collective == "all_reduce" else 1
+    if 2**rounds != n:
+        bw, alpha = _flat_rates(f)
+        return _ring(n, alpha, bw, size, passes)
+    def step(r: int) -> float:
+        inside = 2**r < g
+        return ((f.intra_alpha_s if inside else f.inter_alpha_s)
+                + size / 2 ** (r + 1) / (f.intra_Bps if inside else f.inter_Bps))
+    return passes * sum(step(r) for r in range(rounds))
+
+
+def _nvls(g: int, alpha: float, bw: float, size: float) -> float:
+    """In-switch all-reduce: each rank sends its buffer up once and receives the sum. Its
+    latency is taken as a ring's (nccl-tests: small all-reduces cost the same either way)."""
+    return 2 * (g - 1) * alpha + 2 * (g - 1) / g * size / bw
+
+
+def _tree(n: int, alpha: float, bw: float, size: float) -> float:
+    """Double binary tree all-reduce, pipelined in ``CHUNK_BYTES`` chunks: each tree moves
+    half the data up and down its ``ceil(log2 n)`` levels; the busiest rank sends
+    ``tree_load_factor(n)`` buffers (2 for large groups)."""
+    depth = math.ceil(math.log2(n))
+    return (2 * depth * (alpha + min(size / 2, CHUNK_BYTES) / bw)
+            + tree_load_factor(n) * size / bw)
+
+
+def _hierarchical(f: Fabric, size: float, passes: int, nvls: bool = False, tree: bool = False
+                  ) -> float:
+    """Intra-node phase (ring, or NVLS for an all-reduce), then across nodes a ring (or a
+    double binary tree) over each rank's NIC share on ``size / per_node``."""
+    g, k = f.span.per_node, f.span.nodes
+    if g == 1:
+        intra = 0.0
+    elif nvls:
+        intra = _nvls(g, f.intra_alpha_s, f.nvls_Bps, size)
+    else:
+        intra = _ring(g, f.intra_alpha_s, f.intra_Bps, size, passes)
+    if k == 1:
+        return intra
+    if tree and passes == 2:
+        return intra + _tree(k, f.inter_alpha_s, f.inter_Bps, size / g)
+    return intra + _ring(k, f.inter_alpha_s, f.inter_Bps, size / g, passes)
+
+
+def _all_to_all(f: Fabric, size: float, algorithm: str) -> float:
+    """Direct: every pair at once, intra- and inter-node parts in parallel. Pairwise: n-1
+    steps, rank i to rank i+k; across nodes every step has a rank whose peer is on
+    another node, so each step runs at the NIC's pace."""
+    n, g = f.span.size, f.span.per_node
+    multi = f.span.nodes > 1
+    alpha = f.inter_alpha_s if multi else f.intra_alpha_s
+    if algorithm == "pairwise":
+        return (n - 1) * (alpha + size / n / (f.inter_Bps if multi else f.intra_Bps))
+    return alpha + max((g - 1) / n * size / f.intra_Bps, (n - g) / n * size / f.inter_Bps)
+
+
+def collective_time(collective: str, f: Fabric, size_bytes: float, algorithm: str = "auto"
+                    ) -> float:
+    """Seconds one collective of ``size_bytes`` takes on fabric ``f``."""
+    n = f.span.size
+    if n == 1 or size_bytes <= 0:
+        return 0.0
+    if collective == "send_recv":  # between neighbours of the group
+        if f.span.nodes > 1:
+            return f.inter_alpha_s + size_bytes / f.inter_Bps
+        return f.intra_alpha_s + size_bytes / f.intra_Bps
+    if algorithm == "auto":
+        algorithm = default_algorithm(collective, f, size_bytes)
+    if collective == "broadcast":  # pipelined chains from the root, one per channel
+        bw, alpha = _flat_rates(f)
+        channels = f.span.per_node if f.span.nodes > 1 else 1
+        fill = (n - 2) * min(size_bytes / channels, CHUNK_BYTES) * channels / bw
+        return (n - 1) * alpha + fill + size_bytes / bw
+    if collective == "all_to_all":
+        return _all_to_all(f, size_bytes, algorithm)
+    passes = 2 if collective == "all_reduce" else 1
+    nvls = algorithm == "nvls" and collective == "all_reduce" and f.nvls_Bps > 0
+    tree = algorithm == "tree" and collective == "all_reduce"
+    layered = f.span.nodes > 1 and f.span.per_node > 1
+    if algorithm == "hierarchical" or (nvls and f.span.nodes > 1) or (tree and layered):
+        return _hierarchical(f, size_bytes, passes, nvls, tree)
+    if nvls:
+        return _nvls(n, f.intra_alpha_s, f.nvls_Bps, size_bytes)
+    bw, alpha = _flat_rates(f)
+    if tree:
+        return _tree(n, alpha, bw, size_bytes)
+    if algorithm == "halving-doubling":
+        return _halving_doubling(f, collective, size_bytes)
+    return _ring(n, alpha, bw, size_bytes, passes)  # ring; tree/nvls gathers run as rings

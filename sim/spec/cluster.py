@@ -1,0 +1,391 @@
+"""ClusterSpec: nodes of accelerators, the fabric inside a node and the network between.
+
+Built from a preset name (``dgx-a100:16``, ``dgx-h100:4``, ``hgx-h200:2``, ``cpu:2``, or
+presets joined by ``+`` for a mixed cluster: ``dgx-a100:8+dgx-h100:8``) or a TOML file (see
+README). Every field is validated here, with the field named in the error.
+
+A heterogeneous cluster lists ``node_groups``: consecutive runs of nodes, each with its own
+GPU type and optionally its own NIC rate and count and node-fabric bandwidth (the cluster's
+values otherwise; the node fabric then follows the group's GPU). All groups share
+``gpus_per_node``, the fabric kind and the network topology. ``cluster.gpu`` is the first
+group's GPU (what a homogeneous code path sees); :meth:`ClusterSpec.gpu_of` gives a device's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from sim.errors import SpecError, field_name
+from sim.io import read_text
+from sim.spec.hardware import HardwareSpec, cpu_device_name, get_hardware
+
+__all__ = ["IntraNode", "InterNode", "NodeGroup", "ClusterSpec", "load_cluster",
+           "preset_names", "INTRA_KINDS", "TOPOLOGIES", "COMPUTE_STATS"]
+
+COMPUTE_STATS = ("median", "p10")  # which recorded statistic of a profile the cost model reads
+
+INTRA_KINDS = ("nvswitch", "pcie", "nvlink-mesh", "loopback")
+PCIE_GBPS = 32.0  # PCIe Gen4 x16, per direction
+TOPOLOGIES = ("fat-tree", "rail-optimized", "torus2d", "torus3d", "dragonfly")
+
+
+@dataclass(frozen=True)
+class IntraNode:
+    """The fabric between devices of one node; bandwidth per device, per direction.
+    Without a bandwidth, NVSwitch and NVLink mesh take the device's NVLink rate and PCIe
+    takes 32 GB/s (Gen4 x16)."""
+
+    kind: str = "nvswitch"
+    bandwidth_GBps: float | None = None
+    latency_us: float = 2.0
+
+
+@dataclass(frozen=True)
+class InterNode:
+    """The network between nodes; NIC bandwidth per NIC, per direction."""
+
+    topology: str = "fat-tree"
+    nic_Gbps: float = 400.0
+    nics_per_node: int = 8
+    oversubscription: float = 1.0  # above the pod: 7.0 means 1:7
+    pod_gpus: int = 0  # devices under full bisection; 0 means the whole cluster
+    latency_us: float = 2.0
+
+
+@dataclass(frozen=True)
+class NodeGroup:
+    """``nodes`` consecutive nodes of one GPU type; ``None`` rates are the cluster's (the
+    node fabric: the group GPU's NVLink rate, or PCIe), filled in by :class:`ClusterSpec`."""
+
+    nodes: int
+    gpu: HardwareSpec
+    nic_Gbps: float | None = None
+    nics_per_node: int | None = None
+    intra_GBps: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"nodes": self.nodes, "gpu": self.gpu.name,
+                "inter_node": {"nic_Gbps": self.nic_Gbps, "nics_per_node": self.nics_per_node},
+                "intra_node": {"bandwidth_GBps": self.intra_GBps}}
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    name: str
+    nodes: int
+    gpus_per_node: int
+    gpu: HardwareSpec
+    intra_node: IntraNode = field(default_factory=IntraNode)
+    inter_node: InterNode = field(default_factory=InterNode)
+    profile: str | None = None  # profile DB directory (issue: profiler)
+    node_groups: tuple[NodeGroup, ...] = ()  # empty: one group of every node
+    compute_stat: str = "median"  # which statistic of the profile's compute rows to read
+
+    def __post_init__(self) -> None:
+        _check_int("nodes", self.nodes)
+        _check_choice("compute_stat", self.compute_stat, COMPUTE_STATS)
+        if self.compute_stat != "median" and not self.profile:
+            raise SpecError("compute_stat", f"{self.compute_stat} is a statistic of profiled "
+                            "times: name a profile DB too (profile = \"DIR\" or --profile)")
+        _check_int("gpus_per_node", self.gpus_per_node)
+        _check_choice("intra_node.kind", self.intra_node.kind, INTRA_KINDS)
+        object.__setattr__(self, "node_groups", _resolve_groups(self))
+        if self.intra_node.bandwidth_GBps is None:
+            default = PCIE_GBPS if self.intra_node.kind == "pcie" else self.gpu.nvlink_GBps
+            object.__setattr__(self, "intra_node",
+                               dataclasses.replace(self.intra_node, bandwidth_GBps=default))
+        _check_positive("intra_node.bandwidth_GBps", self.intra_node.bandwidth_GBps)
+        _check_nonneg("intra_node.latency_us", self.intra_node.latency_us)
+        inter = self.inter_node
+        _check_choice("inter_node.topology", inter.topology, TOPOLOGIES)
+        _check_positive("inter_node.nic_Gbps", inter.nic_Gbps)
+        _check_int("inter_node.nics_per_node", inter.nics_per_node)
+        _check_nonneg("inter_node.latency_us", inter.latency_us)
+        _check_positive("inter_node.oversubscription", inter.oversubscription)
+        if inter.oversubscription < 1:
+            raise SpecError("inter_node.oversubscription", "must be a number >= 1 (7.0 means "
+                            f"1:7), got {inter.oversubscription!r}")
+        if isinstance(inter.pod_gpus, bool) or not isinstance(inter.pod_gpus, int) \
+                or inter.pod_gpus < 0 or (inter.pod_gpus and inter.pod_gpus % self.gpus_per_node):
+            raise SpecError("inter_node.pod_gpus", "must be 0 (whole cluster) or a positive "
+                            f"multiple of gpus_per_node={self.gpus_per_node}, "
+                            f"got {inter.pod_gpus!r}")
+
+    @property
+    def intra_GBps(self) -> float:
+        """Node-fabric bandwidth per device, per direction (always set after init); of a
+        heterogeneous cluster the slowest group's (the closed-form tier's bottleneck)."""
+        if self.node_groups:
+            return min(float(g.intra_GBps or 0.0) for g in self.node_groups)
+        return float(self.intra_node.bandwidth_GBps or 0.0)
+
+    @property
+    def comm_overlap(self) -> float:
+        """0 when any device's collectives use the cores that compute (CPU ranks): then
+        no communication hides behind compute (:attr:`HardwareSpec.comm_overlap`)."""
+        return min([self.gpu.comm_overlap] + [g.gpu.comm_overlap for g in self.node_groups])
+
+    @property
+    def heterogeneous(self) -> bool:
+        """True when node groups differ in GPU type or rates."""
+        return len({(g.gpu, g.nic_Gbps, g.nics_per_node, g.intra_GBps)
+                    for g in self.node_groups}) > 1
+
+    def group_of_node(self, node: int) -> NodeGroup | None:
+        """The node group holding ``node`` (``None`` for a cluster without groups)."""
+        for g in self.node_groups:
+            if node < g.nodes:
+                return g
+            node -= g.nodes
+        return None
+
+    def gpu_of(self, device: int) -> HardwareSpec:
+        g = self.group_of_node(device // self.gpus_per_node)
+        return g.gpu if g else self.gpu
+
+    def node_intra_GBps(self, node: int) -> float:
+        """Node-fabric bandwidth per device of ``node``, per direction."""
+        g = self.group_of_node(node)
+        return float(g.intra_GBps) if g and g.intra_GBps else self.intra_GBps
+
+    def node_nics(self, node: int) -> tuple[float, int]:
+        """(NIC Gb/s, NICs) of ``node``."""
+        g = self.group_of_node(node)
+        if g is None or g.nic_Gbps is None or g.nics_per_node is None:
+            return self.inter_node.nic_Gbps, self.inter_node.nics_per_node
+        return g.nic_Gbps, g.nics_per_node
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def pod_size(self) -> int:
+        """Devices under full bisection bandwidth."""
+        return min(self.inter_node.pod_gpus or self.world_size, self.world_size)
+
+    @property
+    def nic_GBps_per_gpu(self) -> float:
+        """Inter-node bandwidth share of one device, per direction, in GB/s (of a
+        heterogeneous cluster the slowest group's)."""
+        nics = [self.node_nics(0)] if not self.node_groups else \
+            [(g.nic_Gbps or 0.0, g.nics_per_node or 0) for g in self.node_groups]
+        return min(rate / 8.0 * n / self.gpus_per_node for rate, n in nics)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {"name": self.name, "nodes": self.nodes, "gpus_per_node": self.gpus_per_node,
+               "gpu": self.gpu.name, "intra_node": dataclasses.asdict(self.intra_node),
+               "inter_node": dataclasses.asdict(self.inter_node), "profile": self.profile,
+               "compute_stat": self.compute_stat}
+        if self.node_groups:
+            out["node_groups"] = [g.to_dict() for g in self.node_groups]
+        return out
+
+
+def _resolve_groups(c: ClusterSpec) -> tuple[NodeGroup, ...]:
+    """The groups, validated, with the cluster's rates filled in where a group has none."""
+    groups = c.node_groups
+    if not isinstance(groups, tuple) or any(not isinstance(g, NodeGroup) for g in groups):
+        raise SpecError("node_groups", "must be a list of node groups")
+    for i, g in enumerate(groups):
+        name = f"node_groups[{i}]"
+        _check_int(f"{name}.nodes", g.nodes)
+        for attr, field_ in (("nic_Gbps", "inter_node.nic_Gbps"),
+                             ("intra_GBps", "intra_node.bandwidth_GBps")):
+            if getattr(g, attr) is not None:
+                _check_positive(f"{name}.{field_}", getattr(g, attr))
+        if g.nics_per_node is not None:
+            _check_int(f"{name}.inter_node.nics_per_node", g.nics_per_node)
+    if groups and sum(g.nodes for g in groups) != c.nodes:
+        raise SpecError("node_groups", f"nodes {'+'.join(str(g.nodes) for g in groups)} = "
+                        f"{sum(g.nodes for g in groups)} != nodes = {c.nodes}")
+    if groups and groups[0].gpu != c.gpu:
+        raise SpecError("gpu", f"must be the first node group's GPU {groups[0].gpu.name!r} "
+                        f"(set GPUs per group in node_groups), got {c.gpu.name!r}")
+    return tuple(_fill_group(c, g) for g in groups)
+
+
+def _fill_group(c: ClusterSpec, g: NodeGroup) -> NodeGroup:
+    kind, explicit = c.intra_node.kind, c.intra_node.bandwidth_GBps
+    own_default = PCIE_GBPS if kind == "pcie" else g.gpu.nvlink_GBps
+    first_default = PCIE_GBPS if kind == "pcie" else c.gpu.nvlink_GBps
+    intra = g.intra_GBps or (own_default if explicit in (None, first_default) else explicit)
+    return dataclasses.replace(
+        g, nic_Gbps=g.nic_Gbps if g.nic_Gbps is not None else c.inter_node.nic_Gbps,
+        nics_per_node=g.nics_per_node or c.inter_node.nics_per_node, intra_GBps=intra)
+
+
+def _check_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise SpecError(name, f"must be a positive integer, got {value!r}")
+
+
+def _check_positive(name: str, value: Any) -> None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or value <= 0:
+        raise SpecError(name, f"must be a positive number, got {value!r}")
+
+
+def _check_nonneg(name: str, value: Any) -> None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or value < 0:
+        raise SpecError(name, f"must be a number >= 0, got {value!r}")
+
+
+def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise SpecError(name, f"must be one of {', '.join(choices)}, got {value!r}")
+
+
+# Presets ------------------------------------------------------------------------------
+# (gpu, NVSwitch latency us, NIC Gb/s, NICs per node); NVLink rate from the catalog.
+_DGX = {
+    "dgx-a100": ("a100-sxm4-80gb", 3.0, 200.0, 8),  # 8x HDR InfiniBand
+    "dgx-h100": ("h100-sxm5-80gb", 2.0, 400.0, 8),  # 8x NDR ConnectX-7
+    "hgx-h200": ("h200-sxm-141gb", 2.0, 400.0, 8),  # 8x NDR ConnectX-7
+}
+
+
+def preset_names() -> list[str]:
+    return [f"{k}:NODES" for k in _DGX] + ["cpu:RANKS", "PRESET+PRESET (mixed)"]
+
+
+def _mixed_preset(name: str) -> ClusterSpec:
+    """Presets joined by ``+``: one node group each, the network of the first."""
+    parts = [_preset(part) for part in name.split("+")]
+    if any(p.gpu.name == "cpu" for p in parts):
+        raise SpecError("cluster", f"{name!r}: cpu presets cannot be mixed")
+    groups = tuple(NodeGroup(p.nodes, p.gpu, p.inter_node.nic_Gbps, p.inter_node.nics_per_node,
+                             p.intra_GBps) for p in parts)
+    return dataclasses.replace(parts[0], name=name, nodes=sum(p.nodes for p in parts),
+                               node_groups=groups)
+
+
+def _preset(name: str) -> ClusterSpec:
+    if "+" in name:
+        return _mixed_preset(name)
+    kind, _, count = name.partition(":")
+    if kind not in _DGX and kind != "cpu":
+        raise SpecError("cluster", f"unknown preset or missing file {name!r} "
+                        f"(presets: {', '.join(preset_names())})")
+    if not (count.isascii() and count.isdigit()) or int(count) < 1:
+        raise SpecError("cluster", f"preset {name!r} needs a positive count after ':', "
+                        f"e.g. {kind}:{'2' if kind == 'cpu' else '16'}")
+    n = int(count)
+    if kind == "cpu":
+        return ClusterSpec(name, nodes=1, gpus_per_node=n, gpu=get_hardware("cpu"),
+                           intra_node=IntraNode("loopback", None, 30.0),
+                           inter_node=InterNode(nic_Gbps=10.0, nics_per_node=1, latency_us=50.0),
+                           profile=shipped_cpu_profile())
+    gpu, intra_lat, nic, nics = _DGX[kind]
+    return ClusterSpec(name, nodes=n, gpus_per_node=8, gpu=get_hardware(gpu),
+                       intra_node=IntraNode("nvswitch", None, intra_lat),
+                       inter_node=InterNode("fat-tree", nic, nics, 1.0, 0, 2.0))
+
+
+def shipped_cpu_profile() -> str | None:
+    """The profile DB trainsim ships for this host's CPU model, if there is one
+    (``sim/data/profiles/cpu-<model>``); measured one thread per rank with gloo."""
+    folder = Path(str(resources.files("sim").joinpath("data", "profiles"))) / cpu_device_name()
+    return str(folder) if (folder / "meta.json").is_file() else None
+
+
+def _table(data: dict[str, Any], key: str, cls: type) -> Any:
+    sub = data.get(key, {})
+    if not isinstance(sub, dict):
+        raise SpecError(key, "must be a TOML table")
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(sub) - known)
+    if unknown:
+        raise SpecError(f"{key}.{field_name(unknown[0])}",
+                        f"unknown field (known: {', '.join(sorted(known))})")
+    return cls(**sub)
+
+
+_TOP_KEYS = {"name", "nodes", "gpus_per_node", "gpu", "intra_node", "inter_node", "profile",
+             "node_groups", "compute_stat"}
+_GROUP_KEYS = {"nodes": None, "gpu": None, "inter_node": ("nic_Gbps", "nics_per_node"),
+               "intra_node": ("bandwidth_GBps",)}
+
+
+def _group_from_dict(i: int, data: Any) -> NodeGroup:
+    name = f"node_groups[{i}]"
+    if not isinstance(data, dict):
+        raise SpecError(name, "must be a TOML table ([[node_groups]])")
+    unknown = sorted(set(data) - set(_GROUP_KEYS))
+    if unknown:
+        raise SpecError(f"{name}.{field_name(unknown[0])}",
+                        f"unknown field (known: {', '.join(_GROUP_KEYS)})")
+    for key in ("nodes", "gpu"):
+        if key not in data:
+            raise SpecError(f"{name}.{key}", "is required in a node group")
+    if not isinstance(data["gpu"], str):
+        raise SpecError(f"{name}.gpu", f"must be a catalog name, got {data['gpu']!r}")
+    sub: dict[str, Any] = {}
+    for key in ("inter_node", "intra_node"):
+        table = data.get(key, {})
+        if not isinstance(table, dict):
+            raise SpecError(f"{name}.{key}", "must be a TOML table")
+        bad = sorted(set(table) - set(_GROUP_KEYS[key] or ()))
+        if bad:
+            raise SpecError(f"{name}.{key}.{field_name(bad[0])}", "unknown field (known: "
+                            f"{', '.join(_GROUP_KEYS[key] or ())})")
+        sub.update(table)
+    return NodeGroup(data["nodes"], get_hardware(data["gpu"]), sub.get("nic_Gbps"),
+                     sub.get("nics_per_node"), sub.get("bandwidth_GBps"))
+
+
+def _groups_from_dict(data: dict[str, Any]) -> tuple[NodeGroup, ...]:
+    """The ``[[node_groups]]``; with them ``nodes`` and ``gpu`` follow from the groups."""
+    raw = data.get("node_groups")
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or not raw:
+        raise SpecError("node_groups", "must be a non-empty list of tables ([[node_groups]])")
+    groups = tuple(_group_from_dict(i, g) for i, g in enumerate(raw))
+    data.setdefault("nodes", sum(g.nodes for g in groups
+                                 if isinstance(g.nodes, int) and not isinstance(g.nodes, bool)))
+    data.setdefault("gpu", groups[0].gpu.name)
+    return groups
+
+
+def cluster_from_dict(data: dict[str, Any], name: str, base: Path | None = None) -> ClusterSpec:
+    """A cluster from a TOML table; a relative ``profile`` path is taken from ``base``."""
+    unknown = sorted(set(data) - _TOP_KEYS)
+    if unknown:
+        raise SpecError(field_name(unknown[0]),
+                        f"unknown field (known: {', '.join(sorted(_TOP_KEYS))})")
+    data = dict(data)
+    groups = _groups_from_dict(data)
+    for key in ("nodes", "gpus_per_node", "gpu"):
+        if key not in data:
+            raise SpecError(key, "is required in a cluster file")
+    if not isinstance(data["gpu"], str):
+        raise SpecError("gpu", f"must be a catalog name, got {data['gpu']!r}")
+    profile = data.get("profile")
+    if profile is not None and not isinstance(profile, str):
+        raise SpecError("profile", f"must be a path string, got {profile!r}")
+    if profile is not None and base is not None and not Path(profile).is_absolute():
+        profile = str(base / profile)
+    return ClusterSpec(str(data.get("name", name)), data["nodes"], data["gpus_per_node"],
+                       get_hardware(data["gpu"]), _table(data, "intra_node", IntraNode),
+                       _table(data, "inter_node", InterNode), profile, groups,
+                       data.get("compute_stat", "median"))
+
+
+def load_cluster(ref: str) -> ClusterSpec:
+    """A preset (``dgx-h100:16``) or a TOML file path."""
+    path = Path(ref)
+    if path.suffix == ".toml" or path.is_file():
+        try:
+            data = tomllib.loads(read_text(path, "cluster"))
+        except tomllib.TOMLDecodeError as exc:
+            raise SpecError(f"cluster[{path.name}]", f"not valid TOML: {exc}") from None
+        return cluster_from_dict(data, path.stem, path.parent)
+    return _preset(ref)

@@ -1,0 +1,153 @@
+"""ModelSpec: the architecture of a decoder-only transformer.
+
+Zoo presets and loading by reference live in :mod:`sim.spec.zoo`; Hugging Face
+``config.json`` files are read by :mod:`sim.spec.hf_config`. Nothing here knows about
+hardware or plans.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from sim.errors import SpecError, field_name
+
+__all__ = ["ModelSpec"]
+
+NORMS = ("layernorm", "rmsnorm")
+POSITIONS = ("learned", "rope")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Architecture only. Sizes are counts of elements, not bytes.
+
+    MoE: ``num_experts > 0`` makes the MLP of every ``moe_layer_step``-th layer
+    (except those in ``mlp_only_layers``) a mixture of ``num_experts`` experts of
+    width ``moe_ffn_hidden_size``, ``top_k`` active per token, plus an optional
+    always-on shared expert of width ``shared_expert_ffn_hidden_size``.
+    """
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    ffn_hidden_size: int
+    vocab_size: int
+    num_kv_heads: int = 0  # 0: same as num_heads (multi-head attention)
+    head_dim: int = 0  # 0: hidden_size // num_heads
+    max_seq_len: int = 2048
+    gated_mlp: bool = False  # SwiGLU-style: three matrices instead of two
+    norm: str = "layernorm"
+    position_embedding: str = "learned"
+    tied_embeddings: bool = True
+    linear_bias: bool = False  # biases on every linear layer (GPT-2 / Megatron GPT)
+    qkv_bias: bool = False  # bias on the QKV projection only (Qwen2)
+    dropout: bool = False  # dropout layers present (they keep masks in memory)
+    num_experts: int = 0
+    top_k: int = 0
+    moe_ffn_hidden_size: int = 0  # 0: ffn_hidden_size
+    shared_expert_ffn_hidden_size: int = 0
+    moe_layer_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        self._check_types()
+        for f in ("num_layers", "hidden_size", "num_heads", "ffn_hidden_size", "vocab_size",
+                  "max_seq_len", "moe_layer_step"):
+            _require_positive_int(f, getattr(self, f))
+        for f in ("num_kv_heads", "head_dim", "num_experts", "top_k", "moe_ffn_hidden_size",
+                  "shared_expert_ffn_hidden_size"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise SpecError(f"model.{f}", f"must be an integer >= 0, got {v!r}")
+        if self.norm not in NORMS:
+            raise SpecError("model.norm", f"must be one of {', '.join(NORMS)}, got {self.norm!r}")
+        if self.position_embedding not in POSITIONS:
+            raise SpecError("model.position_embedding", f"must be one of {', '.join(POSITIONS)}, "
+                            f"got {self.position_embedding!r}")
+        if self.num_heads % self.kv_heads:
+            raise SpecError("model.num_kv_heads", f"num_heads {self.num_heads} must be a multiple "
+                            f"of num_kv_heads {self.kv_heads}")
+        if self.num_experts and not 1 <= self.top_k <= self.num_experts:
+            raise SpecError("model.top_k", f"must be in 1..num_experts={self.num_experts}, "
+                            f"got {self.top_k}")
+        if not self.num_experts and self.top_k:
+            raise SpecError("model.top_k", "is set but num_experts is 0 (dense model)")
+        if self.head_dim == 0 and self.hidden_size % self.num_heads:
+            raise SpecError("model.head_dim", f"hidden_size {self.hidden_size} is not divisible by "
+                            f"num_heads {self.num_heads}; give head_dim explicitly")
+
+    def _check_types(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise SpecError("model.name", f"must be a non-empty string, got {self.name!r}")
+        for f in ("gated_mlp", "tied_embeddings", "linear_bias", "qkv_bias", "dropout"):
+            if not isinstance(getattr(self, f), bool):
+                raise SpecError(f"model.{f}", f"must be true or false, got {getattr(self, f)!r}")
+        layers = self.mlp_only_layers
+        if not isinstance(layers, tuple) or any(
+                isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in layers):
+            raise SpecError("model.mlp_only_layers", f"must be a list of layer indices, "
+                            f"got {layers!r}")
+
+    # Derived sizes -----------------------------------------------------------------
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
+
+    @property
+    def head_size(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def q_dim(self) -> int:
+        """Width of the query projection output (= heads * head size)."""
+        return self.num_heads * self.head_size
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of the key (and of the value) projection output."""
+        return self.kv_heads * self.head_size
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def expert_ffn(self) -> int:
+        return self.moe_ffn_hidden_size or self.ffn_hidden_size
+
+    @property
+    def num_moe_layers(self) -> int:
+        if not self.is_moe:
+            return 0
+        only = set(self.mlp_only_layers)
+        return sum(1 for i in range(self.num_layers)
+                   if (i + 1) % self.moe_layer_step == 0 and i not in only)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["mlp_only_layers"] = list(self.mlp_only_layers)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], source: str = "model") -> ModelSpec:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise SpecError(f"{source}.{field_name(unknown[0])}",
+                            f"unknown field (known: {', '.join(sorted(known))})")
+        for f in ("name", "num_layers", "hidden_size", "num_heads", "ffn_hidden_size",
+                  "vocab_size"):
+            if f not in d:
+                raise SpecError(f"{source}.{f}", "is required")
+        d = dict(d)
+        if isinstance(d.get("mlp_only_layers"), list):
+            d["mlp_only_layers"] = tuple(d["mlp_only_layers"])
+        return cls(**d)
+
+
+def _require_positive_int(field: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise SpecError(f"model.{field}", f"must be a positive integer, got {value!r}")

@@ -1,0 +1,372 @@
+"""Plan: how one training job is parallelised. Hardware-free, frozen, JSON on disk.
+
+All rules live in :func:`validate`; its messages show the arithmetic that failed, e.g.
+``plan.dp*tp*pp*cp: 8*8*16*1 = 1024 != 1536 GPUs of cluster 'dgx-a100:192'``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sim.errors import SpecError, field_name
+from sim.spec.hardware import DTYPE_BYTES, DTYPES
+
+if TYPE_CHECKING:
+    from sim.spec.cluster import ClusterSpec
+    from sim.spec.model import ModelSpec
+
+__all__ = ["Plan", "validate", "load_plan", "save_plan", "replica_plan", "SCHEMA_VERSION",
+           "DEFAULT_PLACEMENT", "RECOMPUTE_MODES"]
+
+RECOMPUTE_MODES = ("none", "selective", "full")
+
+SCHEMA_VERSION = 1
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+ATTENTION = ("flash", "standard")
+DIMS = ("tp", "cp", "ep", "dp", "pp")
+_REDUCTIONS = ("auto", "ring", "tree", "hierarchical", "halving-doubling", "nvls")
+# Algorithms a group may be given: TP and DP reduce and gather, EP exchanges all-to-all,
+# PP and CP only send/receive between neighbours (nothing to choose).
+ALGORITHMS = {"tp": _REDUCTIONS, "dp": _REDUCTIONS, "ep": ("auto", "direct", "pairwise"),
+              "pp": ("auto",), "cp": ("auto",)}
+DEFAULT_PLACEMENT = "tp-cp-ep-dp-pp"  # innermost (fastest-varying rank) first, as Megatron-LM
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A parallel training plan. Batch sizes are in sequences.
+
+    ``ep`` splits the data-parallel ranks of MoE layers (it divides ``dp``), so the world
+    size is ``dp*tp*pp*cp``. ``placement`` is a rank order, innermost first, or an explicit
+    rank table: entry ``r`` is the device that logical rank ``r`` (default order) runs on.
+    """
+
+    global_batch_size: int
+    seq_len: int
+    micro_batch_size: int = 1
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    vpp: int = 1
+    schedule: str = "1f1b"
+    zero_stage: int = 0
+    recompute: str = "none"
+    sequence_parallel: bool = False
+    dtype: str = "bf16"
+    placement: str | tuple[int, ...] = DEFAULT_PLACEMENT
+    collectives: tuple[tuple[str, str], ...] = ()  # (group, algorithm) pairs
+    layers_per_stage: tuple[int, ...] | None = None
+    attention: str = "flash"  # "standard" materialises the s x s scores (Megatron 2021)
+    overlap_grad_reduce: bool = True
+    # Micro-batches of each data-parallel replica when they differ (heterogeneous clusters):
+    # dp counts summing to global_batch_size / micro_batch_size; null: an even split.
+    micro_batches_per_replica: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def num_microbatches(self) -> int:
+        """Micro-batches per replica (with an uneven split: the most any replica runs)."""
+        if self.micro_batches_per_replica:
+            return max(self.micro_batches_per_replica)
+        return self.global_batch_size // (self.dp * self.micro_batch_size)
+
+    @property
+    def replica_microbatches(self) -> tuple[int, ...]:
+        """Micro-batches of each data-parallel replica."""
+        return self.micro_batches_per_replica or (self.num_microbatches,) * self.dp
+
+    @property
+    def activation_dtype(self) -> str:
+        """Activations (and attention) stay in 16 bits under fp8 training."""
+        return "fp32" if self.dtype == "fp32" else "bf16"
+
+    @property
+    def activation_bytes(self) -> int:
+        return DTYPE_BYTES[self.activation_dtype]
+
+    @property
+    def local_tokens(self) -> int:
+        """Tokens of one micro-batch on one context-parallel rank."""
+        return self.seq_len // self.cp * self.micro_batch_size
+
+    @property
+    def dense_replicas(self) -> int:
+        """Ranks holding the same dense weight shard (ZeRO shards over these): dp*cp."""
+        return self.dp * self.cp
+
+    @property
+    def expert_replicas(self) -> int:
+        """Ranks holding the same expert weight shard: (dp/ep)*cp."""
+        return self.dp // self.ep * self.cp
+
+    @property
+    def placement_order(self) -> tuple[str, ...]:
+        return tuple(self.placement.split("-")) if isinstance(self.placement, str) else DIMS
+
+    def algorithm(self, group: str) -> str:
+        return dict(self.collectives).get(group, "auto")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["collectives"] = dict(self.collectives)
+        d["placement"] = self.placement if isinstance(self.placement, str) else list(
+            self.placement)
+        for name in ("layers_per_stage", "micro_batches_per_replica"):
+            d[name] = None if d[name] is None else list(d[name])
+        return {"schema_version": SCHEMA_VERSION, **d}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Plan:
+        if not isinstance(data, dict):
+            raise SpecError("plan", "must be a JSON object")
+        data = dict(data)
+        version = data.pop("schema_version", SCHEMA_VERSION)
+        if version != SCHEMA_VERSION:
+            raise SpecError("plan.schema_version", f"this trainsim reads version "
+                            f"{SCHEMA_VERSION}, got {version!r}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise SpecError(f"plan.{field_name(unknown[0])}", "unknown field "
+                            f"(known: {', '.join(sorted(known))})")
+        for req in ("global_batch_size", "seq_len"):
+            if req not in data:
+                raise SpecError(f"plan.{req}", "is required")
+        return cls(**_tuples(data))
+
+
+def _tuples(data: dict[str, Any]) -> dict[str, Any]:
+    out = dict(data)
+    if isinstance(out.get("placement"), list):
+        out["placement"] = tuple(out["placement"])
+    for name in ("layers_per_stage", "micro_batches_per_replica"):
+        if isinstance(out.get(name), list):
+            out[name] = tuple(out[name])
+    coll = out.get("collectives", {})
+    if not isinstance(coll, dict):
+        raise SpecError("plan.collectives", f"must be an object mapping group to algorithm, "
+                        f"got {coll!r}")
+    out["collectives"] = tuple(sorted(coll.items()))
+    return out
+
+
+def replica_plan(plan: Plan, replica: int) -> Plan:
+    """The even-split plan in which every replica runs as many micro-batches as ``replica``
+    does in ``plan`` (what that replica's pipeline schedule follows); ``plan`` itself when
+    the split is even."""
+    if plan.micro_batches_per_replica is None:
+        return plan
+    m = plan.micro_batches_per_replica[replica]
+    return dataclasses.replace(plan, global_batch_size=m * plan.dp * plan.micro_batch_size,
+                               micro_batches_per_replica=None)
+
+
+# Validation -----------------------------------------------------------------------------
+def validate(plan: Plan, model: ModelSpec | None = None, cluster: ClusterSpec | None = None
+             ) -> None:
+    """Every rule a plan must satisfy, alone and against a model and a cluster."""
+    _check_fields(plan)
+    _check_batch(plan)
+    _check_schedule(plan)
+    _check_placement(plan)
+    if model is not None:
+        _check_model(plan, model)
+    if cluster is not None:
+        _check_cluster(plan, cluster)
+
+
+def _int_field(plan: Plan, name: str, low: int) -> None:
+    v = getattr(plan, name)
+    if isinstance(v, bool) or not isinstance(v, int) or v < low:
+        raise SpecError(f"plan.{name}", f"must be an integer >= {low}, got {v!r}")
+
+
+def _check_fields(plan: Plan) -> None:
+    for name in ("global_batch_size", "seq_len", "micro_batch_size", "dp", "tp", "pp", "cp",
+                 "ep", "vpp"):
+        _int_field(plan, name, 1)
+    _int_field(plan, "zero_stage", 0)
+    if plan.zero_stage > 3:
+        raise SpecError("plan.zero_stage", f"must be 0, 1, 2 or 3, got {plan.zero_stage}")
+    for name, choices in (("schedule", SCHEDULES), ("recompute", RECOMPUTE_MODES),
+                          ("dtype", DTYPES), ("attention", ATTENTION)):
+        if getattr(plan, name) not in choices:
+            raise SpecError(f"plan.{name}", f"must be one of {', '.join(choices)}, "
+                            f"got {getattr(plan, name)!r}")
+    for name in ("sequence_parallel", "overlap_grad_reduce"):
+        if not isinstance(getattr(plan, name), bool):
+            raise SpecError(f"plan.{name}", f"must be true or false, got {getattr(plan, name)!r}")
+    if plan.sequence_parallel and plan.tp == 1:
+        raise SpecError("plan.sequence_parallel", "needs tp > 1 (it splits the tensor-parallel "
+                        "group's activations)")
+    _check_lists(plan)
+    for group, algo in plan.collectives:
+        if group not in ALGORITHMS:
+            raise SpecError("plan.collectives", f"unknown group {group!r} (groups: "
+                            f"{', '.join(ALGORITHMS)})")
+        if algo not in ALGORITHMS[group]:
+            raise SpecError(f"plan.collectives.{group}", f"{algo!r} is not an algorithm for "
+                            f"this group (choose from: {', '.join(ALGORITHMS[group])})")
+
+
+def _check_lists(plan: Plan) -> None:
+    for name in ("layers_per_stage", "micro_batches_per_replica"):
+        lps = getattr(plan, name)
+        if lps is not None and (not isinstance(lps, tuple) or any(
+                isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in lps)):
+            raise SpecError(f"plan.{name}", f"must be null or a list of positive "
+                            f"integers, got {lps!r}")
+    if not isinstance(plan.collectives, tuple) or any(
+            not isinstance(pair, tuple) or len(pair) != 2 for pair in plan.collectives):
+        raise SpecError("plan.collectives", "must be an object mapping group to algorithm")
+
+
+def _check_uneven(plan: Plan) -> None:
+    """An uneven micro-batch split: one count per replica, summing to the batch; replicas
+    meet only in the gradient reduction after their last backward (no ZeRO-2/3, no EP)."""
+    mbr, name = plan.micro_batches_per_replica, "plan.micro_batches_per_replica"
+    assert mbr is not None
+    if len(mbr) != plan.dp:
+        raise SpecError(name, f"must list dp = {plan.dp} counts, got {list(mbr)}")
+    if sum(mbr) * plan.micro_batch_size != plan.global_batch_size:
+        raise SpecError(name, f"sum {'+'.join(map(str, mbr))} = {sum(mbr)} micro-batches x "
+                        f"micro_batch_size {plan.micro_batch_size} != global_batch_size "
+                        f"{plan.global_batch_size}")
+    if plan.zero_stage > 1 or plan.ep > 1:
+        raise SpecError(name, f"needs zero_stage <= 1 and ep = 1 (replicas must not meet per "
+                        f"micro-batch), got zero_stage={plan.zero_stage}, ep={plan.ep}")
+    if plan.schedule == "interleaved-1f1b" and any(m % plan.pp for m in mbr):
+        raise SpecError(name, f"interleaved-1f1b needs every count a multiple of pp = "
+                        f"{plan.pp}, got {list(mbr)}")
+
+
+def _check_batch(plan: Plan) -> None:
+    per_step = plan.dp * plan.micro_batch_size
+    if plan.micro_batches_per_replica is not None:
+        _check_uneven(plan)
+    elif plan.global_batch_size % per_step:
+        raise SpecError("plan.global_batch_size", f"must be a multiple of dp*micro_batch_size = "
+                        f"{plan.dp}*{plan.micro_batch_size} = {per_step}, "
+                        f"got {plan.global_batch_size}")
+    if plan.dp % plan.ep:
+        raise SpecError("plan.ep", f"must divide dp (experts are sharded across data-parallel "
+                        f"ranks): dp % ep = {plan.dp} % {plan.ep} = {plan.dp % plan.ep} != 0")
+    if plan.cp > 1 and plan.seq_len % (2 * plan.cp):
+        raise SpecError("plan.seq_len", f"must be a multiple of 2*cp = {2 * plan.cp} for "
+                        f"load-balanced context parallelism, got {plan.seq_len}")
+    if plan.sequence_parallel and plan.seq_len // plan.cp % plan.tp:
+        raise SpecError("plan.seq_len", f"seq_len/cp = {plan.seq_len // plan.cp} must be a "
+                        f"multiple of tp = {plan.tp} with sequence parallelism")
+
+
+def _check_schedule(plan: Plan) -> None:
+    if plan.schedule == "interleaved-1f1b":
+        if plan.pp == 1 or plan.vpp < 2:
+            raise SpecError("plan.vpp", f"interleaved-1f1b needs pp > 1 and vpp >= 2, got "
+                            f"pp={plan.pp}, vpp={plan.vpp}")
+        m = plan.num_microbatches
+        if m % plan.pp and plan.micro_batches_per_replica is None:
+            raise SpecError("plan.global_batch_size", f"interleaved-1f1b needs micro-batches a "
+                            f"multiple of pp: global_batch_size/(dp*micro_batch_size) = "
+                            f"{plan.global_batch_size}/({plan.dp}*{plan.micro_batch_size}) = "
+                            f"{m}, {m} % {plan.pp} != 0")
+    elif plan.vpp != 1:
+        raise SpecError("plan.vpp", f"must be 1 unless schedule is interleaved-1f1b, got "
+                        f"{plan.vpp} with {plan.schedule}")
+
+
+def _check_placement(plan: Plan) -> None:
+    p = plan.placement
+    if isinstance(p, str):
+        dims = p.split("-")
+        if sorted(dims) != sorted(DIMS):
+            raise SpecError("plan.placement", f"must order each of {', '.join(DIMS)} exactly "
+                            f"once, innermost first (e.g. {DEFAULT_PLACEMENT}), got {p!r}")
+        return
+    if not isinstance(p, tuple) or any(isinstance(r, bool) or not isinstance(r, int) for r in p):
+        raise SpecError("plan.placement", "must be a rank order string or a list of device "
+                        "indices")
+    if sorted(p) != list(range(plan.world_size)):
+        raise SpecError("plan.placement", "rank table must be a permutation of "
+                        f"0..{plan.world_size - 1} (world size dp*tp*pp*cp = {plan.world_size}), "
+                        f"got {len(p)} entries")
+
+
+def _check_model(plan: Plan, m: ModelSpec) -> None:
+    for what, count in (("num_heads", m.num_heads), ("num_kv_heads", m.kv_heads)):
+        if count % plan.tp:
+            raise SpecError("plan.tp", f"must divide model.{what}: {count} % {plan.tp} = "
+                            f"{count % plan.tp} != 0")
+    _check_layers(plan, m)
+    if plan.ep > 1 and not m.is_moe:
+        raise SpecError("plan.ep", f"must be 1 for the dense model {m.name!r}, got {plan.ep}")
+    if m.is_moe and m.num_experts % plan.ep:
+        raise SpecError("plan.ep", f"must divide model.num_experts: {m.num_experts} % {plan.ep} "
+                        f"= {m.num_experts % plan.ep} != 0")
+    if plan.ep > 1 and plan.tp > 1 and not plan.sequence_parallel:
+        raise SpecError("plan.sequence_parallel", "must be true when ep > 1 and tp > 1 "
+                        "(Megatron-LM's rule for expert with tensor parallelism)")
+    if m.position_embedding == "learned" and plan.seq_len > m.max_seq_len:
+        raise SpecError("plan.seq_len", f"{plan.seq_len} exceeds the model's learned position "
+                        f"table of {m.max_seq_len}")
+
+
+def _check_layers(plan: Plan, m: ModelSpec) -> None:
+    stages = plan.pp * plan.vpp
+    lps = plan.layers_per_stage
+    if lps is None:
+        if m.num_layers % stages:
+            raise SpecError("plan.pp", f"pp*vpp = {plan.pp}*{plan.vpp} = {stages} must divide "
+                            f"model.num_layers = {m.num_layers} (or give layers_per_stage)")
+        return
+    if len(lps) != stages:
+        raise SpecError("plan.layers_per_stage", f"must list pp*vpp = {stages} positive "
+                        f"integers, got {list(lps)}")
+    if sum(lps) != m.num_layers:
+        raise SpecError("plan.layers_per_stage", f"sum {'+'.join(map(str, lps))} = {sum(lps)} "
+                        f"!= model.num_layers = {m.num_layers}")
+
+
+def _check_cluster(plan: Plan, c: ClusterSpec) -> None:
+    if plan.world_size != c.world_size:
+        raise SpecError("plan.dp*tp*pp*cp", f"{plan.dp}*{plan.tp}*{plan.pp}*{plan.cp} = "
+                        f"{plan.world_size} != {c.world_size} GPUs of cluster {c.name!r}")
+    for gpu in {c.gpu, *(g.gpu for g in c.node_groups)}:
+        gpu.peak_tflops(plan.dtype)  # raises for a dtype a device lacks
+    nvls = [g for g, a in plan.collectives if a == "nvls"]
+    if nvls and (c.intra_node.kind != "nvswitch" or not c.gpu.nvls_eff):
+        raise SpecError(f"plan.collectives.{nvls[0]}", f"nvls needs NVSwitch in-switch "
+                        f"reduction, which {c.gpu.name} on {c.intra_node.kind} does not have")
+
+
+# Files ------------------------------------------------------------------------------------
+def load_plan(path: str | Path) -> Plan:
+    from sim.io import read_text
+
+    p = Path(path)
+    try:
+        data = json.loads(read_text(p, "plan"))
+    except json.JSONDecodeError as exc:
+        raise SpecError(f"plan[{p.name}]", f"not valid JSON: {exc}") from None
+    try:
+        return Plan.from_dict(data)
+    except TypeError as exc:  # a field of the wrong JSON type slipped through
+        raise SpecError(f"plan[{p.name}]", str(exc)) from None
+
+
+def save_plan(plan: Plan, path: str | Path) -> None:
+    from sim.io import atomic_write_text
+
+    atomic_write_text(Path(path), json.dumps(plan.to_dict(), indent=2) + "\n")

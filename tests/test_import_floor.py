@@ -1,0 +1,99 @@
+"""The house's floors: packages and ``sim/`` subpackages import only downwards, and no module
+imports another that (directly or not) imports it back. Every import counts, also those
+inside functions: a lazy import still ties two modules together.
+
+``sim/`` floors, bottom to top: the root helpers (errors, io, result) <- spec <- layout <-
+cost <- network <- analytic, des <- api <- the package itself. Packages: sim <- profiler,
+optimizer, executor <- trainsim (no library package imports the front door).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import networkx as nx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("sim", "profiler", "optimizer", "executor", "trainsim")
+SIM_FLOORS = {"sim.errors": 0, "sim.io": 0, "sim.result": 0, "sim.spec": 1, "sim.layout": 2,
+              "sim.cost": 3, "sim.network": 4, "sim.analytic": 5, "sim.des": 5, "sim.api": 6,
+              "sim": 7}
+# Which packages each may import (besides itself).
+PACKAGE_DEPS = {"sim": set(), "profiler": {"sim"}, "optimizer": {"sim"},
+                "executor": {"sim", "profiler"}, "trainsim": set(PACKAGES) - {"trainsim"}}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+
+
+def _targets(node: ast.AST, here: str, known: dict[str, Path]) -> list[str]:
+    """Project modules an import statement names (``from a import b`` names ``a.b`` when
+    that is a module, else ``a``)."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names if a.name.split(".")[0] in PACKAGES]
+    if not isinstance(node, ast.ImportFrom) or node.module is None or node.level:
+        return []
+    if node.module.split(".")[0] not in PACKAGES:
+        return []
+    return [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module
+            for a in node.names]
+
+
+def _graph() -> nx.DiGraph:
+    known = _modules()
+    g = nx.DiGraph()
+    g.add_nodes_from(known)
+    for name, path in known.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            for target in _targets(node, name, known):
+                if target != name:
+                    g.add_edge(name, target)
+    return g
+
+
+GRAPH = _graph()
+
+
+def _floor(module: str) -> int:
+    """The floor of a ``sim`` module: that of its longest listed prefix."""
+    best = max((p for p in SIM_FLOORS if module == p or module.startswith(p + ".")), key=len)
+    return SIM_FLOORS[best]
+
+
+def test_graph_sees_the_project() -> None:
+    assert GRAPH.has_edge("sim", "sim.api")
+    assert GRAPH.number_of_edges() > 100
+
+
+def test_no_import_circles() -> None:
+    circles = [sorted(c) for c in nx.strongly_connected_components(GRAPH) if len(c) > 1]
+    assert circles == []
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_packages_import_downwards(package: str) -> None:
+    up = sorted((a, b) for a, b in GRAPH.edges if a.split(".")[0] == package
+                and b.split(".")[0] not in PACKAGE_DEPS[package] | {package})
+    assert up == []
+
+
+def test_sim_subpackages_import_downwards() -> None:
+    """spec <- layout <- cost <- network <- analytic/des <- api; analytic and des share a
+    floor but do not import each other."""
+    sim_edges = [(a, b) for a, b in GRAPH.edges if a.startswith("sim") and b.startswith("sim")]
+    up = [(a, b) for a, b in sim_edges if _floor(b) > _floor(a)]
+    across = [(a, b) for a, b in sim_edges if _floor(a) == _floor(b) == 5
+              and a.split(".")[1] != b.split(".")[1]]
+    assert up == [] and across == []
+
+
+def test_sim_root_is_small() -> None:
+    assert len(list((ROOT / "sim").glob("*.py"))) <= 6

@@ -1,0 +1,134 @@
+"""``trainsim execute`` and ``trainsim compare``: run a plan for real, and beside the
+simulator."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+__all__ = ["add_execute_parsers"]
+
+
+def _model(args: argparse.Namespace) -> Any:
+    from executor.model import scale_model
+    from sim import load_model
+
+    model = load_model(args.model)
+    if args.scale_layers or args.scale_hidden:
+        model = scale_model(model, args.scale_layers, args.scale_hidden)
+    return model
+
+
+def _run_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    from sim.errors import SpecError
+
+    if args.timeout <= 0:
+        raise SpecError("--timeout", f"must be > 0 seconds, got {args.timeout}")
+    fault = None
+    if args.inject_fault:
+        kind, _, where = args.inject_fault.partition("@")
+        rank, _, step = where.partition(":")
+        if kind not in ("crash", "hang") or not rank.isdigit() or not step.isdigit():
+            raise SpecError("--inject-fault", f"must be crash@RANK:STEP or hang@RANK:STEP, "
+                            f"got {args.inject_fault!r}")
+        fault = {"kind": kind, "rank": int(rank), "step": int(step)}
+    return {"nproc": args.nproc, "steps": args.steps, "warmup": args.warmup,
+            "timeout_s": args.timeout, "device": args.device, "threads": args.threads,
+            "fault": fault}
+
+
+def _failed(exc: Exception) -> int:
+    print(f"trainsim: execution failed: {exc}", file=__import__("sys").stderr)
+    return 1
+
+
+def cmd_execute(args: argparse.Namespace) -> int:
+    from executor.launch import ExecutionError, execute
+    from sim import load_plan
+    from sim.spec.plan import validate
+
+    model, plan = _model(args), load_plan(args.plan)
+    validate(plan, model)
+    try:
+        result = execute(model, plan, **_run_kwargs(args))
+    except ExecutionError as exc:
+        return _failed(exc)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    steps = ", ".join(f"{t:.3f}" for t in result["step_s"])
+    losses = ", ".join("-" if v is None else f"{v:.3f}" for v in result["loss"])
+    print(f"{model.name}: {plan.world_size} ranks on {args.device}, {result['steps']} timed "
+          f"steps after {result['warmup']} warm-up\n"
+          f"  iteration {result['iteration_s']:.3f} s (median; {result['min_s']:.3f}-"
+          f"{result['max_s']:.3f}), {result['tokens_per_s']:.0f} tokens/s\n"
+          f"  steps     {steps}\n  loss      {losses}\n"
+          f"  peak mem  " + ", ".join(f"{b / 2**30:.2f}" for b in result["peak_bytes"])
+          + " GiB per rank")
+    for row in result["collectives"]["0"]:
+        print(f"  rank 0 {row['group']:9s} {row['kind']:14s} x{row['count']:<4d} "
+              f"{row['bytes']:,d} bytes")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from executor.compare import calibrate, compare, format_comparison
+    from executor.launch import ExecutionError
+    from sim import load_cluster, load_plan
+    from trainsim.commands.profile import with_profile_options
+
+    model, plan = _model(args), load_plan(args.plan)
+    cluster = with_profile_options(load_cluster(args.cluster), args)
+    try:
+        result = compare(model, plan, cluster, args.fidelity, **_run_kwargs(args))
+    except ExecutionError as exc:
+        return _failed(exc)
+    if args.calibrate:
+        result["calibration"] = calibrate(cluster, [result])
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(format_comparison(result))
+    if args.calibrate:
+        cal = result["calibration"]
+        print(f"calibrated: compute scale ({cal['compute_stat']}) {cal['compute_scale']:.3f} "
+              f"(x{cal['step']:.3f} this run) written to {cal['path']}")
+    return 0
+
+
+def _common(p: argparse.ArgumentParser, model_help: str) -> None:
+    p.add_argument("--model", required=True, help=model_help)
+    p.add_argument("--plan", required=True, help="plan JSON file")
+    p.add_argument("--nproc", type=int, default=None,
+                   help="ranks on this host (default: the plan's world size)")
+    p.add_argument("--steps", type=int, default=5, help="timed steps (default 5)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed first steps (default 2)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cpu (gloo) or cuda (NCCL); default cpu")
+    p.add_argument("--threads", type=int, default=1, help="CPU threads per rank (default 1)")
+    p.add_argument("--timeout", type=float, default=120.0,
+                   help="seconds without progress before every rank is stopped (default 120)")
+    p.add_argument("--scale-layers", type=int, metavar="N", help="run N layers of the model")
+    p.add_argument("--scale-hidden", type=int, metavar="H",
+                   help="run at hidden size H (heads and FFN scaled with it)")
+    p.add_argument("--inject-fault", metavar="KIND@RANK:STEP",
+                   help="test fault handling: crash@1:2 or hang@1:2")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def add_execute_parsers(sub: Any, model_help: str, cluster_help: str) -> None:
+    from trainsim.commands.profile import add_profile_options
+
+    p = sub.add_parser("execute", help="run a plan for real with torch.distributed")
+    _common(p, model_help)
+    p.set_defaults(func=cmd_execute)
+    c = sub.add_parser("compare", help="run a plan and compare it with the simulator")
+    _common(c, model_help)
+    c.add_argument("--cluster", required=True, help=cluster_help)
+    add_profile_options(c, "profile DB (default: the cluster's)")
+    c.add_argument("--fidelity", choices=("analytic", "des"), default="analytic",
+                   help="simulator tier (default analytic)")
+    c.add_argument("--calibrate", action="store_true",
+                   help="write the measured/predicted correction into the profile DB")
+    c.set_defaults(func=cmd_compare)

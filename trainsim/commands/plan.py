@@ -1,0 +1,83 @@
+"""``trainsim plan new`` and ``trainsim plan check``: write and validate plan JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from trainsim.common import CLUSTER_HELP, MODEL_HELP, Parser
+
+__all__ = ["cmd_plan_new", "cmd_plan_check", "add_plan_parser"]
+
+_PLAN_INT_HELP = {
+    "global_batch_size": "sequences per iteration (required)",
+    "seq_len": "tokens per sequence (required)",
+    "micro_batch_size": "sequences per micro-batch (default 1)",
+    "dp": "data-parallel degree (default 1)", "tp": "tensor-parallel degree (default 1)",
+    "pp": "pipeline-parallel degree (default 1)", "cp": "context-parallel degree (default 1)",
+    "ep": "expert-parallel degree, divides dp (default 1)",
+    "vpp": "virtual stages per pipeline rank, interleaved-1f1b only (default 1)",
+    "zero_stage": "ZeRO stage 0-3 (default 0)",
+}
+_PLAN_INTS = tuple(_PLAN_INT_HELP)
+
+
+def cmd_plan_new(args: argparse.Namespace) -> int:
+    from sim import Plan, load_cluster, load_model, save_plan, validate
+
+    fields = {k: getattr(args, k) for k in _PLAN_INTS if getattr(args, k) is not None}
+    for k in ("schedule", "recompute", "dtype", "placement", "attention"):
+        if getattr(args, k) is not None:
+            fields[k] = getattr(args, k)
+    fields["sequence_parallel"] = args.sequence_parallel
+    plan = Plan.from_dict(fields)
+    if args.model or args.cluster:
+        validate(plan, load_model(args.model) if args.model else None,
+                 load_cluster(args.cluster) if args.cluster else None)
+    text = json.dumps(plan.to_dict(), indent=2)
+    if args.out:
+        save_plan(plan, args.out)
+    print(text)
+    return 0
+
+
+def cmd_plan_check(args: argparse.Namespace) -> int:
+    from sim import load_cluster, load_model, load_plan, validate
+
+    plan = load_plan(args.plan)
+    validate(plan, load_model(args.model) if args.model else None,
+             load_cluster(args.cluster) if args.cluster else None)
+    print(f"{args.plan}: valid ({plan.world_size} ranks, {plan.num_microbatches} micro-batches)")
+    return 0
+
+
+def add_plan_parser(sub: Any) -> None:
+    p = sub.add_parser("plan", help="create or check a plan JSON file")
+    psub = p.add_subparsers(dest="plan_cmd", required=True, parser_class=Parser)
+    new = psub.add_parser("new", help="write a plan from flags",
+                          description="Build a plan JSON; omitted fields take the defaults "
+                          "shown here (and in the README's Plan section).")
+    for k, text in _PLAN_INT_HELP.items():
+        new.add_argument("--" + k.replace("_", "-"), dest=k, type=int, help=text,
+                         required=k in ("global_batch_size", "seq_len"))
+    new.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved-1f1b"],
+                     help="pipeline schedule (default 1f1b)")
+    new.add_argument("--recompute", choices=["none", "selective", "full"],
+                     help="activation recomputation (default none)")
+    new.add_argument("--dtype", choices=["bf16", "fp16", "fp8", "fp32"],
+                     help="training precision (default bf16)")
+    new.add_argument("--attention", choices=["flash", "standard"], help="flash (default) or "
+                     "standard (materialises the s x s scores)")
+    new.add_argument("--placement", help="rank order, innermost first (default tp-cp-ep-dp-pp)")
+    new.add_argument("--sequence-parallel", action="store_true",
+                     help="split norm/dropout activations over the TP group (needs tp > 1)")
+    new.add_argument("--model", help="also check against this model: " + MODEL_HELP)
+    new.add_argument("--cluster", help="also check against this cluster: " + CLUSTER_HELP)
+    new.add_argument("--out", metavar="FILE", help="write the plan here (atomically)")
+    new.set_defaults(func=cmd_plan_new)
+    check = psub.add_parser("check", help="validate a plan, optionally against model/cluster")
+    check.add_argument("plan", help="plan JSON file")
+    check.add_argument("--model", help=MODEL_HELP)
+    check.add_argument("--cluster", help=CLUSTER_HELP)
+    check.set_defaults(func=cmd_plan_check)

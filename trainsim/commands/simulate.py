@@ -1,0 +1,55 @@
+"""``trainsim simulate``: predict one training iteration of a plan."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from trainsim.common import CLUSTER_HELP, MODEL_HELP, write_run
+
+__all__ = ["cmd_simulate", "add_simulate_parser"]
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from sim import SpecError, load_cluster, load_model, load_plan, simulate
+    from trainsim.commands.faults import faults_of
+    from trainsim.commands.profile import with_profile_options
+    from trainsim.report import format_result
+
+    model, cluster = load_model(args.model), load_cluster(args.cluster)
+    cluster = with_profile_options(cluster, args)
+    plan = load_plan(args.plan)
+    if args.fidelity != "des" and (args.trace or args.no_reduce):
+        raise SpecError("--trace/--no-reduce", "need --fidelity des")
+    result = simulate(model, cluster, plan, fidelity=args.fidelity, reduce=not args.no_reduce,
+                      trace=args.trace, faults=faults_of(args))
+    if args.out:
+        write_run(Path(args.out), result, model, cluster, plan)
+    print(json.dumps(result.to_dict(), indent=2) if args.json else format_result(result))
+    return 0
+
+
+def add_simulate_parser(sub: Any) -> None:
+    from trainsim.commands.profile import add_profile_options
+
+    p = sub.add_parser("simulate", help="predict one training iteration of a plan",
+                       description="Predict one training iteration: time, throughput, MFU, "
+                       "memory, bubble and a breakdown of the critical path.")
+    p.add_argument("--model", required=True, help=MODEL_HELP)
+    p.add_argument("--cluster", required=True, help=CLUSTER_HELP)
+    p.add_argument("--plan", required=True, help="plan JSON (make one with: trainsim plan new)")
+    p.add_argument("--fidelity", default="analytic", choices=["analytic", "des"],
+                   help="simulator tier: analytic (closed form, default) or des (SimPy "
+                   "discrete-event, flow-level network)")
+    p.add_argument("--trace", metavar="FILE", help="des: write a Chrome trace JSON "
+                   "(pid = node, tid = device stream; open in Perfetto)")
+    p.add_argument("--no-reduce", action="store_true", help="des: simulate every rank and "
+                   "flow instead of one representative per symmetric set (slow)")
+    add_profile_options(p, "profile DB to time operations from (overrides the cluster's; "
+                        "a DB root or one device folder)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--out", metavar="DIR", help="also write inputs.json, result.json and "
+                   "summary.txt to this run folder")
+    p.set_defaults(func=cmd_simulate)

@@ -1,0 +1,45 @@
+"""What every ``trainsim`` command shares: the one-line error convention, exit codes, the
+argument parser class, help texts, and the run folder a simulation writes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+__all__ = ["EXIT_BAD_INPUT", "EXIT_NO_PLAN", "Parser", "fail", "write_run", "MODEL_HELP",
+           "CLUSTER_HELP"]
+
+EXIT_BAD_INPUT = 2
+EXIT_NO_PLAN = 3
+MODEL_HELP = "zoo name (trainsim models), Hugging Face config.json (or its folder), or TOML"
+CLUSTER_HELP = "preset (dgx-a100:N, dgx-h100:N, hgx-h200:N, cpu:RANKS) or a TOML file"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (and exit code 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_BAD_INPUT, f"trainsim: error: {message} (see {self.prog} --help)\n")
+
+
+def fail(message: str) -> int:
+    """Print ``message`` as one line on stderr; the bad-input exit code."""
+    one_line = message.encode("unicode_escape").decode("ascii") if not message.isprintable() \
+        else message
+    print(f"trainsim: error: {one_line}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+def write_run(out: Path, result: Any, model: Any, cluster: Any, plan: Any) -> None:
+    """The run folder, all-or-nothing: the resolved inputs next to the results."""
+    from sim.io import atomic_write_files
+    from trainsim.report import format_result
+
+    inputs = {"model": model.to_dict(), "cluster": cluster.to_dict(), "plan": plan.to_dict()}
+    atomic_write_files({
+        out / "inputs.json": json.dumps(inputs, indent=2) + "\n",
+        out / "result.json": json.dumps(result.to_dict(), indent=2) + "\n",
+        out / "summary.txt": format_result(result) + "\n"})
