@@ -28,7 +28,8 @@ from pathlib import Path
 import pandas as pd
 
 from optimizer.report import plan_label
-from optimizer.search import Candidate, SearchReport, optimize
+from optimizer.scoring import Candidate, SearchReport
+from optimizer.search import optimize
 from optimizer.space import SearchSpace
 from sim import load_cluster, load_model, simulate
 from sim.io import atomic_write_text

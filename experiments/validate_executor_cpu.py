@@ -34,6 +34,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -45,7 +46,8 @@ from profiler.device import device_name
 from sim.api import simulate
 from sim.io import atomic_write_text
 from sim.layout.inventory import compare_inventory, expected_collectives
-from sim.spec.cluster import load_cluster
+from sim.spec.cluster import ClusterSpec, load_cluster
+from sim.spec.plan import Plan
 from sim.spec.zoo import load_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,7 +75,7 @@ def spearman(a: pd.Series, b: pd.Series) -> float:
     return float(a.rank().corr(b.rank()))
 
 
-def main() -> None:
+def _args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--db", help="profile DB of this machine (default: profile it now)")
     ap.add_argument("--rounds", type=int, default=2)
@@ -82,29 +84,29 @@ def main() -> None:
     ap.add_argument("--repredict", action="store_true", help="keep the measured columns of "
                     f"{OUT.name} and predict again with the current simulator (after a "
                     "model change; needs --db, the profile that run used)")
-    args = ap.parse_args()
-    if args.repredict:
-        if not args.db:
-            raise SystemExit("--repredict needs --db (the profile the measured run used)")
-        old = pd.read_csv(OUT)
-        cluster = dataclasses.replace(load_cluster("cpu:2"), profile=args.db)
-        plans = suite_plans()
-        for i, name in enumerate(old["plan"]):
-            for fidelity in ("analytic", "des"):
-                t = simulate(load_model("tiny"), cluster, plans[name],
-                             fidelity=fidelity).iteration_time_s
-                old.loc[i, f"{fidelity}_s"] = t
-                old.loc[i, f"{fidelity}_error_pct"] = 100 * (t / old.loc[i, "measured_s"] - 1)
-        report(old)
-        return
-    db = Path(args.db) if args.db else ROOT / "runs" / "executor-profile"
-    passes: list[Path] = []
-    if not args.db:
-        shutil.rmtree(db, ignore_errors=True)
-        profile_comm(db)
-    model = load_model("tiny")
-    cluster = dataclasses.replace(load_cluster("cpu:2"), profile=str(db))
+    return ap.parse_args()
+
+
+def repredict(db: str) -> None:
+    """Predict the measured rows of the last run again with the current simulator."""
+    old = pd.read_csv(OUT)
+    cluster = dataclasses.replace(load_cluster("cpu:2"), profile=db)
     plans = suite_plans()
+    for i, name in enumerate(old["plan"]):
+        for fidelity in ("analytic", "des"):
+            t = simulate(load_model("tiny"), cluster, plans[name],
+                         fidelity=fidelity).iteration_time_s
+            old.loc[i, f"{fidelity}_s"] = t
+            old.loc[i, f"{fidelity}_error_pct"] = 100 * (t / old.loc[i, "measured_s"] - 1)
+    report(old)
+
+
+def measure(args: argparse.Namespace, db: Path, plans: dict[str, Plan]
+            ) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, dict]]:
+    """Run every plan ``args.rounds`` times (profiling one compute pass before each round
+    without ``--db``): (step times, per-round medians, one run's result) per plan."""
+    model = load_model("tiny")
+    passes: list[Path] = []
     steps: dict[str, list[float]] = {k: [] for k in plans}
     per_round: dict[str, list[float]] = {k: [] for k in plans}
     runs: dict[str, dict] = {}
@@ -123,28 +125,48 @@ def main() -> None:
         shapes = merge_passes(passes, db / passes[0].name)
         print(f"profiled {shapes} shapes in {len(passes)} passes, one before each round, "
               f"into {db / passes[0].name}")
-    rows = []
-    for name, plan in plans.items():
-        measured = statistics.median(steps[name])
-        inv = compare_inventory(expected_collectives(model, plan, 0),
-                                runs[name]["collectives"]["0"])
-        rounds = per_round[name]
-        row = {"plan": name, "measured_s": measured, "measured_min_s": min(steps[name]),
-               "measured_max_s": max(steps[name]),
-               "round_medians_s": " ".join(f"{t:.3f}" for t in rounds),
-               "round_spread_pct": 100 * (max(rounds) - min(rounds)) / measured}
-        for fidelity in ("analytic", "des"):
-            pred = simulate(model, cluster, plan, fidelity=fidelity)
-            row[f"{fidelity}_s"] = pred.iteration_time_s
-            row[f"{fidelity}_error_pct"] = 100 * (pred.iteration_time_s - measured) / measured
-        row.update(loss_first=runs[name]["loss"][0], loss_last=runs[name]["loss"][-1],
-                   predicted_peak_gib=pred.peak_memory_gib,
-                   measured_peak_gib=max(runs[name]["peak_bytes"]) / 2**30,
-                   collectives_match=all(i["match"] for i in inv),
-                   collectives="; ".join(f"{i['group']} {i['kind']} {i['measured_count']}/"
-                                         f"{i['expected_count']}" for i in inv))
-        rows.append(row)
-    report(pd.DataFrame(rows))
+    return steps, per_round, runs
+
+
+def _row(name: str, plan: Plan, cluster: ClusterSpec, steps: list[float],
+         rounds: list[float], run: dict) -> dict[str, Any]:
+    """One plan's measured and predicted figures and its collective inventory check."""
+    model = load_model("tiny")
+    measured = statistics.median(steps)
+    inv = compare_inventory(expected_collectives(model, plan, 0), run["collectives"]["0"])
+    row = {"plan": name, "measured_s": measured, "measured_min_s": min(steps),
+           "measured_max_s": max(steps),
+           "round_medians_s": " ".join(f"{t:.3f}" for t in rounds),
+           "round_spread_pct": 100 * (max(rounds) - min(rounds)) / measured}
+    for fidelity in ("analytic", "des"):
+        pred = simulate(model, cluster, plan, fidelity=fidelity)
+        row[f"{fidelity}_s"] = pred.iteration_time_s
+        row[f"{fidelity}_error_pct"] = 100 * (pred.iteration_time_s - measured) / measured
+    row.update(loss_first=run["loss"][0], loss_last=run["loss"][-1],
+               predicted_peak_gib=pred.peak_memory_gib,
+               measured_peak_gib=max(run["peak_bytes"]) / 2**30,
+               collectives_match=all(i["match"] for i in inv),
+               collectives="; ".join(f"{i['group']} {i['kind']} {i['measured_count']}/"
+                                     f"{i['expected_count']}" for i in inv))
+    return row
+
+
+def main() -> None:
+    args = _args()
+    if args.repredict:
+        if not args.db:
+            raise SystemExit("--repredict needs --db (the profile the measured run used)")
+        repredict(args.db)
+        return
+    db = Path(args.db) if args.db else ROOT / "runs" / "executor-profile"
+    if not args.db:
+        shutil.rmtree(db, ignore_errors=True)
+        profile_comm(db)
+    cluster = dataclasses.replace(load_cluster("cpu:2"), profile=str(db))
+    plans = suite_plans()
+    steps, per_round, runs = measure(args, db, plans)
+    report(pd.DataFrame([_row(name, plan, cluster, steps[name], per_round[name], runs[name])
+                         for name, plan in plans.items()]))
 
 
 def report(df: pd.DataFrame) -> None:

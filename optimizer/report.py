@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from optimizer.search import Candidate, SearchReport
+from optimizer.scoring import Candidate, SearchReport
 from sim.io import atomic_write_files
 from sim.spec.plan import Plan
 

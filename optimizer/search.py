@@ -10,17 +10,20 @@ communication) gives the optimality gap.
 from __future__ import annotations
 
 import dataclasses
-import multiprocessing as mp
 import os
 import time
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
 
+from optimizer.scoring import (
+    Candidate,
+    SearchReport,
+    chunks,
+    des_result,
+    pool_map,
+    score,
+)
 from optimizer.space import SearchSpace, divisors
 from sim.analytic.replicas import analytic_timing
-from sim.api import simulate
 from sim.cost.profiled import cost_model_for
 from sim.errors import NoFeasiblePlan, SpecError
 from sim.layout.flops import model_flops_per_token
@@ -31,89 +34,6 @@ from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan, validate
 
 __all__ = ["optimize", "SearchReport", "Candidate", "megatron_heuristic", "lower_bound_s"]
-
-
-@dataclass
-class Candidate:
-    plan: Plan
-    analytic_s: float
-    peak_gib: float
-    des: Result | None = None
-    origin: str = "space"  # space | baseline | move: ...
-
-    @property
-    def best_s(self) -> float:
-        return self.des.iteration_time_s if self.des else self.analytic_s
-
-
-@dataclass
-class SearchReport:
-    model: str
-    cluster: str
-    space_size: int
-    feasible: int
-    des_evaluated: int
-    candidates: list[Candidate]  # analytic-scored, feasible, best first
-    ranked: list[Candidate]  # DES-evaluated, best first
-    baseline: Candidate | None
-    lower_bound_s: float
-    wall_s: float
-    moves: list[str] = field(default_factory=list)
-    # mixed clusters: the best even-split plan and the best balanced one (optimizer.balance)
-    homogeneous: Candidate | None = None
-    balanced: Candidate | None = None
-
-    @property
-    def best(self) -> Candidate:
-        return self.ranked[0]
-
-
-# Scoring (runs in worker processes) ------------------------------------------------------
-_CTX: dict[str, Any] = {}
-
-
-def _init(model: ModelSpec, cluster: ClusterSpec) -> None:
-    _CTX.update(model=model, cluster=cluster, cost=cost_model_for(cluster))
-
-
-def _score(plans: list[Plan]) -> list[tuple[float, float]]:
-    """(analytic seconds, peak GiB) per plan; seconds are inf when it does not fit."""
-    m, c, cost = _CTX["model"], _CTX["cluster"], _CTX["cost"]
-    out = []
-    for p in plans:
-        peak, capacity = memory_verdict(m, c, p)  # each stage against its own GPUs
-        seconds = analytic_timing(m, c, p, cost).iteration_s if peak <= capacity \
-            else float("inf")
-        out.append((seconds, peak))
-    return out
-
-
-def _des(plan: Plan) -> Result:
-    return simulate(_CTX["model"], _CTX["cluster"], plan, "des")
-
-
-def _chunks(items: list[Plan], n: int) -> list[list[Plan]]:
-    size = max(1, min(2000, len(items) // (n * 8) or 1))
-    return [items[i:i + size] for i in range(0, len(items), size)]
-
-
-def _pool_map(fn: Callable, items: list, workers: int, model: ModelSpec,
-              cluster: ClusterSpec, progress: Callable[[int], None] | None = None) -> list:
-    if workers <= 1:
-        _init(model, cluster)
-        out = []
-        for item in items:
-            out.append(fn(item))
-            if progress:
-                progress(1)
-        return out
-    with mp.get_context("fork").Pool(workers, _init, (model, cluster)) as pool:
-        out = []
-        for res in pool.imap(fn, items):
-            out.append(res)
-            if progress:
-                progress(1)
-        return out
 
 
 # The heuristic and the bound ------------------------------------------------------------
@@ -252,10 +172,10 @@ def _local_search(space: SearchSpace, best: Candidate, seen: set[str], workers: 
     for _ in range(rounds):
         moves = [(n, p) for n, p in _neighbours(space, best) if _plan_key(p) not in seen]
         seen.update(_plan_key(p) for _, p in moves)
-        scored = _pool_map(_score, [[p for _, p in moves]], 1, space.model, space.cluster)
+        scored = pool_map(score, [[p for _, p in moves]], 1, space.model, space.cluster)
         fits = [(n, p, s, pk) for (n, p), (s, pk) in zip(moves, scored[0] if scored else [],
                                                           strict=True) if s < float("inf")]
-        results = _pool_map(_des, [p for _, p, _, _ in fits], workers, space.model,
+        results = pool_map(des_result, [p for _, p, _, _ in fits], workers, space.model,
                             space.cluster)
         cands = [Candidate(p, s, pk, r, f"move: {n}") for (n, p, s, pk), r in zip(
             fits, results, strict=True)]
@@ -296,8 +216,8 @@ def optimize(model: ModelSpec, cluster: ClusterSpec, global_batch_size: int, seq
         raise NoFeasiblePlan(f"no plan divides {cluster.world_size} devices, the batch of "
                              f"{global_batch_size} and the model's heads and layers")
     bar = tqdm(total=len(plans), desc="analytic", unit="plan", disable=not progress)
-    chunks = _chunks(plans, workers)
-    scores = [s for part in _pool_map(_score, chunks, workers, model, cluster,
+    parts = chunks(plans, workers)
+    scores = [s for part in pool_map(score, parts, workers, model, cluster,
                                       lambda _n: None) for s in part]
     bar.update(len(plans))
     bar.close()
@@ -317,7 +237,7 @@ def optimize(model: ModelSpec, cluster: ClusterSpec, global_batch_size: int, seq
             shortlist.append(baseline)
             seen.add(key)
     bar = tqdm(total=len(shortlist), desc="des", unit="plan", disable=not progress)
-    results = _pool_map(_des, [c.plan for c in shortlist], workers, model, cluster,
+    results = pool_map(des_result, [c.plan for c in shortlist], workers, model, cluster,
                         bar.update)
     bar.close()
     for c, r in zip(shortlist, results, strict=True):
@@ -397,8 +317,8 @@ def _balance(space: SearchSpace, ranked: list[Candidate], feasible: list[Candida
     seen = {_plan_key(x.plan) for x in ranked}
     new = [(o, p) for o, p in _balanced_seeds(space, ranked, feasible)
            if _plan_key(p) not in seen]
-    scores = _pool_map(_score, [[p for _, p in new]], 1, m, c)[0] if new else []
-    results = _pool_map(_des, [p for _, p in new], workers, m, c)
+    scores = pool_map(score, [[p for _, p in new]], 1, m, c)[0] if new else []
+    results = pool_map(des_result, [p for _, p in new], workers, m, c)
     extra = [Candidate(p, s, pk, r, origin) for (origin, p), (s, pk), r in zip(
         new, scores, results, strict=True)]
     even = [x for x in ranked + extra

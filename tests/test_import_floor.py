@@ -97,3 +97,23 @@ def test_sim_subpackages_import_downwards() -> None:
 
 def test_sim_root_is_small() -> None:
     assert len(list((ROOT / "sim").glob("*.py"))) <= 6
+
+
+def _too_long() -> tuple[list[str], list[str]]:
+    """Modules over 400 lines and functions over 60, in every package, tests and
+    experiments (the house's size rules)."""
+    modules, functions = [], []
+    for folder in (*PACKAGES, "tests", "experiments", "docs"):
+        for path in (ROOT / folder).rglob("*.py"):
+            text = path.read_text()
+            name = str(path.relative_to(ROOT))
+            if len(text.splitlines()) > 400:
+                modules.append(name)
+            functions += [f"{name}:{node.name}" for node in ast.walk(ast.parse(text))
+                          if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+                          and (node.end_lineno or node.lineno) - node.lineno + 1 > 60]
+    return modules, functions
+
+
+def test_modules_and_functions_are_short() -> None:
+    assert _too_long() == ([], [])

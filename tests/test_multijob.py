@@ -7,13 +7,13 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers.cli import cli
 
 from sim import Plan, SpecError, load_cluster, load_model, simulate
 from sim.cost.profiled import cost_model_for
 from sim.des.multijob import Job, cosimulate, job_cluster, job_devices, run_jobs
 from sim.des.run import simulate_des
 from sim.spec.scenario import apply_cluster_edits
-from tests.test_cli import cli
 
 LLAMA = load_model("llama3-8b")
 TP8 = Plan.from_dict({"global_batch_size": 8, "seq_len": 2048, "tp": 8})  # one node

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers.cli import assert_bad_input, cli
 
 from sim import Plan
-from tests.test_cli import assert_bad_input, cli
 from trainsim.cli import main
 from trainsim.commands.breakdown import load_breakdowns
 

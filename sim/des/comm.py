@@ -36,6 +36,17 @@ class Collectives:
         self._copies: dict[tuple, list[list[int]]] = {}
         self._group_cache: dict[tuple[str, int], list[int]] = {}
         self.exclusive = self._exclusive_kinds()
+        # What one rank of each stage issues: (stage, group, collective) -> [count, bytes].
+        self.issued: dict[tuple[int, str, str], list[float]] = {}
+
+    def note(self, u: Unit, group: str, coll: str, size: float, times: float = 1) -> None:
+        """Count ``times`` collectives of ``size`` bytes that each rank of ``u`` issues (for
+        the account of a step's collectives; one replica per stage is counted)."""
+        if u.dp or u.cp:
+            return
+        entry = self.issued.setdefault((u.stage, group, coll), [0, 0.0])
+        entry[0] += times
+        entry[1] += times * size
 
     def _exclusive_kinds(self) -> set[str]:
         """Kinds whose groups stay inside a node while no other kind puts two ranks on one
@@ -142,6 +153,7 @@ class Collectives:
         x = self.x
         if size <= 0 or self.group_size(kind) == 1:
             return x.env.timeout(0)
+        self.note(unit, kind, coll, size)
         algorithm = self.algorithm(kind, coll, size)
         members = 1 if x.reduce or kind == "tp" else self.group_size(kind)
         done = [self.meeting((kind, coll, tuple(g), tag), members,
@@ -172,6 +184,7 @@ class Collectives:
         unit, or for other kinds the groups of all its TP ranks, are credited: their links
         carry the bytes)."""
         algorithm = self.algorithm(kind, coll, size)
+        self.note(u, kind, coll, size, times)
         total = 0.0
         for group in self.groups(u, kind):
             copies = self.all_copies(kind, u.stage, group) if self.x.reduce else None

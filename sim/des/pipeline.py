@@ -36,6 +36,8 @@ class Pipeline:
         which counts as pipeline communication too."""
         x = self.x
         t0 = x.env.now
+        self.comm.note(u, "pp", "send", x.tp_bytes() / x.p.tp, len(msgs.sends))
+        self.comm.note(u, "pp", "recv", x.tp_bytes() / x.p.tp, len(msgs.recvs))
         meetings = [self._post(u, self._peer(u, msg[2]), msg) for msg in msgs.sends]
         meetings += [self._post(self._sender(u, msg), u, msg) for msg in msgs.recvs]
         yield simpy.AllOf(x.env, [m[1] for m in meetings])
@@ -111,6 +113,7 @@ class Pipeline:
             meetings.append(self.comm.meeting(
                 ("emb", tuple(pair)), 2, partial(self._all_reduce, algorithm, pair, size,
                                                  copies)))
+        self.comm.note(u, "embedding", "all_reduce", size)
         t0 = x.env.now
         yield simpy.AllOf(x.env, [m[1] for m in meetings])
         started = max(m[2] for m in meetings)

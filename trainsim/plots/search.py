@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from optimizer.search import SearchReport
+from optimizer.scoring import SearchReport
 from trainsim.plots.figures import save_figure
 
 __all__ = ["plot_search", "plot_pareto", "plot_top_breakdown", "pareto_front"]
