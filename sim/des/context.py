@@ -18,7 +18,7 @@ import simpy
 from sim.cost import compute as cm
 from sim.cost.costmodel import CostModel
 from sim.layout.placement import rank_coords
-from sim.layout.stages import virtual_stage_layers
+from sim.layout.stages import virtual_stage_moe
 from sim.network.engine import CommEngine
 from sim.network.flows import Network
 from sim.network.topology import Topology
@@ -81,7 +81,7 @@ class Context:
         self.sizes, self.strides = rank_coords(plan)
         self.dense_t = cm.layer_time(cost, model, plan)
         self.moe_t = cm.layer_time(cost, model, plan, moe=True) if model.is_moe else self.dense_t
-        self.vs_layers = self._virtual_layers()
+        self.vs_layers = virtual_stage_moe(plan, model)  # per virtual stage, MoE flags
         self.units = self._units()
         self.scale = {u: self._unit_scale(u, compute_scale) for u in self.units}
         self.acct = {u: Acct() for u in self.units}
@@ -98,16 +98,6 @@ class Context:
         pl = self.p.placement
         d = rank if isinstance(pl, str) else pl[rank]
         return d if self.devices is None else self.devices[d]
-
-    def _virtual_layers(self) -> list[list[bool]]:
-        """Per virtual stage, each layer's MoE flag."""
-        out, start = [], 0
-        m = self.m
-        for n in virtual_stage_layers(self.p, m):
-            out.append([m.is_moe and (i + 1) % m.moe_layer_step == 0
-                        and i not in m.mlp_only_layers for i in range(start, start + n)])
-            start += n
-        return out
 
     def rank0(self, stage: int, dp: int, cp: int) -> int:
         s, ep = self.strides, self.p.ep

@@ -11,7 +11,7 @@ from sim.cost import compute as cm
 from sim.des.comm import Collectives
 from sim.des.context import Context, Proc, Unit
 from sim.des.data_parallel import DataParallel
-from sim.layout.memory import layer_rank_params
+from sim.layout.memory import chunk_edge_params, layer_rank_params
 from sim.layout.stages import edge_tp_collectives
 
 __all__ = ["Layers"]
@@ -152,7 +152,7 @@ class Layers:
         yield from x.compute(u, bwd_extra, f"B{mb} v{vs} extra")
         yield from self._edge(u, vs, "B", ("B", mb, vs))
         if reduce_now and x.p.zero_stage < 3:
-            dp.grad_ready(u, self._extra_params(vs), 0.0, gtag)
+            dp.grad_ready(u, chunk_edge_params(x.m, x.p, vs), 0.0, gtag)
             dp.flush(u, gtag)
 
     def _layers_backward(self, u: Unit, vs: int, mb: int, layers: list[bool],
@@ -195,14 +195,3 @@ class Layers:
         if ep > 0:
             yield from x.wait(u, "ep", x.env.timeout(ep), "ep (memoised)")
             x.acct[u].comm_total["ep"] += ep
-
-    def _extra_params(self, vs: int) -> float:
-        """Embedding and output-layer parameters held by a virtual stage."""
-        m, p, out = self.x.m, self.x.p, 0.0
-        vh = m.vocab_size * m.hidden_size / p.tp
-        if vs == 0:
-            out += vh + (m.max_seq_len * m.hidden_size
-                         if m.position_embedding == "learned" else 0)
-        if vs == len(self.x.vs_layers) - 1 and (not m.tied_embeddings or vs != 0):
-            out += vh
-        return out

@@ -45,7 +45,8 @@ from sim.spec.cluster import ClusterSpec
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan, replica_plan
 
-__all__ = ["simulate_des", "reducible", "Step", "CATEGORIES", "CountingEnv"]
+__all__ = ["simulate_des", "issued_collectives", "reducible", "Step", "CATEGORIES",
+           "CountingEnv"]
 
 
 class Step:
@@ -213,3 +214,20 @@ def simulate_des(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostM
         info["not_reduced_because"] = _why_full(plan, bool(failures))
     return Timing(a.end, a.pipeline_end, dict(a.spent), _communication(a),
                   _links(x, a.end, top_links), info, x.timeline)
+
+
+def issued_collectives(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel
+                       ) -> list[list[dict[str, Any]]]:
+    """Per pipeline stage, the collectives one of its ranks issues in the simulated step:
+    rows of (group, kind, count, bytes) as :func:`sim.layout.inventory.expected_collectives`
+    gives them (with its ``SIMULATED`` conventions they must agree)."""
+    step = Step(model, cluster, plan, cost, build_topology(cluster), reducible(plan, None),
+                False)
+    stages = pipeline_rank_layers(plan, model)
+    procs = [step.x.env.process(step.unit(u, stages[u.stage])) for u in step.units]
+    _run(step, procs, ())
+    rows: list[list[dict[str, Any]]] = [[] for _ in range(plan.pp)]
+    for (stage, group, kind), (count, size) in sorted(step.comm.issued.items()):
+        rows[stage].append({"group": group, "kind": kind, "count": int(count),
+                            "bytes": int(round(size))})
+    return rows

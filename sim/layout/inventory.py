@@ -21,20 +21,39 @@ nccl-tests reports them. The conventions are Megatron-LM's and torch's, named pe
   first and last stage all-reduce the embedding gradient (Megatron's embedding group).
 - EP: two all-to-alls (dispatch, combine) forward and two backward per MoE layer and
   micro-batch.
+
+Two :class:`Conventions` name where the accounts differ: :data:`TORCH`, what the executor's
+torch run issues (checked against real runs), and :data:`SIMULATED`, what the discrete-event
+tier issues (a test checks the DES against it for every test plan):
+
+- pipeline transfers: torch sends each boundary tensor whole; the DES follows Megatron-LM's
+  scatter/gather (without sequence parallelism each TP rank sends 1/tp and the TP group
+  all-gathers the received tensor);
+- gradient buckets: torch's even split of the dense parameters, plus one reduction of the
+  expert ones; the DES closes a bucket at the first layer boundary past the bucket size,
+  dense and expert gradients of a bucket reduced together, each chunk's rest at its end;
+- context parallelism: the DES's K/V ring all-gathers (forward, and twice the bytes
+  backward); the executor runs no CP;
+- MoE with full recompute: the DES replays the forward all-to-alls, the torch account not;
+- ZeRO with experts: the DES gathers expert weights over the expert-data-parallel group;
+- not simulated by the DES (small): the sequence-parallel norm-gradient all-reduces, and
+  ZeRO-3's gathers and reduce-scatters of the embedding and output parameters.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
-from sim.layout.memory import layer_rank_params, rank_params
-from sim.layout.stages import pipeline_rank_layers
+from sim.layout.memory import chunk_edge_params, layer_rank_params, rank_params
+from sim.layout.stages import StageLayers, pipeline_rank_layers, virtual_stage_moe
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
 
-__all__ = ["dp_bucket_params", "expected_collectives", "compare_inventory"]
+__all__ = ["dp_bucket_params", "expected_collectives", "compare_inventory", "Conventions",
+           "TORCH", "SIMULATED"]
 
 
 def dp_bucket_params(plan: Plan) -> float:
@@ -43,6 +62,23 @@ def dp_bucket_params(plan: Plan) -> float:
 
 
 FP32 = 4
+
+
+@dataclass(frozen=True)
+class Conventions:
+    """Where two accounts of one step differ (see the module docstring)."""
+
+    name: str
+    p2p_scatter_gather: bool  # TP ranks send 1/tp of a boundary tensor and all-gather it
+    layer_buckets: bool  # buckets close at layer boundaries; expert grads in each bucket
+    context_parallel: bool  # CP K/V ring all-gathers
+    expert_recompute: bool  # full recompute replays the forward all-to-alls
+    sp_norm_grads: bool  # SP: norm weight gradients all-reduced
+    zero3_edges: bool  # ZeRO-3 gathers/reduce-scatters the embedding and output too
+
+
+TORCH = Conventions("torch", False, False, False, False, True, True)
+SIMULATED = Conventions("des", True, True, True, True, False, False)
 
 
 class _Tally:
@@ -61,7 +97,8 @@ class _Tally:
                  "bytes": int(round(self.bytes[(g, k)]))} for g, k in sorted(self.count)]
 
 
-def _tp(t: _Tally, m: ModelSpec, p: Plan, layers: int, first: bool, last: bool) -> None:
+def _tp(t: _Tally, m: ModelSpec, p: Plan, st: StageLayers, conv: Conventions) -> None:
+    layers, first, last = st.total, st.first, st.last
     n = p.num_microbatches
     act = p.local_tokens * m.hidden_size * p.activation_bytes
     passes = 3 if p.recompute == "full" else 2  # forward, backward (and the replay)
@@ -75,17 +112,24 @@ def _tp(t: _Tally, m: ModelSpec, p: Plan, layers: int, first: bool, last: bool) 
         for kind in kinds:
             t.add("tp", kind, act, n)
         t.add("tp", "all_reduce", p.local_tokens * FP32, 3 * n)  # vocab-parallel loss
-    if p.sequence_parallel:  # norm weights see a sequence shard: their gradients are summed
-        norms = 2 * layers + (1 if last else 0)
+    if p.sequence_parallel and conv.sp_norm_grads:  # norm weights see a sequence shard:
+        norms = 2 * layers + (1 if last else 0)  # their gradients are summed
         t.add("tp", "all_reduce", m.hidden_size * p.activation_bytes, norms)
 
 
-def _dp(t: _Tally, m: ModelSpec, p: Plan, dense: float, expert: float, units: list[float]
-        ) -> None:
+def _dp(t: _Tally, m: ModelSpec, p: Plan, st: StageLayers, conv: Conventions) -> None:
+    """Torch's account: even buckets of the dense gradients, one expert reduction."""
+    if p.dp * p.cp == 1:
+        return
+    dense, expert = rank_params(m, p, st)
     grad = p.activation_bytes
     n = p.num_microbatches
     if p.zero_stage == 3:
-        for params in units:
+        layer = [sum(layer_rank_params(m, p, False))] * st.dense + \
+            [sum(layer_rank_params(m, p, True))] * st.moe
+        extra = dense - sum(layer_rank_params(m, p, False)) * st.dense - \
+            layer_rank_params(m, p, True)[0] * st.moe
+        for params in layer + ([extra] if extra > 0 and conv.zero3_edges else []):
             t.add("dp", "all_gather", params * grad, 2 * n)
             t.add("dp", "reduce_scatter", params * grad, n)
         return
@@ -100,38 +144,99 @@ def _dp(t: _Tally, m: ModelSpec, p: Plan, dense: float, expert: float, units: li
         t.add("edp", coll, expert * grad, times)
 
 
-def expected_collectives(model: ModelSpec, plan: Plan, pp_rank: int = 0
-                         ) -> list[dict[str, Any]]:
-    """Rows of (group, kind, count, bytes) for one step of the ranks of pipeline stage
-    ``pp_rank``; groups of size one issue nothing."""
-    p, m = plan, model
-    st = pipeline_rank_layers(p, m)[pp_rank]
-    t = _Tally()
-    if p.tp > 1:
-        _tp(t, m, p, st.total, st.first, st.last)
-    dense, expert = rank_params(m, p, st)
+def _dp_pair(t: _Tally, p: Plan, coll: str, dense: float, expert: float, times: int) -> None:
+    """One collective over the data-parallel group (dense parameters) and one over the
+    expert-data-parallel group (expert parameters), where those groups have ranks."""
     if p.dp * p.cp > 1:
-        layer = [sum(layer_rank_params(m, p, False))] * st.dense + \
-            [sum(layer_rank_params(m, p, True))] * st.moe
-        extra = dense - sum(layer_rank_params(m, p, False)) * st.dense - \
-            layer_rank_params(m, p, True)[0] * st.moe
-        _dp(t, m, p, dense, expert, layer + ([extra] if extra > 0 else []))
-    if p.pp > 1:
-        boundary = p.micro_batch_size * p.seq_len / p.cp * m.hidden_size * p.activation_bytes \
-            / (p.tp if p.sequence_parallel else 1)
-        last_vs = p.pp * p.vpp - 1
-        # Each chunk sends its output forward (unless last) and its input gradient back
-        # (unless first), and receives as many.
-        per_mb = sum((vs != last_vs) + (vs != 0) for vs in range(pp_rank, last_vs + 1, p.pp))
-        t.add("pp", "send", boundary, per_mb * p.num_microbatches)
-        t.add("pp", "recv", boundary, per_mb * p.num_microbatches)
-        if m.tied_embeddings and (st.first or st.last):
-            t.add("embedding", "all_reduce",
-                  m.vocab_size * m.hidden_size / p.tp * p.activation_bytes)
+        t.add("dp", coll, dense * p.activation_bytes, times)
+    if p.dp // p.ep * p.cp > 1:
+        t.add("edp", coll, expert * p.activation_bytes, times)
+
+
+def _layer_buckets(m: ModelSpec, p: Plan, pp_rank: int) -> list[tuple[float, float]]:
+    """(dense, expert) parameters of each gradient bucket of one reduction round: per
+    chunk, layers in backward order until a bucket is full, the chunk's rest (with its
+    embedding or output parameters) at its end; without overlap one bucket of all."""
+    if not p.overlap_grad_reduce and p.zero_stage < 2:
+        return [rank_params(m, p, pipeline_rank_layers(p, m)[pp_rank])]
+    out, cap, flags = [], dp_bucket_params(p), virtual_stage_moe(p, m)
+    for vs in range(pp_rank, len(flags), p.pp):
+        dense = expert = 0.0
+        for moe in reversed(flags[vs]):
+            d, e = layer_rank_params(m, p, moe)
+            dense, expert = dense + d, expert + e
+            if dense + expert >= cap:
+                out.append((dense, expert))
+                dense = expert = 0.0
+        out.append((dense + chunk_edge_params(m, p, vs), expert))
+    return [(d, e) for d, e in out if d + e > 0]
+
+
+def _dp_simulated(t: _Tally, m: ModelSpec, p: Plan, pp_rank: int) -> None:
+    """The DES's account: layer-granular buckets; ZeRO-3 per layer of every chunk."""
+    n = p.num_microbatches
+    if p.zero_stage == 3:
+        for moe in (f for flags in virtual_stage_moe(p, m)[pp_rank::p.pp] for f in flags):
+            dense, expert = layer_rank_params(m, p, moe)
+            _dp_pair(t, p, "all_gather", dense, expert, 2 * n)
+            _dp_pair(t, p, "reduce_scatter", dense, expert, n)
+        return
+    coll = "all_reduce" if p.zero_stage == 0 else "reduce_scatter"
+    for dense, expert in _layer_buckets(m, p, pp_rank):
+        _dp_pair(t, p, coll, dense, expert, n if p.zero_stage == 2 else 1)
+    if p.zero_stage in (1, 2):
+        _dp_pair(t, p, "all_gather", *rank_params(m, p, pipeline_rank_layers(p, m)[pp_rank]),
+                 1)
+
+
+def _pp(t: _Tally, m: ModelSpec, p: Plan, pp_rank: int, conv: Conventions) -> None:
+    st = pipeline_rank_layers(p, m)[pp_rank]
+    full = p.local_tokens * m.hidden_size * p.activation_bytes
+    boundary = full / p.tp if conv.p2p_scatter_gather else \
+        p.micro_batch_size * p.seq_len / p.cp * m.hidden_size * p.activation_bytes \
+        / (p.tp if p.sequence_parallel else 1)
+    last_vs = p.pp * p.vpp - 1
+    # Each chunk sends its output forward (unless last) and its input gradient back
+    # (unless first), and receives as many.
+    per_mb = sum((vs != last_vs) + (vs != 0) for vs in range(pp_rank, last_vs + 1, p.pp))
+    t.add("pp", "send", boundary, per_mb * p.num_microbatches)
+    t.add("pp", "recv", boundary, per_mb * p.num_microbatches)
+    if conv.p2p_scatter_gather and p.tp > 1 and not p.sequence_parallel:
+        t.add("tp", "all_gather", full, per_mb * p.num_microbatches)  # the scatter/gather
+    if m.tied_embeddings and (st.first or st.last):
+        t.add("embedding", "all_reduce", m.vocab_size * m.hidden_size / p.tp * p.activation_bytes)
+
+
+def _ep_cp(t: _Tally, m: ModelSpec, p: Plan, st: StageLayers, conv: Conventions) -> None:
+    n = p.num_microbatches
     if p.ep > 1 and st.moe:
         tokens = p.local_tokens / (p.tp if p.sequence_parallel else 1)
         size = tokens * m.top_k * m.hidden_size * p.activation_bytes
-        t.add("ep", "all_to_all", size, 4 * st.moe * p.num_microbatches)
+        replays = 1 if conv.expert_recompute and p.recompute == "full" else 0
+        t.add("ep", "all_to_all", size, (4 + 2 * replays) * st.moe * n)
+    if conv.context_parallel and p.cp > 1:  # the K/V ring: forward, backward (twice the bytes)
+        ring = p.cp * 2 * p.local_tokens * m.kv_dim / p.tp * p.activation_bytes
+        t.add("cp", "all_gather", ring, st.total * n)
+        t.add("cp", "all_gather", 2 * ring, st.total * n)
+
+
+def expected_collectives(model: ModelSpec, plan: Plan, pp_rank: int = 0,
+                         conventions: Conventions = TORCH) -> list[dict[str, Any]]:
+    """Rows of (group, kind, count, bytes) for one step of the ranks of pipeline stage
+    ``pp_rank``, as a framework of ``conventions`` issues them; groups of size one issue
+    nothing."""
+    p, m, conv = plan, model, conventions
+    st = pipeline_rank_layers(p, m)[pp_rank]
+    t = _Tally()
+    if p.tp > 1:
+        _tp(t, m, p, st, conv)
+    if conv.layer_buckets:
+        _dp_simulated(t, m, p, pp_rank)
+    else:
+        _dp(t, m, p, st, conv)
+    if p.pp > 1:
+        _pp(t, m, p, pp_rank, conv)
+    _ep_cp(t, m, p, st, conv)
     return t.rows()
 
 

@@ -28,7 +28,7 @@ from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
 
 __all__ = ["MemoryBreakdown", "layer_activation_bytes", "model_state_bytes_per_param",
-           "rank_memory", "rank_params", "layer_rank_params", "peak_memory",
+           "rank_memory", "rank_params", "layer_rank_params", "chunk_edge_params", "peak_memory",
            "inflight_microbatches", "GIB", "memory_verdict", "MemoryReport", "memory_report"]
 
 GIB = 1024**3
@@ -131,6 +131,19 @@ def layer_rank_params(m: ModelSpec, plan: Plan, moe: bool) -> tuple[float, float
     shared_params = mlp_params(m, shared) / plan.tp + m.hidden_size if shared else 0.0
     dense = attention_params(m) / plan.tp + shared_params + norms + m.hidden_size * m.num_experts
     return dense, m.num_experts / plan.ep * mlp_params(m, m.expert_ffn) / plan.tp
+
+
+def chunk_edge_params(m: ModelSpec, plan: Plan, vs: int) -> float:
+    """Embedding and output-layer parameters on one rank of virtual stage ``vs`` (the
+    first holds the input embedding, the last the output projection unless it is the
+    tied embedding on the same stage)."""
+    out = 0.0
+    vh = m.vocab_size * m.hidden_size / plan.tp
+    if vs == 0:
+        out += vh + (m.max_seq_len * m.hidden_size if m.position_embedding == "learned" else 0)
+    if vs == plan.pp * plan.vpp - 1 and (not m.tied_embeddings or vs != 0):
+        out += vh
+    return out
 
 
 def rank_params(m: ModelSpec, plan: Plan, st: StageLayers) -> tuple[float, float]:

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
 
-__all__ = ["StageLayers", "virtual_stage_layers", "pipeline_rank_layers", "edge_tp_collectives"]
+__all__ = ["StageLayers", "virtual_stage_layers", "virtual_stage_moe", "pipeline_rank_layers",
+           "edge_tp_collectives"]
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,15 @@ def virtual_stage_layers(plan: Plan, model: ModelSpec) -> list[int]:
 def _is_moe_layer(model: ModelSpec, i: int) -> bool:
     return (model.is_moe and (i + 1) % model.moe_layer_step == 0
             and i not in model.mlp_only_layers)
+
+
+def virtual_stage_moe(plan: Plan, model: ModelSpec) -> list[list[bool]]:
+    """Per virtual stage, in model order, each of its layers' MoE flag."""
+    out, start = [], 0
+    for n in virtual_stage_layers(plan, model):
+        out.append([_is_moe_layer(model, i) for i in range(start, start + n)])
+        start += n
+    return out
 
 
 def pipeline_rank_layers(plan: Plan, model: ModelSpec) -> list[StageLayers]:
