@@ -19,3 +19,16 @@ def test_simulating_loads_no_torch():
             "main(['models'])\n"
             "assert 'torch' not in sys.modules, 'torch was imported'\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, capture_output=True)
+
+
+def test_simulating_analytically_loads_no_des_simpy_or_networkx():
+    """``import sim`` and an analytic ``simulate`` stay light: the DES, SimPy and networkx
+    (the network graph) load only when a discrete-event simulation runs."""
+    code = ("import sys\n"
+            "from sim import Plan, load_cluster, load_model, simulate\n"
+            "simulate(load_model('tiny'), load_cluster('cpu:2'), Plan(8, 256, dp=2))\n"
+            "heavy = [m for m in ('sim.des.run', 'simpy', 'networkx') if m in sys.modules]\n"
+            "assert heavy == [], heavy\n"
+            "simulate(load_model('tiny'), load_cluster('cpu:2'), Plan(8, 256, dp=2), 'des')\n"
+            "assert 'simpy' in sys.modules\n")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, capture_output=True)

@@ -8,8 +8,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from sim.network.topology import Topology
+if TYPE_CHECKING:  # a type only: importing the topology would load networkx with sim
+    from sim.network.topology import Topology
 
 __all__ = ["LinkFailure", "Perturbation", "NO_PERTURBATION"]
 
