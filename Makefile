@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: demo test install lint bench clean
+.PHONY: demo test install lint docs bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -32,7 +32,11 @@ lint: $(TEST_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-test: lint
+# The documentation site (docs/, mkdocs.yml) into site/; --strict turns every warning into an error.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+test: lint docs
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)

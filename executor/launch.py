@@ -4,7 +4,8 @@ Whatever happens — a rank crashes, a rank stops making progress for ``timeout_
 is interrupted — torchrun and every rank it started are stopped before :func:`execute`
 returns or raises, so nothing is left behind.
 Multi-node runs use torchrun's own rendezvous: start the same command on every node with
-``--nnodes``/``--rdzv-endpoint`` (see the README); this launcher starts the single-node case.
+``--nnodes``/``--rdzv-endpoint`` (see docs/guide/executor.md); this launcher starts the
+single-node case.
 """
 
 from __future__ import annotations

@@ -13,9 +13,10 @@ Run: ``.venv/bin/python experiments/study_mixed_cluster.py [--workers N]``. The 
 
 Batch 256 x 4096 tokens (1M tokens, as study (c)). The searches hold ZeRO at 0-1
 (plans Megatron-LM can run, ``--max-zero 1``): micro-batch balancing needs replicas that
-meet only in the gradient reduction, ZeRO-3's cost model is not calibrated (README, Known
-limits), and the DES of a ZeRO-3 plan whose replicas differ in speed runs unreduced, every
-layer's gathers over 128 devices, for many minutes per plan on this machine. Writes
+meet only in the gradient reduction, ZeRO-3's cost model is not calibrated
+(docs/compute/analytic.md, known limits), and the DES of a ZeRO-3 plan whose replicas differ
+in speed runs unreduced, every layer's gathers over 128 devices, for many minutes per plan
+on this machine. Writes
 ``experiments/results/study_mixed_cluster.csv`` and ``.png``.
 """
 

@@ -58,7 +58,8 @@ def summary(rep: SearchReport, top: int) -> dict[str, Any]:
             "gain_pct": 100 * (rep.homogeneous.best_s / rep.balanced.best_s - 1)}
     if best.plan.zero_stage == 3:
         out["warnings"].append("the winner uses ZeRO-3, whose cost model is not calibrated "
-                               "(README: 1.6-4.9x optimistic against SC'21 Table 2)")
+                               "(docs/compute/analytic.md, known limits: 1.6-4.9x "
+                               "optimistic against SC'21 Table 2)")
     return out
 
 

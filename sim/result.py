@@ -27,25 +27,27 @@ class Timing:
 
 @dataclass(frozen=True)
 class Result:
-    fidelity: str
-    model: str
-    cluster: str
-    gpus: int
-    iteration_time_s: float
-    tokens_per_s: float
+    fidelity: str  # `analytic` or `des`
+    model: str  # model name
+    cluster: str  # cluster name
+    gpus: int  # devices in the cluster
+    iteration_time_s: float  # one training iteration, seconds (null: the step cannot complete)
+    tokens_per_s: float  # global batch tokens / iteration time
+    # model FLOPs (Megatron's convention, no recompute) per GPU per second, TFLOP/s
     model_tflops_per_gpu: float
+    # FLOPs actually executed (recompute included) per GPU per second, TFLOP/s
     hardware_tflops_per_gpu: float
-    mfu: float
-    peak_memory_gib: float
-    memory_capacity_gib: float
-    fits_in_memory: bool
-    bubble_fraction: float
-    num_microbatches: int
+    mfu: float  # model FLOPs utilisation: model TFLOP/s per GPU over the device's peak
+    peak_memory_gib: float  # largest per-rank peak memory, GiB
+    memory_capacity_gib: float  # capacity it is checked against, GiB
+    fits_in_memory: bool  # the out-of-memory verdict
+    bubble_fraction: float  # idle share of the pipeline phase
+    num_microbatches: int  # micro-batches per replica
     breakdown: dict[str, float]  # seconds on the critical path, by kind
     communication: dict[str, dict[str, float]]  # group -> exposed_s / overlapped_s
     memory_gib: list[dict[str, float]]  # per pipeline rank
     extrapolated: list[str] = field(default_factory=list)  # operations outside a profile
-    warnings: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # approximations the tier made, in words
     links: list[dict[str, Any]] = field(default_factory=list)  # busiest links (DES)
     simulation: dict[str, Any] = field(default_factory=dict)  # DES events, units, reduced
 

@@ -2,7 +2,7 @@
 
 Built from a preset name (``dgx-a100:16``, ``dgx-h100:4``, ``hgx-h200:2``, ``cpu:2``, or
 presets joined by ``+`` for a mixed cluster: ``dgx-a100:8+dgx-h100:8``) or a TOML file (see
-README). Every field is validated here, with the field named in the error.
+docs/reference/cluster.md). Every field is validated here, with the field named in the error.
 
 A heterogeneous cluster lists ``node_groups``: consecutive runs of nodes, each with its own
 GPU type and optionally its own NIC rate and count and node-fabric bandwidth (the cluster's
@@ -41,21 +41,22 @@ class IntraNode:
     Without a bandwidth, NVSwitch and NVLink mesh take the device's NVLink rate and PCIe
     takes 32 GB/s (Gen4 x16)."""
 
-    kind: str = "nvswitch"
+    kind: str = "nvswitch"  # `nvswitch`, `pcie`, `nvlink-mesh` or `loopback`
+    # per device, per direction, GB/s; unset: the GPU's NVLink rate (PCIe: 32)
     bandwidth_GBps: float | None = None
-    latency_us: float = 2.0
+    latency_us: float = 2.0  # latency of one hop inside the node, µs
 
 
 @dataclass(frozen=True)
 class InterNode:
     """The network between nodes; NIC bandwidth per NIC, per direction."""
 
-    topology: str = "fat-tree"
-    nic_Gbps: float = 400.0
-    nics_per_node: int = 8
+    topology: str = "fat-tree"  # `fat-tree`, `rail-optimized`, `torus2d`, `torus3d` or `dragonfly`
+    nic_Gbps: float = 400.0  # per NIC, per direction, Gb/s
+    nics_per_node: int = 8  # NICs per node (each serves gpus_per_node / nics_per_node devices)
     oversubscription: float = 1.0  # above the pod: 7.0 means 1:7
     pod_gpus: int = 0  # devices under full bisection; 0 means the whole cluster
-    latency_us: float = 2.0
+    latency_us: float = 2.0  # network latency between nodes, µs
 
 
 @dataclass(frozen=True)
@@ -63,10 +64,12 @@ class NodeGroup:
     """``nodes`` consecutive nodes of one GPU type; ``None`` rates are the cluster's (the
     node fabric: the group GPU's NVLink rate, or PCIe), filled in by :class:`ClusterSpec`."""
 
-    nodes: int
-    gpu: HardwareSpec
-    nic_Gbps: float | None = None
+    nodes: int  # consecutive nodes in this group
+    gpu: HardwareSpec  # catalog device of this group (in a file: its name)
+    nic_Gbps: float | None = None  # TOML `inter_node.nic_Gbps` of the group; unset: the cluster's
+    # TOML `inter_node.nics_per_node` of the group; unset: the cluster's
     nics_per_node: int | None = None
+    # TOML `intra_node.bandwidth_GBps` of the group; unset: the group GPU's NVLink rate (or PCIe)
     intra_GBps: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -77,11 +80,15 @@ class NodeGroup:
 
 @dataclass(frozen=True)
 class ClusterSpec:
-    name: str
-    nodes: int
-    gpus_per_node: int
+    name: str  # label of the cluster (the preset, or the file's stem)
+    nodes: int  # number of nodes (with node groups: their sum)
+    gpus_per_node: int  # devices per node
+    # catalog device (in a file: its name, e.g. `h100-sxm5-80gb`); with node groups, the first
+    # group's
     gpu: HardwareSpec
+    # the fabric inside a node (`[intra_node]` table)
     intra_node: IntraNode = field(default_factory=IntraNode)
+    # the network between nodes (`[inter_node]` table)
     inter_node: InterNode = field(default_factory=InterNode)
     profile: str | None = None  # profile DB directory (issue: profiler)
     node_groups: tuple[NodeGroup, ...] = ()  # empty: one group of every node

@@ -27,15 +27,15 @@ DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "fp32": 4}
 class HardwareSpec:
     """One accelerator (or one CPU core for ``cpu``). Rates per device, per direction."""
 
-    name: str
-    bf16_tflops: float
-    fp16_tflops: float
+    name: str  # catalog name
+    bf16_tflops: float  # dense bf16 tensor-core peak, TFLOP/s
+    fp16_tflops: float  # dense fp16 tensor-core peak, TFLOP/s
     fp8_tflops: float  # nan where unsupported
-    tf32_tflops: float
-    fp32_tflops: float
-    memory_gib: float
-    hbm_GBps: float
-    nvlink_GBps: float
+    tf32_tflops: float  # dense TF32 peak, TFLOP/s (what fp32 training's matmuls use)
+    fp32_tflops: float  # fp32 (non-tensor-core) peak, TFLOP/s
+    memory_gib: float  # device memory, GiB
+    hbm_GBps: float  # memory bandwidth, GB/s
+    nvlink_GBps: float  # NVLink bandwidth per device, per direction, GB/s (0 without NVLink)
     gemm_eff_max: float  # best fraction of peak a large GEMM reaches
     gemm_dim_half: float  # GEMM dimension at which that fraction halves (per dimension)
     hbm_eff: float  # achievable fraction of HBM bandwidth

@@ -29,28 +29,28 @@ class ModelSpec:
     always-on shared expert of width ``shared_expert_ffn_hidden_size``.
     """
 
-    name: str
-    num_layers: int
-    hidden_size: int
-    num_heads: int
-    ffn_hidden_size: int
-    vocab_size: int
+    name: str  # label of the model (a zoo name, the config's folder, or the TOML file's stem)
+    num_layers: int  # transformer layers
+    hidden_size: int  # model width h
+    num_heads: int  # attention heads a
+    ffn_hidden_size: int  # MLP inner width (of a dense layer)
+    vocab_size: int  # vocabulary size (embedding and output layer rows)
     num_kv_heads: int = 0  # 0: same as num_heads (multi-head attention)
     head_dim: int = 0  # 0: hidden_size // num_heads
-    max_seq_len: int = 2048
+    max_seq_len: int = 2048  # longest sequence the model is built for (learned positions)
     gated_mlp: bool = False  # SwiGLU-style: three matrices instead of two
-    norm: str = "layernorm"
-    position_embedding: str = "learned"
-    tied_embeddings: bool = True
+    norm: str = "layernorm"  # `layernorm` or `rmsnorm`
+    position_embedding: str = "learned"  # `learned` (GPT) or `rope` (rotary, Llama)
+    tied_embeddings: bool = True  # output layer shares the input embedding's weights
     linear_bias: bool = False  # biases on every linear layer (GPT-2 / Megatron GPT)
     qkv_bias: bool = False  # bias on the QKV projection only (Qwen2)
     dropout: bool = False  # dropout layers present (they keep masks in memory)
-    num_experts: int = 0
-    top_k: int = 0
+    num_experts: int = 0  # experts per MoE layer; 0: a dense model
+    top_k: int = 0  # experts active per token (1..num_experts; 0 for a dense model)
     moe_ffn_hidden_size: int = 0  # 0: ffn_hidden_size
-    shared_expert_ffn_hidden_size: int = 0
-    moe_layer_step: int = 1
-    mlp_only_layers: tuple[int, ...] = ()
+    shared_expert_ffn_hidden_size: int = 0  # width of an always-on shared expert; 0: none
+    moe_layer_step: int = 1  # every k-th layer is an MoE layer
+    mlp_only_layers: tuple[int, ...] = ()  # indices of layers kept dense in an MoE model
 
     def __post_init__(self) -> None:
         self._check_types()

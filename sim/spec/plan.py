@@ -45,24 +45,28 @@ class Plan:
     rank table: entry ``r`` is the device that logical rank ``r`` (default order) runs on.
     """
 
-    global_batch_size: int
-    seq_len: int
-    micro_batch_size: int = 1
-    dp: int = 1
-    tp: int = 1
-    pp: int = 1
-    cp: int = 1
-    ep: int = 1
-    vpp: int = 1
-    schedule: str = "1f1b"
-    zero_stage: int = 0
-    recompute: str = "none"
+    global_batch_size: int  # sequences per iteration
+    seq_len: int  # tokens per sequence
+    micro_batch_size: int = 1  # sequences per micro-batch
+    dp: int = 1  # data-parallel degree
+    tp: int = 1  # tensor-parallel degree
+    pp: int = 1  # pipeline-parallel degree
+    cp: int = 1  # context-parallel degree
+    ep: int = 1  # expert-parallel degree; divides dp
+    vpp: int = 1  # virtual stages per pipeline rank (interleaved-1f1b)
+    schedule: str = "1f1b"  # `gpipe`, `1f1b` or `interleaved-1f1b`
+    zero_stage: int = 0  # ZeRO stage 0-3
+    recompute: str = "none"  # activation recomputation: `none`, `selective` or `full`
+    # split the TP group's norm and dropout activations (needs tp > 1)
     sequence_parallel: bool = False
-    dtype: str = "bf16"
+    dtype: str = "bf16"  # training precision: `bf16`, `fp16`, `fp8` or `fp32`
+    # rank order, innermost first, or an explicit rank table (list of devices)
     placement: str | tuple[int, ...] = DEFAULT_PLACEMENT
     collectives: tuple[tuple[str, str], ...] = ()  # (group, algorithm) pairs
+    # layers of each (virtual) stage, pp·vpp counts; null: an even split
     layers_per_stage: tuple[int, ...] | None = None
     attention: str = "flash"  # "standard" materialises the s x s scores (Megatron 2021)
+    # overlap the data-parallel gradient reduction with the last backward
     overlap_grad_reduce: bool = True
     # Micro-batches of each data-parallel replica when they differ (heterogeneous clusters):
     # dp counts summing to global_batch_size / micro_batch_size; null: an even split.

@@ -41,7 +41,8 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     from sim.spec.cluster import load_cluster, preset_names
 
     if not args.cluster:
-        print("presets: " + ", ".join(preset_names()) + "; or a TOML file (see README)")
+        print("presets: " + ", ".join(preset_names())
+              + "; or a TOML file (see docs/reference/cluster.md)")
         return 0
     c = load_cluster(args.cluster)
     print(json.dumps(c.to_dict(), indent=2) if args.json else

@@ -57,7 +57,7 @@ def add_plan_parser(sub: Any) -> None:
     psub = p.add_subparsers(dest="plan_cmd", required=True, parser_class=Parser)
     new = psub.add_parser("new", help="write a plan from flags",
                           description="Build a plan JSON; omitted fields take the defaults "
-                          "shown here (and in the README's Plan section).")
+                          "shown here (and in docs/reference/plan.md).")
     for k, text in _PLAN_INT_HELP.items():
         new.add_argument("--" + k.replace("_", "-"), dest=k, type=int, help=text,
                          required=k in ("global_batch_size", "seq_len"))
