@@ -18,7 +18,8 @@ import simpy
 
 from sim.io import atomic_write_text
 from sim.layout.placement import GroupSpan
-from sim.network.alphabeta import collective_time, fabric_for
+from sim.network.algorithms import collective_time
+from sim.network.alphabeta import fabric_for
 from sim.network.engine import CommEngine
 from sim.network.flows import Flow, Network, max_min_rates
 from sim.network.topology import build_topology

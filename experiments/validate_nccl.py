@@ -16,7 +16,8 @@ import pandas as pd
 
 from sim.io import atomic_write_text
 from sim.layout.placement import GroupSpan
-from sim.network.alphabeta import collective_time, fabric_for
+from sim.network.algorithms import collective_time
+from sim.network.alphabeta import fabric_for
 from sim.spec.cluster import load_cluster
 
 HERE = Path(__file__).resolve().parent

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from sim.layout.placement import GroupSpan
-from sim.network.alphabeta import NIC_EFFICIENCY, collective_time, default_algorithm, fabric_for
+from sim.network.algorithms import collective_time
+from sim.network.alphabeta import NIC_EFFICIENCY, default_algorithm, fabric_for
 from sim.spec.cluster import load_cluster
 
 A100 = load_cluster("dgx-a100:2")
@@ -137,3 +138,17 @@ def test_large_all_reduce_matches_nccl_tests(preset, col):
         busbw = 2 * 7 / 8 * size / t / 1e9
         assert busbw == pytest.approx(float(rows[label][col]), rel=0.03)
     assert not math.isnan(busbw)
+
+
+def test_plan_vocabulary_and_algorithm_table_agree():
+    """The algorithms a plan may name per group (validated with the plan, at the spec
+    floor) are exactly the table's, and each runs its group's collectives."""
+    from sim.network.algorithms import REDUCTIONS, TABLE
+    from sim.spec.plan import ALGORITHMS
+
+    named = {a for names in ALGORITHMS.values() for a in names} - {"auto"}
+    assert named == set(TABLE)
+    runs = {"tp": REDUCTIONS, "dp": REDUCTIONS, "ep": ("all_to_all",), "pp": (), "cp": ()}
+    for group, names in ALGORITHMS.items():
+        for name in set(names) - {"auto"}:
+            assert set(runs[group]) <= set(TABLE[name].collectives), (group, name)

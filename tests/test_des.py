@@ -11,7 +11,8 @@ from sim.cost.costmodel import roofline_for
 from sim.des.run import simulate_des
 from sim.layout.placement import GroupSpan
 from sim.layout.schedule import Exchange, stage_ops, stage_program
-from sim.network.alphabeta import collective_time, fabric_for
+from sim.network.algorithms import collective_time
+from sim.network.alphabeta import fabric_for
 from sim.network.engine import CommEngine
 from sim.network.flows import Flow, Network, max_min_rates
 from sim.network.perturbation import Perturbation

@@ -267,10 +267,11 @@ def test_doctests():
     import doctest
 
     import optimizer.balance
-    import sim.analytic.replicas
+    import sim.cost.scales
 
-    for module in (sim.analytic.replicas, optimizer.balance):
-        assert doctest.testmod(module).failed == 0
+    for module in (sim.cost.scales, optimizer.balance):  # the device-scale example
+        result = doctest.testmod(module)
+        assert result.failed == 0 and result.attempted > 0, module
 
 
 @pytest.mark.parametrize("fidelity", ["analytic", "des"])

@@ -30,7 +30,7 @@ from sim.cost.profiled import cost_model_for
 from sim.des.run import simulate_des
 from sim.layout.memory import rank_params
 from sim.layout.stages import pipeline_rank_layers
-from sim.network.collectives import ALGORITHMS, expand
+from sim.network.algorithms import TABLE, expand
 from sim.network.engine import CommEngine
 from sim.network.flows import Network
 from sim.network.topology import Topology, build_topology
@@ -121,7 +121,7 @@ def _flows(topo: Topology, kind: str, algorithm: str, devices: list[int], size: 
 
 def _draw_collective(data: st.DataObject, cluster: ClusterSpec) -> tuple[str, str]:
     """A collective and an algorithm (NVLS only where plans may ask for it: NVSwitch)."""
-    algorithms = [a for a in ALGORITHMS
+    algorithms = [a for a in TABLE
                   if a != "nvls" or cluster.intra_node.kind == "nvswitch"]
     return data.draw(st.sampled_from(KINDS)), data.draw(st.sampled_from(algorithms))
 

@@ -54,3 +54,17 @@ def test_model_toml(tmp_path):
 
 def test_package_doctest():
     assert doctest.testmod(sim).failed == 0
+
+
+def test_every_sim_doctest():
+    """The examples in every ``sim`` module's docstrings run (after the restructure they
+    live in spec/, network/, cost/, analytic/...)."""
+    import importlib
+    import pkgutil
+
+    attempted = 0
+    for info in pkgutil.walk_packages(sim.__path__, "sim."):
+        result = doctest.testmod(importlib.import_module(info.name))
+        assert result.failed == 0, info.name
+        attempted += result.attempted
+    assert attempted >= 8

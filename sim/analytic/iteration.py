@@ -21,7 +21,8 @@ from sim.cost.costmodel import CostModel
 from sim.layout.memory import rank_params
 from sim.layout.placement import group_span
 from sim.layout.stages import StageLayers, edge_tp_collectives, pipeline_rank_layers
-from sim.network.alphabeta import Fabric, collective_time, fabric_for
+from sim.network.algorithms import collective_time
+from sim.network.alphabeta import Fabric, fabric_for
 from sim.result import Timing
 from sim.spec.cluster import ClusterSpec
 from sim.spec.model import ModelSpec

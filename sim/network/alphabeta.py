@@ -1,4 +1,6 @@
-"""Closed-form (alpha-beta) collective costs over the fabric a group actually spans.
+"""Closed-form (alpha-beta) collective costs over the fabric a group actually spans: the
+fabric, the default algorithm, and one formula per algorithm (:mod:`sim.network.algorithms`
+puts them in one table with their flow expansions).
 
 Each formula is the textbook one: ``steps * alpha + fraction * bytes / bandwidth``. A group
 with ``g`` ranks per node over ``k`` nodes runs its intra-node phases on the node fabric
@@ -17,8 +19,9 @@ from sim.layout.placement import GroupSpan
 from sim.network.collectives import CHUNK_BYTES, tree_load_factor
 from sim.spec.cluster import ClusterSpec
 
-__all__ = ["Fabric", "fabric_for", "collective_time", "NIC_EFFICIENCY", "PCIE_EFFICIENCY",
-           "default_algorithm"]
+__all__ = ["Fabric", "fabric_for", "NIC_EFFICIENCY", "PCIE_EFFICIENCY", "default_algorithm",
+           "ring_s", "flat_rates", "halving_doubling_s", "nvls_s", "tree_s", "hierarchical_s",
+           "all_to_all_s", "send_recv_s", "broadcast_s"]
 # Achievable fraction of InfiniBand/RoCE line rate for large messages (nccl-tests inter-node
 # busbw is typically 90-95% of line rate) and of a PCIe link; constants, not per-run knobs.
 NIC_EFFICIENCY = 0.92
@@ -74,12 +77,12 @@ def default_algorithm(collective: str, f: Fabric, size_bytes: float) -> str:
     return "ring"
 
 
-def _ring(n: int, alpha: float, bw: float, size: float, passes: int) -> float:
+def ring_s(n: int, alpha: float, bw: float, size: float, passes: int) -> float:
     """``passes`` = 2 for all-reduce (reduce-scatter then all-gather), 1 otherwise."""
     return passes * ((n - 1) * alpha + (n - 1) / n * size / bw)
 
 
-def _flat_rates(f: Fabric) -> tuple[float, float]:
+def flat_rates(f: Fabric) -> tuple[float, float]:
     """Bandwidth and per-step latency of a ring (or chain) over the whole group. Across
     nodes NCCL runs one ring per local rank, each leaving the node through that rank's NIC
     with ``1/g`` of the data, while inside the node each rank forwards ``g-1`` rings' share:
@@ -91,15 +94,15 @@ def _flat_rates(f: Fabric) -> tuple[float, float]:
     return min(inside, f.inter_Bps * g), f.inter_alpha_s
 
 
-def _halving_doubling(f: Fabric, collective: str, size: float) -> float:
+def halving_doubling_s(f: Fabric, collective: str, size: float) -> float:
     """Step r exchanges ``size / 2^(r+1)`` with partner ``i xor 2^r``: inside the node while
     ``2^r`` < ranks per node, else across (a ring unless the group is a power of two)."""
     n, g = f.span.size, f.span.per_node
     rounds = int(math.log2(n))
     passes = 2 if collective == "all_reduce" else 1
     if 2**rounds != n:
-        bw, alpha = _flat_rates(f)
-        return _ring(n, alpha, bw, size, passes)
+        bw, alpha = flat_rates(f)
+        return ring_s(n, alpha, bw, size, passes)
     def step(r: int) -> float:
         inside = 2**r < g
         return ((f.intra_alpha_s if inside else f.inter_alpha_s)
@@ -107,13 +110,13 @@ def _halving_doubling(f: Fabric, collective: str, size: float) -> float:
     return passes * sum(step(r) for r in range(rounds))
 
 
-def _nvls(g: int, alpha: float, bw: float, size: float) -> float:
+def nvls_s(g: int, alpha: float, bw: float, size: float) -> float:
     """In-switch all-reduce: each rank sends its buffer up once and receives the sum. Its
     latency is taken as a ring's (nccl-tests: small all-reduces cost the same either way)."""
     return 2 * (g - 1) * alpha + 2 * (g - 1) / g * size / bw
 
 
-def _tree(n: int, alpha: float, bw: float, size: float) -> float:
+def tree_s(n: int, alpha: float, bw: float, size: float) -> float:
     """Double binary tree all-reduce, pipelined in ``CHUNK_BYTES`` chunks: each tree moves
     half the data up and down its ``ceil(log2 n)`` levels; the busiest rank sends
     ``tree_load_factor(n)`` buffers (2 for large groups)."""
@@ -122,7 +125,7 @@ def _tree(n: int, alpha: float, bw: float, size: float) -> float:
             + tree_load_factor(n) * size / bw)
 
 
-def _hierarchical(f: Fabric, size: float, passes: int, nvls: bool = False, tree: bool = False
+def hierarchical_s(f: Fabric, size: float, passes: int, nvls: bool = False, tree: bool = False
                   ) -> float:
     """Intra-node phase (ring, or NVLS for an all-reduce), then across nodes a ring (or a
     double binary tree) over each rank's NIC share on ``size / per_node``."""
@@ -130,17 +133,17 @@ def _hierarchical(f: Fabric, size: float, passes: int, nvls: bool = False, tree:
     if g == 1:
         intra = 0.0
     elif nvls:
-        intra = _nvls(g, f.intra_alpha_s, f.nvls_Bps, size)
+        intra = nvls_s(g, f.intra_alpha_s, f.nvls_Bps, size)
     else:
-        intra = _ring(g, f.intra_alpha_s, f.intra_Bps, size, passes)
+        intra = ring_s(g, f.intra_alpha_s, f.intra_Bps, size, passes)
     if k == 1:
         return intra
     if tree and passes == 2:
-        return intra + _tree(k, f.inter_alpha_s, f.inter_Bps, size / g)
-    return intra + _ring(k, f.inter_alpha_s, f.inter_Bps, size / g, passes)
+        return intra + tree_s(k, f.inter_alpha_s, f.inter_Bps, size / g)
+    return intra + ring_s(k, f.inter_alpha_s, f.inter_Bps, size / g, passes)
 
 
-def _all_to_all(f: Fabric, size: float, algorithm: str) -> float:
+def all_to_all_s(f: Fabric, size: float, algorithm: str) -> float:
     """Direct: every pair at once, intra- and inter-node parts in parallel. Pairwise: n-1
     steps, rank i to rank i+k; across nodes every step has a rank whose peer is on
     another node, so each step runs at the NIC's pace."""
@@ -152,36 +155,17 @@ def _all_to_all(f: Fabric, size: float, algorithm: str) -> float:
     return alpha + max((g - 1) / n * size / f.intra_Bps, (n - g) / n * size / f.inter_Bps)
 
 
-def collective_time(collective: str, f: Fabric, size_bytes: float, algorithm: str = "auto"
-                    ) -> float:
-    """Seconds one collective of ``size_bytes`` takes on fabric ``f``."""
+def send_recv_s(f: Fabric, size: float) -> float:
+    """Between neighbours of the group: one hop, across nodes if the group spans several."""
+    if f.span.nodes > 1:
+        return f.inter_alpha_s + size / f.inter_Bps
+    return f.intra_alpha_s + size / f.intra_Bps
+
+
+def broadcast_s(f: Fabric, size: float) -> float:
+    """Pipelined chains from the root, one per channel."""
     n = f.span.size
-    if n == 1 or size_bytes <= 0:
-        return 0.0
-    if collective == "send_recv":  # between neighbours of the group
-        if f.span.nodes > 1:
-            return f.inter_alpha_s + size_bytes / f.inter_Bps
-        return f.intra_alpha_s + size_bytes / f.intra_Bps
-    if algorithm == "auto":
-        algorithm = default_algorithm(collective, f, size_bytes)
-    if collective == "broadcast":  # pipelined chains from the root, one per channel
-        bw, alpha = _flat_rates(f)
-        channels = f.span.per_node if f.span.nodes > 1 else 1
-        fill = (n - 2) * min(size_bytes / channels, CHUNK_BYTES) * channels / bw
-        return (n - 1) * alpha + fill + size_bytes / bw
-    if collective == "all_to_all":
-        return _all_to_all(f, size_bytes, algorithm)
-    passes = 2 if collective == "all_reduce" else 1
-    nvls = algorithm == "nvls" and collective == "all_reduce" and f.nvls_Bps > 0
-    tree = algorithm == "tree" and collective == "all_reduce"
-    layered = f.span.nodes > 1 and f.span.per_node > 1
-    if algorithm == "hierarchical" or (nvls and f.span.nodes > 1) or (tree and layered):
-        return _hierarchical(f, size_bytes, passes, nvls, tree)
-    if nvls:
-        return _nvls(n, f.intra_alpha_s, f.nvls_Bps, size_bytes)
-    bw, alpha = _flat_rates(f)
-    if tree:
-        return _tree(n, alpha, bw, size_bytes)
-    if algorithm == "halving-doubling":
-        return _halving_doubling(f, collective, size_bytes)
-    return _ring(n, alpha, bw, size_bytes, passes)  # ring; tree/nvls gathers run as rings
+    bw, alpha = flat_rates(f)
+    channels = f.span.per_node if f.span.nodes > 1 else 1
+    fill = (n - 2) * min(size / channels, CHUNK_BYTES) * channels / bw
+    return (n - 1) * alpha + fill + size / bw

@@ -1,4 +1,5 @@
-"""Collective algorithms as flows over the topology (the discrete-event tier).
+"""Collective algorithms as flows over the topology (the discrete-event tier;
+:mod:`sim.network.algorithms` puts them in one table with their closed forms).
 
 Each algorithm is a plain function from a group (device ids, in group order) and a size
 to a list of :class:`Phase`: flows that start together, plus the latency of the steps the
@@ -17,7 +18,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-__all__ = ["Phase", "FlowSpec", "expand", "tree_load_factor", "ALGORITHMS", "CHUNK_BYTES"]
+__all__ = ["Phase", "FlowSpec", "tree_load_factor", "CHUNK_BYTES", "ring_phases",
+           "double_tree_phases", "halving_doubling_phases", "nvls_phases", "all_to_all_phases",
+           "chain_phases", "hierarchical_phases"]
 
 CHUNK_BYTES = 4 * 1024 * 1024  # pipelining unit of trees and chains (NCCL-like buffer)
 
@@ -43,7 +46,7 @@ class Phase:
         return max((f.size_bytes for f in self.flows), default=0.0)
 
 
-def _ring(n: int, size: float, passes: int, nodes: list[list[int]] | None = None
+def ring_phases(n: int, size: float, passes: int, nodes: list[list[int]] | None = None
           ) -> list[Phase]:
     """Pipelined ring. Across nodes holding ``g`` ranks each, ``g`` rings (NCCL's channels)
     each carry ``1/g`` of the data, and ring ``c`` leaves every node from its ``c``-th
@@ -93,7 +96,7 @@ def tree_load_factor(n: int) -> float:
     return max(sent)
 
 
-def _double_tree(n: int, size: float) -> list[Phase]:
+def double_tree_phases(n: int, size: float) -> list[Phase]:
     """Two binary trees (the second rotated by half the group), each reducing half of the
     data up and broadcasting it down, pipelined."""
     flows = []
@@ -104,12 +107,12 @@ def _double_tree(n: int, size: float) -> list[Phase]:
     return [Phase(flows, 2 * depth, 2 * depth)]
 
 
-def _halving_doubling(n: int, size: float, kind: str) -> list[Phase]:
+def halving_doubling_phases(n: int, size: float, kind: str) -> list[Phase]:
     """Recursive halving (reduce-scatter: exchange half the data with partner i xor 2^r)
     and/or doubling (all-gather, the mirror image); a ring unless n is a power of two."""
     rounds = int(math.log2(n))
     if 2**rounds != n:
-        return _ring(n, size, 2 if kind == "all_reduce" else 1)
+        return ring_phases(n, size, 2 if kind == "all_reduce" else 1)
     def step(r: int) -> Phase:
         return Phase([FlowSpec(i, i ^ (1 << r), size / 2 ** (r + 1)) for i in range(n)])
     halving = [step(r) for r in range(rounds)] if kind != "all_gather" else []
@@ -117,7 +120,7 @@ def _halving_doubling(n: int, size: float, kind: str) -> list[Phase]:
     return halving + doubling
 
 
-def _nvls(n: int, size: float) -> list[Phase]:
+def nvls_phases(n: int, size: float) -> list[Phase]:
     """Up to the switch, which reduces, and back; the latency is charged as a ring's (one
     device-switch link is half a hop)."""
     part = (n - 1) / n * size
@@ -125,13 +128,13 @@ def _nvls(n: int, size: float) -> list[Phase]:
             Phase([FlowSpec(i, i, part, from_switch=True) for i in range(n)], 2 * (n - 1))]
 
 
-def _all_to_all(n: int, size: float, pairwise: bool) -> list[Phase]:
+def all_to_all_phases(n: int, size: float, pairwise: bool) -> list[Phase]:
     if not pairwise:
         return [Phase([FlowSpec(i, j, size / n) for i in range(n) for j in range(n) if i != j])]
     return [Phase([FlowSpec(i, (i + k) % n, size / n) for i in range(n)]) for k in range(1, n)]
 
 
-def _chain(n: int, size: float, nodes: list[list[int]] | None = None) -> list[Phase]:
+def chain_phases(n: int, size: float, nodes: list[list[int]] | None = None) -> list[Phase]:
     """Pipelined chain from rank 0 (one chain per channel across nodes, as rings)."""
     orders = _channels(n, nodes)
     share = size / len(orders)
@@ -139,27 +142,27 @@ def _chain(n: int, size: float, nodes: list[list[int]] | None = None) -> list[Ph
                   n - 1, n - 2)]
 
 
-def _hierarchical(nodes: list[list[int]], size: float, passes: int, nvls: bool,
+def hierarchical_phases(nodes: list[list[int]], size: float, passes: int, nvls: bool,
                   tree: bool = False) -> list[Phase]:
     """Reduce-scatter inside each node, all-reduce (or gather) across nodes among ranks of
     the same local index (a ring, or with ``tree`` a double binary tree), all-gather inside
     each node (indices into the group)."""
     g, k = len(nodes[0]), len(nodes)
     if nvls and passes == 2:
-        inside = [_nvls(g, size)[0], _nvls(g, size)[1]]
+        inside = [nvls_phases(g, size)[0], nvls_phases(g, size)[1]]
         intra_rs, intra_ag = [inside[0]], [inside[1]]
     else:
-        intra_rs = _ring(g, size, 1) if passes == 2 else []
-        intra_ag = _ring(g, size, 1)
+        intra_rs = ring_phases(g, size, 1) if passes == 2 else []
+        intra_ag = ring_phases(g, size, 1)
     phases: list[Phase] = []
     for ph in intra_rs:
         phases.append(_map(ph, nodes))
     if k == 1:
         cross = Phase()
     elif tree and passes == 2:
-        cross = _double_tree(k, size / g)[0]
+        cross = double_tree_phases(k, size / g)[0]
     else:
-        cross = _ring(k, size / g, passes)[0]
+        cross = ring_phases(k, size / g, passes)[0]
     phases.append(Phase([FlowSpec(nodes[f.src][i], nodes[f.dst][i], f.size_bytes)
                          for i in range(g) for f in cross.flows], cross.steps,
                         cross.fill_steps))
@@ -173,37 +176,3 @@ def _map(phase: Phase, nodes: list[list[int]]) -> Phase:
     flows = [FlowSpec(members[f.src], members[f.dst], f.size_bytes, f.to_switch, f.from_switch)
              for members in nodes for f in phase.flows]
     return Phase(flows, phase.steps, phase.fill_steps)
-
-
-ALGORITHMS = ("ring", "tree", "hierarchical", "halving-doubling", "nvls", "direct",
-              "pairwise")
-
-
-def expand(kind: str, algorithm: str, n: int, size: float,
-           nodes: list[list[int]] | None = None) -> list[Phase]:
-    """Phases of one collective on a group of ``n`` ranks (``nodes``: the group's indices
-    per node, needed by hierarchical and multi-node NVLS)."""
-    if n == 1 or size <= 0:
-        return []
-    if kind == "send_recv":
-        return [Phase([FlowSpec(0, 1, size)])]
-    if kind == "p2p":  # pairs (0->1, 2->3, ...) sending at once: a pipeline boundary
-        return [Phase([FlowSpec(i, i + 1, size) for i in range(0, n, 2)])]
-    if kind == "broadcast":
-        return _chain(n, size, nodes)
-    if kind == "all_to_all":
-        return _all_to_all(n, size, algorithm == "pairwise")
-    passes = 2 if kind == "all_reduce" else 1
-    multi_node = nodes is not None and len(nodes) > 1
-    layered = multi_node and nodes is not None and len(nodes[0]) > 1
-    if algorithm == "hierarchical" or (algorithm in ("nvls", "tree") and layered):
-        if nodes and len({len(x) for x in nodes}) == 1:
-            return _hierarchical(nodes, size, passes, algorithm == "nvls", algorithm == "tree")
-        return _ring(n, size, passes)  # uneven nodes: flat ring
-    if algorithm == "nvls" and passes == 2 and not multi_node:
-        return _nvls(n, size)
-    if algorithm == "tree" and passes == 2:
-        return _double_tree(n, size)
-    if algorithm == "halving-doubling":
-        return _halving_doubling(n, size, kind)
-    return _ring(n, size, passes, nodes)

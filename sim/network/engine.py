@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 import simpy
 
-from sim.network.collectives import CHUNK_BYTES, FlowSpec, Phase, expand
+from sim.network.algorithms import expand
+from sim.network.collectives import CHUNK_BYTES, FlowSpec, Phase
 from sim.network.flows import Network
 from sim.network.topology import Topology
 

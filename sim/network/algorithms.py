@@ -1,0 +1,196 @@
+"""Collective algorithms, one table: for each algorithm a plan may name, the collectives it
+runs, its closed-form time on the fabric a group spans (the analytic tier; formulas in
+:mod:`sim.network.alphabeta`) and its expansion into flow phases on the topology (the
+discrete-event tier; :mod:`sim.network.collectives`), side by side. Which parallel groups
+may choose which algorithm is the plan's vocabulary (``sim.spec.plan.ALGORITHMS``, checked
+when a plan is validated, below this floor); a test holds it and this table in step.
+
+An algorithm asked for a collective it does not implement runs what it always ran: a
+reduction as a ring (a direct or pairwise all-reduce), an all-to-all as direct. A tree or
+NVLS all-gather or reduce-scatter is a ring too, except that as flows, on a group with
+several ranks on each of several nodes, it runs hierarchically (node rings, then a ring
+across nodes): there the two tiers differ, as they did before this table existed.
+
+>>> sorted(TABLE) == sorted(["ring", "tree", "hierarchical", "halving-doubling", "nvls",
+...                          "direct", "pairwise"])
+True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sim.network.alphabeta import (
+    Fabric,
+    all_to_all_s,
+    broadcast_s,
+    default_algorithm,
+    flat_rates,
+    halving_doubling_s,
+    hierarchical_s,
+    nvls_s,
+    ring_s,
+    send_recv_s,
+    tree_s,
+)
+from sim.network.collectives import (
+    FlowSpec,
+    Phase,
+    all_to_all_phases,
+    chain_phases,
+    double_tree_phases,
+    halving_doubling_phases,
+    hierarchical_phases,
+    nvls_phases,
+    ring_phases,
+)
+
+__all__ = ["Algorithm", "TABLE", "REDUCTIONS", "collective_time", "expand"]
+
+REDUCTIONS = ("all_reduce", "all_gather", "reduce_scatter")
+Nodes = list[list[int]] | None  # a group's indices per node (None: not known / one node)
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """One collective algorithm: ``seconds(collective, fabric, bytes)`` in closed form,
+    ``phases(collective, ranks, bytes, nodes)`` as flows."""
+
+    name: str
+    collectives: tuple[str, ...]
+    seconds: Callable[[str, Fabric, float], float]
+    phases: Callable[[str, int, float, Nodes], list[Phase]]
+
+
+def _passes(collective: str) -> int:
+    """2 for an all-reduce (reduce-scatter then all-gather), 1 otherwise."""
+    return 2 if collective == "all_reduce" else 1
+
+
+def _layered(f: Fabric) -> bool:
+    return f.span.nodes > 1 and f.span.per_node > 1
+
+
+def _layered_nodes(nodes: Nodes) -> bool:
+    return nodes is not None and len(nodes) > 1 and len(nodes[0]) > 1
+
+
+# Closed forms -------------------------------------------------------------------------------
+def _ring_s(coll: str, f: Fabric, size: float) -> float:
+    bw, alpha = flat_rates(f)
+    return ring_s(f.span.size, alpha, bw, size, _passes(coll))
+
+
+def _hierarchical_s(coll: str, f: Fabric, size: float) -> float:
+    return hierarchical_s(f, size, _passes(coll))
+
+
+def _tree_s(coll: str, f: Fabric, size: float) -> float:
+    if coll != "all_reduce":
+        return _ring_s(coll, f, size)
+    if _layered(f):
+        return hierarchical_s(f, size, 2, tree=True)
+    bw, alpha = flat_rates(f)
+    return tree_s(f.span.size, alpha, bw, size)
+
+
+def _nvls_s(coll: str, f: Fabric, size: float) -> float:
+    if coll != "all_reduce" or f.nvls_Bps <= 0:
+        return _ring_s(coll, f, size)
+    if f.span.nodes > 1:
+        return hierarchical_s(f, size, 2, nvls=True)
+    return nvls_s(f.span.size, f.intra_alpha_s, f.nvls_Bps, size)
+
+
+def _halving_doubling_s(coll: str, f: Fabric, size: float) -> float:
+    return halving_doubling_s(f, coll, size)
+
+
+# Flow expansions ----------------------------------------------------------------------------
+def _ring_phases(kind: str, n: int, size: float, nodes: Nodes) -> list[Phase]:
+    return ring_phases(n, size, _passes(kind), nodes)
+
+
+def _node_rings(kind: str, n: int, size: float, nodes: Nodes, nvls: bool = False,
+                tree: bool = False) -> list[Phase]:
+    """Hierarchical where every node holds as many of the group's ranks, else a flat ring."""
+    if nodes and len({len(x) for x in nodes}) == 1:
+        return hierarchical_phases(nodes, size, _passes(kind), nvls, tree)
+    return ring_phases(n, size, _passes(kind))
+
+
+def _hierarchical_phases(kind: str, n: int, size: float, nodes: Nodes) -> list[Phase]:
+    return _node_rings(kind, n, size, nodes)
+
+
+def _tree_phases(kind: str, n: int, size: float, nodes: Nodes) -> list[Phase]:
+    if _layered_nodes(nodes):
+        return _node_rings(kind, n, size, nodes, tree=True)
+    if kind == "all_reduce":
+        return double_tree_phases(n, size)
+    return ring_phases(n, size, _passes(kind), nodes)
+
+
+def _nvls_phases(kind: str, n: int, size: float, nodes: Nodes) -> list[Phase]:
+    if _layered_nodes(nodes):
+        return _node_rings(kind, n, size, nodes, nvls=True)
+    if kind == "all_reduce" and not (nodes is not None and len(nodes) > 1):
+        return nvls_phases(n, size)
+    return ring_phases(n, size, _passes(kind), nodes)
+
+
+def _halving_doubling_phases(kind: str, n: int, size: float, nodes: Nodes) -> list[Phase]:
+    return halving_doubling_phases(n, size, kind)
+
+
+TABLE: dict[str, Algorithm] = {a.name: a for a in (
+    Algorithm("ring", REDUCTIONS, _ring_s, _ring_phases),
+    Algorithm("tree", REDUCTIONS, _tree_s, _tree_phases),
+    Algorithm("hierarchical", REDUCTIONS, _hierarchical_s, _hierarchical_phases),
+    Algorithm("halving-doubling", REDUCTIONS, _halving_doubling_s, _halving_doubling_phases),
+    Algorithm("nvls", REDUCTIONS, _nvls_s, _nvls_phases),
+    Algorithm("direct", ("all_to_all",), lambda c, f, s: all_to_all_s(f, s, "direct"),
+              lambda k, n, s, nodes: all_to_all_phases(n, s, False)),
+    Algorithm("pairwise", ("all_to_all",), lambda c, f, s: all_to_all_s(f, s, "pairwise"),
+              lambda k, n, s, nodes: all_to_all_phases(n, s, True)),
+)}
+
+
+def _entry(collective: str, name: str) -> Algorithm:
+    """The table's algorithm that runs ``collective`` when ``name`` is asked for."""
+    if name not in TABLE:
+        raise ValueError(f"unknown collective algorithm {name!r} (known: {', '.join(TABLE)})")
+    entry = TABLE[name]
+    if collective in entry.collectives:
+        return entry
+    return TABLE["direct" if collective == "all_to_all" else "ring"]
+
+
+def collective_time(collective: str, f: Fabric, size_bytes: float, algorithm: str = "auto"
+                    ) -> float:
+    """Seconds one collective of ``size_bytes`` takes on fabric ``f`` (closed form)."""
+    if f.span.size == 1 or size_bytes <= 0:
+        return 0.0
+    if collective == "send_recv":  # between neighbours of the group
+        return send_recv_s(f, size_bytes)
+    if collective == "broadcast":
+        return broadcast_s(f, size_bytes)
+    if algorithm == "auto":
+        algorithm = default_algorithm(collective, f, size_bytes)
+    return _entry(collective, algorithm).seconds(collective, f, size_bytes)
+
+
+def expand(kind: str, algorithm: str, n: int, size: float, nodes: Nodes = None
+           ) -> list[Phase]:
+    """Phases of one collective on a group of ``n`` ranks (``nodes``: the group's indices
+    per node, needed by hierarchical and multi-node NVLS)."""
+    if n == 1 or size <= 0:
+        return []
+    if kind == "send_recv":
+        return [Phase([FlowSpec(0, 1, size)])]
+    if kind == "p2p":  # pairs (0->1, 2->3, ...) sending at once: a pipeline boundary
+        return [Phase([FlowSpec(i, i + 1, size) for i in range(0, n, 2)])]
+    if kind == "broadcast":
+        return chain_phases(n, size, nodes)
+    return _entry(kind, algorithm).phases(kind, n, size, nodes)
