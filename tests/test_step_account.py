@@ -29,6 +29,14 @@ GPU_PLANS = {  # name -> (model, cluster, plan): every parallelism and ZeRO stag
                         P(16, 2048, dp=4, pp=4, recompute="full", schedule="gpipe")),
     "no-overlap": ("llama3-8b", "dgx-h100:2", P(16, 2048, dp=8, pp=2, overlap_grad_reduce=False)),
     "tiny-cp-cpu": ("tiny", "cpu:4", P(8, 256, cp=2, dp=2)),
+    # the memoised path: TP groups alone on their links, chunks replayed as one delay
+    "tiny-tp2-recompute": ("tiny", "cpu:2", P(8, 256, tp=2, recompute="full")),
+    "moe-tp8-ep2": ("mixtral-8x7b", "dgx-h100:2",
+                    P(16, 2048, dp=2, tp=8, ep=2, sequence_parallel=True, recompute="full")),
+    # replicas running different numbers of micro-batches (the DES then runs unreduced)
+    "uneven-replicas": ("tiny", "cpu:4", P(8, 256, dp=2, tp=2, micro_batches_per_replica=(3, 5))),
+    "uneven-zero1-pp": ("tiny", "cpu:4", P(10, 256, dp=2, pp=2, zero_stage=1,
+                                           micro_batches_per_replica=(4, 6))),
 }
 for z in (1, 3):
     for r in ("none", "full"):
@@ -45,14 +53,27 @@ def _keyed(rows: list[dict]) -> dict[tuple[str, str], tuple[int, int]]:
 def test_des_issues_the_inventorys_collectives(name: str) -> None:
     model_ref, cluster_ref, plan = CASES[name]
     model, cluster = load_model(model_ref), load_cluster(cluster_ref)
-    issued = issued_collectives(model, cluster, plan, cost_model_for(cluster))
-    for stage in range(plan.pp):
-        des = _keyed(issued[stage])
-        expected = _keyed(expected_collectives(model, plan, stage, SIMULATED))
-        assert set(des) == set(expected), (stage, sorted(des), sorted(expected))
-        for key, (count, size) in expected.items():
-            assert des[key][0] == count, (stage, key, des[key], count)
-            assert des[key][1] == pytest.approx(size, rel=1e-9, abs=1), (stage, key)
+    replicas = range(plan.dp) if plan.micro_batches_per_replica else range(1)
+    for replica in replicas:
+        issued = issued_collectives(model, cluster, plan, cost_model_for(cluster), replica)
+        for stage in range(plan.pp):
+            des = _keyed(issued[stage])
+            expected = _keyed(expected_collectives(model, plan, stage, SIMULATED, replica))
+            where = (replica, stage)
+            assert set(des) == set(expected), (where, sorted(des), sorted(expected))
+            for key, (count, size) in expected.items():
+                assert des[key][0] == count, (where, key, des[key], count)
+                assert des[key][1] == pytest.approx(size, rel=1e-9, abs=1), (where, key)
+
+
+def test_uneven_replicas_issue_their_own_counts() -> None:
+    """With 3 and 5 micro-batches the two replicas issue different numbers of TP
+    collectives, and each matches its own account."""
+    model, cluster = load_model("tiny"), load_cluster("cpu:4")
+    plan = CASES["uneven-replicas"][2]
+    counts = [_keyed(issued_collectives(model, cluster, plan, cost_model_for(cluster), r)[0])
+              [("tp", "all_reduce")][0] for r in (0, 1)]
+    assert counts[0] < counts[1]
 
 
 def test_the_conventions_differ_where_named() -> None:

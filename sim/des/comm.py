@@ -36,15 +36,17 @@ class Collectives:
         self._copies: dict[tuple, list[list[int]]] = {}
         self._group_cache: dict[tuple[str, int], list[int]] = {}
         self.exclusive = self._exclusive_kinds()
-        # What one rank of each stage issues: (stage, group, collective) -> [count, bytes].
-        self.issued: dict[tuple[int, str, str], list[float]] = {}
+        # What one rank issues, per data-parallel replica and stage:
+        # (replica, stage, group, collective) -> [count, bytes]. Reduced, replica 0 stands
+        # for every replica.
+        self.issued: dict[tuple[int, int, str, str], list[float]] = {}
 
     def note(self, u: Unit, group: str, coll: str, size: float, times: float = 1) -> None:
         """Count ``times`` collectives of ``size`` bytes that each rank of ``u`` issues (for
-        the account of a step's collectives; one replica per stage is counted)."""
-        if u.dp or u.cp:
+        the account of a step's collectives; context-parallel rank 0 is counted)."""
+        if u.cp:
             return
-        entry = self.issued.setdefault((u.stage, group, coll), [0, 0.0])
+        entry = self.issued.setdefault((u.dp, u.stage, group, coll), [0, 0.0])
         entry[0] += times
         entry[1] += times * size
 

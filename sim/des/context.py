@@ -63,21 +63,22 @@ class Acct:
 
 
 class Context:
-    """One step's shared state. ``comm`` (its environment and network) is shared when
+    """One step's shared state. ``engine`` (its environment and network) is shared when
     several jobs run on one fabric (:mod:`sim.des.multijob`); ``devices`` maps the plan's
     devices to the cluster's (the job's slice of a larger cluster)."""
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel,
                  topo: Topology, reduce: bool, record: bool,
                  compute_scale: Sequence[float] | None = None,
-                 comm: CommEngine | None = None, devices: Sequence[int] | None = None) -> None:
+                 engine: CommEngine | None = None, devices: Sequence[int] | None = None
+                 ) -> None:
         self.m, self.c, self.p, self.cost, self.topo = model, cluster, plan, cost, topo
         self.reduce, self.record, self.devices = reduce, record, devices
-        env = comm.env if comm else CountingEnv()
+        env = engine.env if engine else CountingEnv()
         assert isinstance(env, CountingEnv)  # a shared one counts events too
         self.env = env
-        self.net = comm.net if comm else Network(self.env, topo.cap, topo.lat)
-        self.engine = comm or CommEngine(self.env, topo, self.net)
+        self.net = engine.net if engine else Network(self.env, topo.cap, topo.lat)
+        self.engine = engine or CommEngine(self.env, topo, self.net)
         self.sizes, self.strides = rank_coords(plan)
         self.dense_t = cm.layer_time(cost, model, plan)
         self.moe_t = cm.layer_time(cost, model, plan, moe=True) if model.is_moe else self.dense_t

@@ -2,7 +2,7 @@
 layer the compute from the cost model and the layer's collectives — TP all-reduces or
 all-gather/reduce-scatter, the context-parallel K/V ring beside the attention, expert
 all-to-alls — and the embedding's and output layer's TP collectives. A chunk whose work
-meets no other traffic (TP and EP memoised, no CP, no ZeRO-3) runs as one delay.
+meets no other traffic (TP memoised; no CP, EP or ZeRO-3) runs as one delay.
 """
 
 from __future__ import annotations
@@ -72,24 +72,21 @@ class Layers:
         yield from x.wait(u, "cp", ring, "cp ring")
         x.acct[u].comm_total["cp"] += ring_end[0] - t0
 
-    def _fast(self, u: Unit, layers: list[bool], backward: bool
-              ) -> tuple[float, float, float] | None:
-        """(compute, tp, ep) seconds of a whole chunk when nothing in it interacts with
-        other traffic (TP and EP memoised, no CP, no ZeRO-3)."""
+    def _fast(self, u: Unit, layers: list[bool], backward: bool) -> tuple[float, float] | None:
+        """(compute, tp) seconds of a whole chunk when nothing in it interacts with other
+        traffic: TP memoised, no CP, no ZeRO-3, no expert parallelism (expert all-to-alls
+        never qualify: the data-parallel group holds the expert-parallel ranks, so EP links
+        always carry other traffic too)."""
         x, p, comm = self.x, self.x.p, self.comm
         solo_tp = p.tp == 1 or "tp" in comm.exclusive
-        solo_ep = p.ep == 1 or "ep" in comm.exclusive
-        if p.cp > 1 or p.zero_stage == 3 or not (solo_tp and solo_ep):
+        if p.cp > 1 or p.zero_stage == 3 or p.ep > 1 or not solo_tp:
             return None
         passes = (2 if p.recompute == "full" else 1) if backward else 1
-        moe_layers = sum(layers)
         tp1 = sum(comm.solo(u, "tp", c, x.tp_bytes(), passes * len(layers))
                   for c in self._tp_ops())
-        ep1 = 2 * comm.solo(u, "ep", "all_to_all", self._ep_bytes(), 2 * passes * moe_layers) \
-            if p.ep > 1 and moe_layers else 0.0
         compute = sum((lt.backward + self._recompute(lt)) if backward else lt.forward
                       for lt in (x.moe_t if moe else x.dense_t for moe in layers))
-        return compute, passes * len(layers) * tp1, passes * moe_layers * ep1
+        return compute, passes * len(layers) * tp1
 
     def _recompute(self, lt: cm.LayerTime) -> float:
         return {"full": lt.forward, "selective": lt.attention_forward}.get(self.x.p.recompute,
@@ -116,9 +113,9 @@ class Layers:
         fwd_extra, _ = self._extras(vs)
         fast = self._fast(u, layers, backward=False)
         if fast:
-            compute, tp, ep = fast
+            compute, tp = fast
             yield from x.compute(u, compute + fwd_extra, f"F{mb} v{vs}")
-            yield from self._replay(u, tp, ep)
+            yield from self._replay(u, tp)
             yield from self._edge(u, vs, "F", ("F", mb, vs))
             return
         yield from x.compute(u, fwd_extra, f"F{mb} v{vs} extra")
@@ -143,9 +140,9 @@ class Layers:
         gtag = ("B", mb if x.p.zero_stage == 2 else "last", vs)
         fast = None if reduce_now else self._fast(u, layers, backward=True)
         if fast:
-            compute, tp, ep = fast
+            compute, tp = fast
             yield from x.compute(u, compute + bwd_extra, f"B{mb} v{vs}")
-            yield from self._replay(u, tp, ep)
+            yield from self._replay(u, tp)
             yield from self._edge(u, vs, "B", ("B", mb, vs))
             return
         yield from self._layers_backward(u, vs, mb, layers, reduce_now, gtag)
@@ -186,12 +183,9 @@ class Layers:
             if when == which:
                 yield from self.comm.blocking(u, "tp", coll, size, tag + ("edge", i))
 
-    def _replay(self, u: Unit, tp: float, ep: float) -> Proc:
-        """Memoised TP and EP collectives of a whole chunk, as one delay each."""
+    def _replay(self, u: Unit, tp: float) -> Proc:
+        """Memoised TP collectives of a whole chunk, as one delay."""
         x = self.x
         if tp > 0:
             yield from x.wait(u, "tp", x.env.timeout(tp), "tp (memoised)")
             x.acct[u].comm_total["tp"] += tp
-        if ep > 0:
-            yield from x.wait(u, "ep", x.env.timeout(ep), "ep (memoised)")
-            x.acct[u].comm_total["ep"] += ep

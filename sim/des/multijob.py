@@ -155,7 +155,7 @@ def check_jobs(cluster: ClusterSpec, jobs: Sequence[Job]) -> None:
             raise SpecError(f"{where}.{exc.field}", exc.rule) from None
 
 
-def _iterate(env: simpy.Environment, comm: CommEngine, cluster: ClusterSpec, job: Job,
+def _iterate(env: simpy.Environment, engine: CommEngine, cluster: ClusterSpec, job: Job,
              reduce: bool, out: list[float], finished: simpy.Event, counts: list[list[float]],
              goal: int) -> Generator[Any, Any, None]:
     """Process: the job's iterations back to back, each appended to ``out``."""
@@ -168,8 +168,8 @@ def _iterate(env: simpy.Environment, comm: CommEngine, cluster: ClusterSpec, job
     by_device = None if scales is None else _on_cluster(cluster, devices, scales)
     while True:
         t0 = env.now
-        step = Step(job.model, sub, job.plan, cost, comm.topo, reduce, False,
-                     by_device, comm=comm, devices=devices)
+        step = Step(job.model, sub, job.plan, cost, engine.topo, reduce, False,
+                    by_device, engine=engine, devices=devices)
         yield simpy.AllOf(env, [env.process(step.unit(u, stages[u.stage]))
                                 for u in step.units])
         out.append(env.now - t0)
@@ -192,11 +192,11 @@ def run_jobs(cluster: ClusterSpec, jobs: Sequence[Job], iterations: int = 1,
     topo = topology or build_topology(cluster)
     env = CountingEnv()
     net = Network(env, topo.cap, topo.lat)
-    comm = CommEngine(env, topo, net)
+    engine = CommEngine(env, topo, net)
     finished = env.event()
     times: list[list[float]] = [[] for _ in jobs]
     for job, out in zip(jobs, times, strict=True):
-        env.process(_iterate(env, comm, cluster, job, reduce, out, finished, times,
+        env.process(_iterate(env, engine, cluster, job, reduce, out, finished, times,
                              iterations))
     env.run(until=finished)
     return _Run(times, env.now, net)

@@ -55,10 +55,11 @@ class Step:
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel,
                  topo: Topology, reduce: bool, record: bool,
                  compute_scale: Sequence[float] | None = None,
-                 comm: CommEngine | None = None, devices: Sequence[int] | None = None) -> None:
-        """See :class:`~sim.des.context.Context` for ``comm`` and ``devices``."""
+                 engine: CommEngine | None = None, devices: Sequence[int] | None = None
+                 ) -> None:
+        """See :class:`~sim.des.context.Context` for ``engine`` and ``devices``."""
         self.x = Context(model, cluster, plan, cost, topo, reduce, record, compute_scale,
-                         comm, devices)
+                         engine, devices)
         self.comm = Collectives(self.x)
         self.dp = DataParallel(self.x, self.comm)
         self.layers = Layers(self.x, self.comm, self.dp)
@@ -216,18 +217,22 @@ def simulate_des(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostM
                   _links(x, a.end, top_links), info, x.timeline)
 
 
-def issued_collectives(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel
-                       ) -> list[list[dict[str, Any]]]:
-    """Per pipeline stage, the collectives one of its ranks issues in the simulated step:
-    rows of (group, kind, count, bytes) as :func:`sim.layout.inventory.expected_collectives`
-    gives them (with its ``SIMULATED`` conventions they must agree)."""
+def issued_collectives(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel,
+                       replica: int = 0) -> list[list[dict[str, Any]]]:
+    """Per pipeline stage, the collectives one rank of data-parallel ``replica`` issues in
+    the simulated step: rows of (group, kind, count, bytes) as
+    :func:`sim.layout.inventory.expected_collectives` gives them (with its ``SIMULATED``
+    conventions they must agree)."""
     step = Step(model, cluster, plan, cost, build_topology(cluster), reducible(plan, None),
                 False)
     stages = pipeline_rank_layers(plan, model)
     procs = [step.x.env.process(step.unit(u, stages[u.stage])) for u in step.units]
     _run(step, procs, ())
     rows: list[list[dict[str, Any]]] = [[] for _ in range(plan.pp)]
-    for (stage, group, kind), (count, size) in sorted(step.comm.issued.items()):
+    reduced = step.x.reduce
+    for (dp, stage, group, kind), (count, size) in sorted(step.comm.issued.items()):
+        if dp != (0 if reduced else replica):
+            continue
         rows[stage].append({"group": group, "kind": kind, "count": int(count),
                             "bytes": int(round(size))})
     return rows

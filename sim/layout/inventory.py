@@ -50,7 +50,7 @@ from typing import Any
 from sim.layout.memory import chunk_edge_params, layer_rank_params, rank_params
 from sim.layout.stages import StageLayers, pipeline_rank_layers, virtual_stage_moe
 from sim.spec.model import ModelSpec
-from sim.spec.plan import Plan
+from sim.spec.plan import Plan, replica_plan
 
 __all__ = ["dp_bucket_params", "expected_collectives", "compare_inventory", "Conventions",
            "TORCH", "SIMULATED"]
@@ -221,11 +221,13 @@ def _ep_cp(t: _Tally, m: ModelSpec, p: Plan, st: StageLayers, conv: Conventions)
 
 
 def expected_collectives(model: ModelSpec, plan: Plan, pp_rank: int = 0,
-                         conventions: Conventions = TORCH) -> list[dict[str, Any]]:
+                         conventions: Conventions = TORCH, replica: int = 0
+                         ) -> list[dict[str, Any]]:
     """Rows of (group, kind, count, bytes) for one step of the ranks of pipeline stage
-    ``pp_rank``, as a framework of ``conventions`` issues them; groups of size one issue
-    nothing."""
-    p, m, conv = plan, model, conventions
+    ``pp_rank`` in data-parallel ``replica`` (which matters where replicas run different
+    numbers of micro-batches), as a framework of ``conventions`` issues them; groups of
+    size one issue nothing."""
+    p, m, conv = replica_plan(plan, replica), model, conventions
     st = pipeline_rank_layers(p, m)[pp_rank]
     t = _Tally()
     if p.tp > 1:

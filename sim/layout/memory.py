@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from sim.layout.flops import attention_params, layer_params, mlp_params
 from sim.layout.placement import stage_devices
-from sim.layout.stages import StageLayers, pipeline_rank_layers
+from sim.layout.stages import StageLayers, pipeline_rank_layers, virtual_stage_layers
 from sim.spec.cluster import ClusterSpec
 from sim.spec.hardware import HardwareSpec
 from sim.spec.model import ModelSpec
@@ -141,7 +141,7 @@ def chunk_edge_params(m: ModelSpec, plan: Plan, vs: int) -> float:
     vh = m.vocab_size * m.hidden_size / plan.tp
     if vs == 0:
         out += vh + (m.max_seq_len * m.hidden_size if m.position_embedding == "learned" else 0)
-    if vs == plan.pp * plan.vpp - 1 and (not m.tied_embeddings or vs != 0):
+    if vs == len(virtual_stage_layers(plan, m)) - 1 and (not m.tied_embeddings or vs != 0):
         out += vh
     return out
 
