@@ -1,7 +1,7 @@
 """Study (b): NIC bandwidth from 100 to 800 Gb/s for llama3-70b on 16 DGX H100 nodes.
 
 Run: ``.venv/bin/python experiments/study_nic_bandwidth.py [--workers N]``. Two sweeps
-(``optimizer/sweep_run.py``, resumable, run folders under ``runs/studies/``):
+(``optimizer/sweep/run.py``, resumable, run folders under ``runs/studies/``):
 
 * fixed plans — tp 4 or 8 x pp 1 or 4 (dp fills the 128 GPUs), ZeRO-1, full recompute,
   1F1B — at 100, 200, 400 and 800 Gb/s per NIC, simulated with the DES;

@@ -8,7 +8,7 @@ pod, spines between rails). Two plans: tp8 with pure data parallelism across all
 (ZeRO-1), and tp8 pp4 (pipeline stages on consecutive nodes, dp8). Each point is
 simulated with the DES (which routes flows over the topology) and with the analytic tier
 (which knows only pods and the oversubscription). One sweep
-(``optimizer/sweep_run.py``, resumable under ``runs/studies/``); writes
+(``optimizer/sweep/run.py``, resumable under ``runs/studies/``); writes
 ``experiments/results/study_topology.csv`` and ``.png``.
 """
 

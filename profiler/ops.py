@@ -2,7 +2,7 @@
 forward callable and a backward callable (autograd over the saved graph, so the backward
 is timed alone).
 
-Shapes follow the profile DB (``sim/profile_db.py``): ``gemm`` (m, n, k) is ``x[m,k] @
+Shapes follow the profile DB (``sim/cost/profile_db.py``): ``gemm`` (m, n, k) is ``x[m,k] @
 W[n,k]^T``; ``attention`` (batch*heads, seq, head_dim) is causal SDPA; element-wise ops
 (tokens, width); ``embedding`` (tokens, hidden, vocab); ``optimizer`` (numel) is one Adam
 step over fp32 parameters; ``layer`` (tokens, hidden, tp) a whole transformer layer

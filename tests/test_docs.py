@@ -28,11 +28,14 @@ def tour_commands(path: str, heading: str | None) -> list[list[str]]:
     if heading is not None:
         assert heading in text, f"{path} has no section {heading!r}"
         text = text.split(heading, 1)[1].split("\n## ", 1)[0]
+    fences = re.findall(r"^```(\w*)\n", text, flags=re.M)[::2]  # opening fences only
+    assert set(fences) <= {"sh"}, f"{path}: a tour's blocks are ```sh, got {fences}"
     commands = []
     for block in re.findall(r"^```sh\n(.*?)^```", text, flags=re.S | re.M):
         for line in block.replace("\\\n", " ").splitlines():
             args = shlex.split(line, comments=True)
-            if args[:1] == ["trainsim"]:
+            assert args[:1] in ([], ["trainsim"]), f"{path}: not a trainsim command: {line}"
+            if args:
                 commands.append(args)
     return commands
 
@@ -127,3 +130,48 @@ def test_docs_build_strict(tmp_path):
         assert (tmp_path / "site" / page / "index.html").is_file(), page
     plan = (tmp_path / "site" / "reference" / "plan" / "index.html").read_text(encoding="utf-8")
     assert "global_batch_size" in plan and "micro_batches_per_replica" in plan
+
+
+def test_readme_python_example_runs():
+    """The README's ``python`` blocks run as written."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"^```python\n(.*?)^```", text, flags=re.S | re.M)
+    assert blocks
+    for block in blocks:
+        exec(compile(block, "README.md", "exec"), {})
+
+
+def test_malformed_markers_fail_the_build():
+    """A marker the hook cannot read is an error, not a silently missing table."""
+    from types import SimpleNamespace
+
+    sys.path.insert(0, str(ROOT / "docs" / "hooks"))
+    try:
+        import gen_pages
+        from mkdocs.exceptions import PluginError
+    except ImportError:
+        pytest.skip("mkdocs is not installed (pip install -e '.[dev]')")
+    finally:
+        sys.path.remove(str(ROOT / "docs" / "hooks"))
+    page = SimpleNamespace(file=SimpleNamespace(src_uri="x.md"))
+    for bad in ("<!-- trainsim: dataclass Plan -->", "<!-- trainsim:Dataclass Plan -->",
+                "<!-- trainsim_dataclass Plan -->", "<!-- trainsim:zoo bogus -->",
+                "<!-- trainsim:nosuch -->"):
+        with pytest.raises(PluginError):
+            gen_pages.on_page_markdown(bad, page, None, None)
+
+
+PATH_IN_PY = re.compile(r"(?<![\w/.])((?:sim|profiler|optimizer|executor|trainsim|tests|"
+                        r"experiments|docs)/[a-z0-9_/.-]*\.(?:py|md|csv|toml|json|png))")
+
+
+def test_paths_named_in_the_code_exist():
+    """Docstrings and comments that name a repository file name one that exists."""
+    missing = []
+    for package in ("sim", "profiler", "optimizer", "executor", "trainsim", "tests",
+                    "experiments", "docs"):
+        for source in sorted((ROOT / package).rglob("*.py")):
+            for name in PATH_IN_PY.findall(source.read_text(encoding="utf-8")):
+                if not (ROOT / name).exists():
+                    missing.append(f"{source.relative_to(ROOT)}: {name}")
+    assert missing == []

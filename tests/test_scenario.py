@@ -1,4 +1,4 @@
-"""What-if scenarios (``sim/scenario.py``, ``--set``/``--scenario``): values parse as TOML,
+"""What-if scenarios (``sim/spec/scenario.py``, ``--set``/``--scenario``): values parse as TOML,
 edits go through the cluster's and the plan's own validation, derived defaults follow the
 edit, and the CLI answers bad edits with one line naming the field, exit 2."""
 

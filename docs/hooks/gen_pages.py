@@ -41,6 +41,8 @@ ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "experiments" / "results"
 NOTES = ROOT / "experiments" / "NOTES.md"
 MARKER = re.compile(r"<!--\s*trainsim:(?P<kind>[a-z-]+)\s*(?P<args>.*?)\s*-->")
+# Anything that looks like a marker (any case, any separator): it must parse as one.
+LOOSE = re.compile(r"<!--\s*trainsim[\W_].*?-->", re.I | re.S)
 LONG_TABLE_ROWS = 25  # longer tables are folded
 MAX_CELL = 70  # characters of a CSV cell shown
 
@@ -66,6 +68,10 @@ def on_files(files: Files, config: Any) -> Files:
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str:
+    for loose in LOOSE.finditer(markdown):
+        if not MARKER.fullmatch(loose.group(0)):
+            raise PluginError(f"{page.file.src_uri}: malformed marker {loose.group(0)!r} "
+                              "(want <!-- trainsim:KIND ARGS -->)")
     return MARKER.sub(lambda m: _expand(m["kind"], m["args"], page.file.src_uri), markdown)
 
 
@@ -174,6 +180,8 @@ def _csv_cell(text: str) -> str:
 
 def _other_csvs_marker(args: str) -> str:
     """Every results CSV that no page names (collected in :func:`on_files`)."""
+    if args.strip():
+        raise PluginError(f"trainsim:other-csvs takes no arguments, got {args!r}")
     rest = [p for p in sorted(RESULTS.glob("*.csv")) if p.name not in _named_csvs]
     if not rest:
         return "Every results table has its page."

@@ -56,8 +56,8 @@ def _dataclass_tree(root: type) -> list[type]:
 def _hints(cls: type) -> dict[str, Any]:
     try:
         return typing.get_type_hints(cls)
-    except Exception:  # an annotation that cannot be resolved: no nested classes from it
-        return {}
+    except Exception as exc:  # the nested classes' tables would vanish without a word
+        raise PluginError(f"cannot resolve the field types of {cls.__name__}: {exc}") from exc
 
 
 def _dataclasses_in(hint: Any) -> list[type]:
@@ -206,9 +206,15 @@ ZOO_COLUMNS = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hi
                "vocab_size", "gated_mlp", "norm", "position_embedding", "num_experts", "top_k")
 
 
+def _no_args(kind: str, args: str) -> None:
+    if args.strip():
+        raise PluginError(f"trainsim:{kind} takes no arguments, got {args!r}")
+
+
 def zoo_marker(args: str) -> str:
     from sim import load_model
 
+    _no_args("zoo", args)
     names = sorted(p.stem for p in (ROOT / "sim" / "data" / "models").glob("*.toml"))
     if not names:
         raise PluginError("no zoo models in sim/data/models")
@@ -221,6 +227,7 @@ def zoo_marker(args: str) -> str:
 
 
 def hardware_marker(args: str) -> str:
+    _no_args("hardware", args)
     path = ROOT / "sim" / "data" / "hardware.csv"
     with path.open(newline="") as f:
         rows = list(csv.DictReader(f))
