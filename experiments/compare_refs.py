@@ -123,8 +123,22 @@ def compare(old: str, new: str) -> bool:
     for name, data in got[old].items():
         ok = got[new][name] == data
         same &= ok
-        print(f"{name}: {'identical' if ok else 'DIFFERS'} ({len(data):,} bytes)")
+        print(f"{name}: {'identical' if ok else 'DIFFERS'} ({len(data):,} bytes)"
+              + ("" if ok else _json_keys_that_differ(data, got[new][name])))
     return same
+
+
+def _json_keys_that_differ(a: bytes, b: bytes) -> str:
+    """For a JSON object: which top-level keys differ, and how (short)."""
+    try:
+        x, y = json.loads(a), json.loads(b)
+    except ValueError:
+        return ""
+    if not (isinstance(x, dict) and isinstance(y, dict)):
+        return ""
+    keys = sorted(k for k in set(x) | set(y) if x.get(k) != y.get(k))
+    return "".join(f"\n    {k}: {json.dumps(x.get(k))[:160]} -> {json.dumps(y.get(k))[:160]}"
+                   for k in keys)
 
 
 def main() -> None:

@@ -2,7 +2,7 @@
 
 A :class:`~sim.spec.faults.Faults` (the user's description) becomes numbers for one cluster
 (:func:`resolve`), and those a typed :class:`Perturbation` that a simulation tier takes
-(:func:`perturbation_for`):
+(:func:`fault_inputs`):
 
 * a **compute scale** per device (1.3 = every compute duration 30% longer): the product of
   its fixed GPU factor, its node's, and any drawn ones;
@@ -10,13 +10,7 @@ A :class:`~sim.spec.faults.Faults` (the user's description) becomes numbers for 
   and drawn ones (one draw per cable, both directions alike);
 * **failures**: link ids that stop carrying traffic at a simulated time.
 
-Draws are seeded (``numpy.random.default_rng(seed)``), one distribution after the other in
-the order given: ``lognormal:SIGMA`` is ``exp(SIGMA z)`` with ``z`` standard normal (median
-1, so some devices come out faster than nominal), ``uniform:LO:HI`` uniform in [LO, HI].
-
-Links are named by their end vertices: ``gpu5``, ``sw3`` (node 3's NVSwitch), ``nic3.0``
-(node 3's first NIC), ``pod0``, ``core``, ``rail0.1``, ``spine2``, ``rt4``; a link is
-``A-B`` (both directions) and a vertex alone means every link touching it (a NIC).
+How draws are seeded and how links are named: :mod:`sim.spec.faults`.
 
 A failed link: every flow crossing it, in flight or started later, is re-routed on a
 shortest path (hops) of the graph without the failed links (:class:`Detour`); a flow with
