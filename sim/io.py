@@ -7,11 +7,21 @@ from __future__ import annotations
 
 import os
 import tempfile
+import tomllib
 from pathlib import Path
 
 from sim.errors import SpecError
 
 __all__ = ["read_text", "atomic_write_text", "atomic_write_files"]
+
+
+def read_toml(path: Path, what: str, label: str) -> dict:
+    """The parsed TOML of an input file (errors as :func:`read_text`'s; invalid TOML names
+    ``label``, e.g. ``cluster[a.toml]``)."""
+    try:
+        return tomllib.loads(read_text(path, what))
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(label, f"not valid TOML: {exc}") from None
 
 
 def read_text(path: Path, what: str) -> str:

@@ -113,10 +113,7 @@ class Layers:
         fwd_extra, _ = self._extras(vs)
         fast = self._fast(u, layers, backward=False)
         if fast:
-            compute, tp = fast
-            yield from x.compute(u, compute + fwd_extra, f"F{mb} v{vs}")
-            yield from self._replay(u, tp)
-            yield from self._edge(u, vs, "F", ("F", mb, vs))
+            yield from self._whole_chunk(u, vs, mb, "F", fast[0] + fwd_extra, fast[1])
             return
         yield from x.compute(u, fwd_extra, f"F{mb} v{vs} extra")
         gather = self.dp.z3_gather(u, layers, 0, ("F", mb, vs))
@@ -140,10 +137,7 @@ class Layers:
         gtag = ("B", mb if x.p.zero_stage == 2 else "last", vs)
         fast = None if reduce_now else self._fast(u, layers, backward=True)
         if fast:
-            compute, tp = fast
-            yield from x.compute(u, compute + bwd_extra, f"B{mb} v{vs}")
-            yield from self._replay(u, tp)
-            yield from self._edge(u, vs, "B", ("B", mb, vs))
+            yield from self._whole_chunk(u, vs, mb, "B", fast[0] + bwd_extra, fast[1])
             return
         yield from self._layers_backward(u, vs, mb, layers, reduce_now, gtag)
         yield from x.compute(u, bwd_extra, f"B{mb} v{vs} extra")
@@ -183,9 +177,13 @@ class Layers:
             if when == which:
                 yield from self.comm.blocking(u, "tp", coll, size, tag + ("edge", i))
 
-    def _replay(self, u: Unit, tp: float) -> Proc:
-        """Memoised TP collectives of a whole chunk, as one delay."""
+    def _whole_chunk(self, u: Unit, vs: int, mb: int, which: str, compute: float, tp: float
+                     ) -> Proc:
+        """A chunk on the fast path: its compute, its memoised TP collectives as one delay,
+        then the embedding's or output layer's collectives."""
         x = self.x
+        yield from x.compute(u, compute, f"{which}{mb} v{vs}")
         if tp > 0:
             yield from x.wait(u, "tp", x.env.timeout(tp), "tp (memoised)")
             x.acct[u].comm_total["tp"] += tp
+        yield from self._edge(u, vs, which, (which, mb, vs))

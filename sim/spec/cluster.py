@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from sim.errors import SpecError, field_name
-from sim.io import read_text
+from sim.io import read_toml
 from sim.spec.hardware import HardwareSpec, cpu_device_name, get_hardware
 
 __all__ = ["IntraNode", "InterNode", "NodeGroup", "ClusterSpec", "load_cluster",
@@ -390,9 +389,6 @@ def load_cluster(ref: str) -> ClusterSpec:
     """A preset (``dgx-h100:16``) or a TOML file path."""
     path = Path(ref)
     if path.suffix == ".toml" or path.is_file():
-        try:
-            data = tomllib.loads(read_text(path, "cluster"))
-        except tomllib.TOMLDecodeError as exc:
-            raise SpecError(f"cluster[{path.name}]", f"not valid TOML: {exc}") from None
+        data = read_toml(path, "cluster", f"cluster[{path.name}]")
         return cluster_from_dict(data, path.stem, path.parent)
     return _preset(ref)

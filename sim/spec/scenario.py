@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.errors import SpecError, field_name
-from sim.io import read_text
+from sim.io import read_toml
 from sim.spec.cluster import PCIE_GBPS, ClusterSpec, InterNode, IntraNode, cluster_from_dict
 from sim.spec.hardware import get_hardware
 from sim.spec.plan import Plan
@@ -203,10 +203,7 @@ def load_scenarios(path: str | Path) -> list[Scenario]:
     """The scenarios of a TOML file: its ``[scenario.NAME]`` tables, each after the file's
     top-level edits; or, with no such table, one scenario named after the file."""
     p = Path(path)
-    try:
-        data = tomllib.loads(read_text(p, "scenario"))
-    except tomllib.TOMLDecodeError as exc:
-        raise SpecError(f"scenario[{p.name}]", f"not valid TOML: {exc}") from None
+    data = read_toml(p, "scenario", f"scenario[{p.name}]")
     named = data.pop("scenario", None)
     common = _checked(flatten_edits(data), f"{p.name}:")
     if named is None:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.errors import SpecError
-from sim.io import read_text
+from sim.io import read_toml
 from sim.spec.hf_config import load_hf_config
 from sim.spec.model import ModelSpec
 
@@ -43,10 +43,7 @@ def load_model(ref: str) -> ModelSpec:
     """A zoo name, a Hugging Face ``config.json`` path, or a ModelSpec TOML path."""
     path = Path(ref)
     if path.suffix == ".toml" and path.is_file():
-        try:
-            data = tomllib.loads(read_text(path, "model"))
-        except tomllib.TOMLDecodeError as exc:
-            raise SpecError(f"model[{ref}]", f"not valid TOML: {exc}") from None
+        data = read_toml(path, "model", f"model[{ref}]")
         data.setdefault("name", path.stem)
         return ModelSpec.from_dict(data, source=f"model[{path.name}]")
     if path.is_dir() and (path / "config.json").is_file():
