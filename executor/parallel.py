@@ -90,14 +90,11 @@ def ddp_bucket_bytes(plan: Plan) -> int:
 
 
 def _check(plan: Plan, spec: ModelSpec) -> None:
-    if plan.cp > 1:
-        raise SpecError("plan.cp", "context parallelism is not run by the executor yet "
-                        "(simulate it instead)")
-    if spec.is_moe and plan.tp > 1:
-        raise SpecError("plan.tp", "the executor runs MoE models with tp = 1 only")
-    if plan.ep > 1 and plan.zero_stage > 0:
-        raise SpecError("plan.zero_stage", "the executor runs expert parallelism with "
-                        "zero_stage 0 only")
+    from executor.capabilities import unsupported
+
+    why = unsupported(spec, plan)
+    if why is not None:
+        raise SpecError(*why)
 
 
 # Pipeline split -----------------------------------------------------------------------------

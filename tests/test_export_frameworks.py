@@ -1,43 +1,139 @@
-"""Exports handed to the frameworks' own validation (the ``export-check`` extra: DeepSpeed,
-megatron-core, torchtitan; ``make test`` installs it). Each test skips, saying why, where
-its framework is not installed; the documented rules are checked in test_optimizer.py."""
+"""Exports handed to each framework's own front door (``make test`` installs them: the
+``export-check`` extra) and read back: every (format x plan) below is either accepted with
+the parsed values equal to the plan's, or refused naming the field. Each test skips, saying
+why, where its framework is not installed."""
 
+from __future__ import annotations
+
+import json
 import os
-import tomllib
+from pathlib import Path
+from typing import Any
 
 import pytest
-import torch
 
-from optimizer.export import deepspeed_config, megatron_args, torchtitan_toml
-from sim import Plan, load_model
+from optimizer.export import export
+from sim import Plan, load_cluster, load_model
+from sim.errors import SpecError
+from sim.layout.flops import param_count
+from sim.layout.stages import virtual_stage_layers
 
-L8 = load_model("llama3-8b")
-PLAN = Plan(global_batch_size=64, seq_len=4096, dp=2, tp=4, pp=2, vpp=2,
-            schedule="interleaved-1f1b", sequence_parallel=True, recompute="full",
-            zero_stage=1)
+# The six plans of the exports table (docs/guide/optimizer.md); the search's Megatron-LM
+# winner is the seventh (test_optimizer_constraints.py).
+PLANS: dict[str, tuple[str, str, Plan]] = {
+    "gpt3-175b tp8 pp16 dp8 sp zero1": ("gpt3-175b", "dgx-a100:128", Plan(
+        1536, 2048, 1, dp=8, tp=8, pp=16, sequence_parallel=True, zero_stage=1,
+        recompute="full")),
+    "llama3-70b tp8 pp2 vpp4 dp8": ("llama3-70b", "dgx-h100:16", Plan(
+        512, 4096, 1, dp=8, tp=8, pp=2, vpp=4, schedule="interleaved-1f1b",
+        sequence_parallel=True)),
+    "llama3-8b fsdp dp16": ("llama3-8b", "dgx-h100:2", Plan(64, 4096, 1, dp=16, zero_stage=3)),
+    "mixtral-8x7b ep8 tp2": ("mixtral-8x7b", "dgx-h100:4", Plan(
+        256, 4096, 1, dp=16, tp=2, ep=8, sequence_parallel=True, zero_stage=1)),
+    "llama3-8b tp4 cp2 seq16k": ("llama3-8b", "dgx-h100:2", Plan(
+        32, 16384, 1, dp=2, tp=4, cp=2, sequence_parallel=True)),
+    "llama3-70b tp8 pp2 uneven": ("llama3-70b", "dgx-h100:16", Plan(
+        512, 4096, 2, dp=8, tp=8, pp=2, sequence_parallel=True, recompute="full",
+        layers_per_stage=(39, 41), zero_stage=1)),
+}
+# format -> plan -> None (accepted) or the field its one-line refusal names
+EXPECTED: dict[str, dict[str, str | None]] = {
+    "megatron": dict.fromkeys(PLANS),
+    "torchtitan": {"gpt3-175b tp8 pp16 dp8 sp zero1": "model",
+                   "llama3-70b tp8 pp2 vpp4 dp8": None, "llama3-8b fsdp dp16": None,
+                   "mixtral-8x7b ep8 tp2": "model",
+                   "llama3-8b tp4 cp2 seq16k": "plan.zero_stage",
+                   "llama3-70b tp8 pp2 uneven": "plan.zero_stage"},
+    "deepspeed": {"gpt3-175b tp8 pp16 dp8 sp zero1": "plan.tp",
+                  "llama3-70b tp8 pp2 vpp4 dp8": "plan.tp", "llama3-8b fsdp dp16": None,
+                  "mixtral-8x7b ep8 tp2": "plan.tp", "llama3-8b tp4 cp2 seq16k": "plan.tp",
+                  "llama3-70b tp8 pp2 uneven": "plan.tp"},
+}
 
 
-class _MPU:
-    def __init__(self, dp: int) -> None:
-        self.dp = dp
+def _expected(plan: Plan, model: Any) -> dict[str, Any]:
+    return {"tp": plan.tp, "pp": plan.pp, "cp": plan.cp, "ep": plan.ep, "dp": plan.dp,
+            "micro_batch": plan.micro_batch_size, "accumulation": plan.num_microbatches,
+            "vpp": plan.vpp, "layers": virtual_stage_layers(plan, model),
+            "zero": plan.zero_stage, "recompute": plan.recompute, "dtype": plan.dtype,
+            "sequence_parallel": plan.sequence_parallel,
+            "overlap_grad_reduce": plan.overlap_grad_reduce}
 
-    def get_data_parallel_world_size(self) -> int:
-        return self.dp
 
-    def get_data_parallel_rank(self) -> int:
-        return 0
+def _case(name: str, fmt: str) -> tuple[Any, Any, Plan, dict[str, str] | None]:
+    model_name, cluster_name, plan = PLANS[name]
+    model, cluster = load_model(model_name), load_cluster(cluster_name)
+    refused = EXPECTED[fmt][name]
+    if refused is not None:
+        with pytest.raises(SpecError) as err:
+            export(fmt, plan, model, cluster)
+        assert err.value.field == refused and "\n" not in str(err.value)
+        return model, cluster, plan, None
+    return model, cluster, plan, export(fmt, plan, model, cluster)
 
-    def get_model_parallel_world_size(self) -> int:
-        return 1
 
-    def get_model_parallel_rank(self) -> int:
-        return 0
+def _same(parsed: dict[str, Any], want: dict[str, Any]) -> None:
+    diff = {k: (parsed[k], want[k]) for k in want if k in parsed and parsed[k] != want[k]}
+    assert not diff, f"framework parsed != plan: {diff}"
+
+
+@pytest.mark.parametrize("name", list(PLANS))
+def test_megatron_core_reads_the_arguments_back(name):
+    pytest.importorskip("megatron.core", reason="megatron-core not installed (pip install -e "
+                        "'.[export-check]')")
+    from helpers.frameworks import megatron_parsed
+
+    model, cluster, plan, files = _case(name, "megatron")
+    assert files is not None
+    parsed = megatron_parsed(files["megatron_args.sh"], cluster.world_size)
+    _same(parsed, _expected(plan, model))
+    rate = 0.1 if model.dropout else 0.0  # Megatron-LM's default is 0.1 for every model
+    assert parsed["dropout"] == (rate, rate) and parsed["num_layers"] == model.num_layers
+    assert parsed["dispatcher"] == ("alltoall" if model.is_moe else None)
+    assert parsed["attention"] == ("flash" if plan.attention == "flash" else "local")
+
+
+def test_megatron_core_refuses_what_it_should():
+    """The front door does check: heads not divisible by TP, and a flag megatron-core has
+    no field for (the old ``--use-flash-attn``)."""
+    pytest.importorskip("megatron.core", reason="megatron-core not installed")
+    from helpers.frameworks import megatron_parsed
+
+    model, cluster, plan, files = _case("llama3-8b tp4 cp2 seq16k", "megatron")
+    assert files is not None
+    text = files["megatron_args.sh"]
+    with pytest.raises(ValueError):
+        megatron_parsed(text.replace("--num-attention-heads 32", "--num-attention-heads 30"),
+                        cluster.world_size)
+    with pytest.raises(AssertionError, match="use_flash_attn"):
+        megatron_parsed(text.replace("--bf16", "--bf16 --use-flash-attn"), cluster.world_size)
+
+
+@pytest.mark.parametrize("name", list(PLANS))
+def test_torchtitan_loads_the_config_module(name, tmp_path):
+    pytest.importorskip("torchtitan.config", reason="torchtitan not installed (pip install -e "
+                        "'.[export-check]')")
+    pytest.importorskip("triton", reason="torchtitan 0.3.0's models import triton")
+    from helpers.frameworks import torchtitan_parsed
+
+    from optimizer.export.torchtitan import CONFIG_FN, MODULE
+
+    model, cluster, plan, files = _case(name, "torchtitan")
+    if files is None:
+        return
+    for file, text in files.items():
+        (tmp_path / file).write_text(text)
+    parsed = torchtitan_parsed(tmp_path, MODULE, CONFIG_FN, cluster.world_size)
+    want = _expected(plan, model)
+    if plan.pp == 1:
+        want.pop("layers")
+    _same(parsed, want)
+    assert parsed["params"] == param_count(model)  # the same architecture, built by torchtitan
 
 
 @pytest.fixture
 def deepspeed_comm():
-    """DeepSpeed reads the data-parallel size from its communication layer: start it as a
-    single gloo process (the size itself comes from the mpu below)."""
+    """DeepSpeed asks its communication layer for the rank: a single gloo process."""
     pytest.importorskip("deepspeed", reason="DeepSpeed not installed (pip install -e "
                         "'.[export-check]')")
     import deepspeed.comm as dscomm
@@ -50,57 +146,29 @@ def deepspeed_comm():
     dist.destroy_process_group()
 
 
-def test_deepspeed_parses_the_config(deepspeed_comm):
-    import deepspeed.runtime.config as ds
+@pytest.mark.parametrize("name", list(PLANS))
+def test_deepspeed_parses_the_config(name, deepspeed_comm):
+    from helpers.frameworks import deepspeed_parsed
 
-    cfg = deepspeed_config(PLAN)
-    dp = cfg.pop("trainsim_notes")["data_parallel_size"]
-    parsed = ds.DeepSpeedConfig(cfg, mpu=_MPU(dp))
-    assert parsed.train_batch_size == 64 and parsed.gradient_accumulation_steps == 32
-    assert parsed.zero_optimization_stage == 1
+    model, cluster, plan, files = _case(name, "deepspeed")
+    if files is None:
+        return
+    cfg = json.loads(files["deepspeed_config.json"])
+    _same(deepspeed_parsed(cfg, cluster.world_size), _expected(plan, model))
     with pytest.raises(AssertionError):  # it does check: a wrong accumulation is refused
-        ds.DeepSpeedConfig({**cfg, "gradient_accumulation_steps": 31}, mpu=_MPU(dp))
+        deepspeed_parsed({**cfg, "gradient_accumulation_steps": 31}, cluster.world_size)
 
 
-def _flags(args: list[str]) -> dict[str, str]:
-    return dict(a.split(" ", 1) for a in args if " " in a)
+def test_torchrun_parses_the_launch_line_and_the_worker_reads_its_config(tmp_path: Path):
+    from helpers.frameworks import torchrun_parsed
 
+    from executor.worker import Runner  # noqa: F401  (the worker module imports)
 
-def test_megatron_core_accepts_the_arguments():
-    core = pytest.importorskip("megatron.core.transformer", reason="megatron-core not "
-                               "installed (pip install -e '.[export-check]')")
-    f = _flags(megatron_args(PLAN, L8))
-    layers = int(f["--num-layers"])
-    per_virtual = int(f["--num-layers-per-virtual-pipeline-stage"])
-    cfg = core.TransformerConfig(
-        num_layers=layers, hidden_size=int(f["--hidden-size"]),
-        num_attention_heads=int(f["--num-attention-heads"]),
-        num_query_groups=int(f["--num-query-groups"]),
-        ffn_hidden_size=int(f["--ffn-hidden-size"]),
-        tensor_model_parallel_size=int(f["--tensor-model-parallel-size"]),
-        pipeline_model_parallel_size=int(f["--pipeline-model-parallel-size"]),
-        virtual_pipeline_model_parallel_size=layers // (int(
-            f["--pipeline-model-parallel-size"]) * per_virtual),
-        context_parallel_size=int(f["--context-parallel-size"]),
-        sequence_parallel="--sequence-parallel" in megatron_args(PLAN, L8),
-        pipeline_dtype=torch.bfloat16 if "--bf16" in megatron_args(PLAN, L8) else torch.float16,
-        recompute_granularity=f["--recompute-granularity"],
-        recompute_method=f["--recompute-method"],
-        recompute_num_layers=int(f["--recompute-num-layers"]))
-    assert cfg.tensor_model_parallel_size == 4
-    with pytest.raises(ValueError):  # it does check: heads must divide over TP
-        core.TransformerConfig(num_layers=32, hidden_size=4096, num_attention_heads=30,
-                               ffn_hidden_size=14336, tensor_model_parallel_size=4)
-
-
-def test_torchtitan_accepts_the_parallel_dims():
-    dims = pytest.importorskip("torchtitan.distributed", reason="torchtitan not installed "
-                               "(pip install -e '.[export-check]')")
-    par = tomllib.loads(torchtitan_toml(PLAN))["parallelism"]
-    dims.ParallelDims(dp_replicate=par["data_parallel_replicate_degree"],
-                      dp_shard=par["data_parallel_shard_degree"],
-                      cp=par["context_parallel_degree"], tp=par["tensor_parallel_degree"],
-                      pp=par["pipeline_parallel_degree"], ep=par["expert_parallel_degree"],
-                      world_size=16)
-    with pytest.raises(AssertionError):  # it does check the product
-        dims.ParallelDims(dp_replicate=1, dp_shard=3, cp=1, tp=4, pp=2, ep=1, world_size=16)
+    model, cluster, plan = load_model("llama3-8b"), load_cluster("dgx-h100:2"), \
+        PLANS["llama3-8b fsdp dp16"][2]
+    files = export("torchrun", plan, model, cluster)
+    parsed = torchrun_parsed(files["torchrun.sh"])
+    assert (parsed["nnodes"], parsed["nproc_per_node"]) == ("2", "8")
+    assert parsed["module"] and parsed["script"] == "executor.worker"
+    cfg = json.loads(files["executor_config.json"])
+    assert Plan.from_dict(cfg["plan"]) == plan and cfg["model"] == model.to_dict()

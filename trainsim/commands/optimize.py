@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -80,8 +81,11 @@ def cmd_optimize(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    """The framework's main file on stdout (``> ds.json`` is the file itself); with
+    ``--out`` every file is written there. An export of several files needs ``--out``."""
     from optimizer.export import export
     from sim import load_cluster, load_model, load_plan
+    from sim.errors import SpecError
     from sim.io import atomic_write_files
 
     plan, model, cluster = load_plan(args.plan), load_model(args.model), \
@@ -89,8 +93,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     files = export(args.format, plan, model, cluster)
     if args.out:
         atomic_write_files({Path(args.out) / name: text for name, text in files.items()})
-    for name, text in files.items():
-        print(f"# {name}\n{text}")
+        print("wrote " + ", ".join(str(Path(args.out) / n) for n in files), file=sys.stderr)
+        return 0
+    if len(files) > 1:
+        raise SpecError("--out", f"this export is {len(files)} files ({', '.join(files)}): "
+                        "give --out DIR to write them")
+    sys.stdout.write(next(iter(files.values())))
     return 0
 
 
@@ -116,6 +124,9 @@ def add_optimize_parsers(sub: Any, model_help: str, cluster_help: str) -> None:
     e.add_argument("--cluster", required=True, help=cluster_help)
     e.add_argument("--format", required=True,
                    choices=["megatron", "torchtitan", "deepspeed", "torchrun"],
-                   help="framework (a rank table is added when the placement needs one)")
-    e.add_argument("--out", metavar="DIR", help="also write the files here")
+                   help="framework: megatron (Megatron-LM core_r0.16), torchtitan (0.3.0), "
+                   "deepspeed (0.19.8), torchrun (this project's executor worker); a rank "
+                   "table is added when the placement needs one")
+    e.add_argument("--out", metavar="DIR", help="write the files here (needed when the "
+                   "export is more than one file); without it the one file goes to stdout")
     e.set_defaults(func=cmd_export)

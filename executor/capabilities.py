@@ -1,0 +1,21 @@
+"""What the executor's worker can run, decided before anything is launched (torch-free, so
+``trainsim execute`` and ``trainsim export --format torchrun`` refuse a plan at once, with
+exit code 2, instead of after torchrun has started)."""
+
+from __future__ import annotations
+
+from sim.spec.model import ModelSpec
+from sim.spec.plan import Plan
+
+__all__ = ["unsupported"]
+
+
+def unsupported(spec: ModelSpec, plan: Plan) -> tuple[str, str] | None:
+    """(field, rule) of the first plan feature the worker does not run, or None."""
+    if plan.cp > 1:
+        return "plan.cp", "context parallelism is not run by the executor yet (simulate it)"
+    if spec.is_moe and plan.tp > 1:
+        return "plan.tp", "the executor runs MoE models with tp = 1 only"
+    if plan.ep > 1 and plan.zero_stage > 0:
+        return "plan.zero_stage", "the executor runs expert parallelism with zero_stage 0 only"
+    return None

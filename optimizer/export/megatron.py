@@ -1,0 +1,128 @@
+"""Megatron-LM ``pretrain_gpt.py`` (core_r0.16, megatron-core 0.16.1): environment, launcher
+and arguments. Every plan field is an argument (ZeRO-2/3 through Megatron-FSDP, any layer
+split through ``--pipeline-model-parallel-layout``); GPipe is refused (Megatron-LM runs
+1F1B whenever pp > 1).
+"""
+
+from __future__ import annotations
+
+from sim.errors import SpecError
+from sim.spec.cluster import ClusterSpec
+from sim.spec.model import ModelSpec
+from sim.spec.plan import Plan
+
+__all__ = ["check", "megatron_args", "megatron_env", "files", "layout"]
+
+_DTYPE = {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp8": ["--bf16", "--fp8-format hybrid"],
+          "fp32": []}
+# ZeRO stage -> how Megatron-LM shards the data-parallel state
+_ZERO = {0: [], 1: ["--use-distributed-optimizer"],
+         2: ["--use-megatron-fsdp", "--data-parallel-sharding-strategy optim_grads"],
+         3: ["--use-megatron-fsdp", "--data-parallel-sharding-strategy optim_grads_params"]}
+
+
+def check(plan: Plan, model: ModelSpec) -> None:
+    if plan.pp > 1 and plan.schedule == "gpipe":
+        raise SpecError("plan.schedule", "gpipe is not expressible in Megatron-LM: with pp > 1 "
+                        "it runs 1F1B (or interleaved 1F1B)")
+    if plan.zero_stage >= 2 and plan.pp > 1:
+        raise SpecError("plan.zero_stage", f"ZeRO-{plan.zero_stage} (Megatron-FSDP) with pp = "
+                        f"{plan.pp} is not expressible: Megatron-FSDP does not pipeline")
+
+
+def layout(plan: Plan, model: ModelSpec) -> str:
+    """``--pipeline-model-parallel-layout``: one ``|``-separated entry per (virtual) stage in
+    model order, ``E`` the embedding, ``t`` a transformer layer, ``L`` the loss."""
+    from sim.layout.stages import virtual_stage_layers
+
+    stages = ["t" * n if n else "" for n in virtual_stage_layers(plan, model)]
+    stages[0], stages[-1] = "E" + stages[0], stages[-1] + "L"
+    return "|".join(stages)
+
+
+def _moe_args(m: ModelSpec, plan: Plan) -> list[str]:
+    if not m.is_moe:
+        return []
+    freq = [0 if (i in m.mlp_only_layers or (i + 1) % m.moe_layer_step) else 1
+            for i in range(m.num_layers)]
+    args = [f"--num-experts {m.num_experts}", f"--moe-router-topk {m.top_k}",
+            f"--moe-ffn-hidden-size {m.expert_ffn}", "--moe-token-dispatcher-type alltoall",
+            f"--moe-layer-freq [{','.join(map(str, freq))}]",
+            f"--expert-tensor-parallel-size {plan.tp}"]
+    if m.shared_expert_ffn_hidden_size:
+        args.append(f"--moe-shared-expert-intermediate-size {m.shared_expert_ffn_hidden_size}")
+    return args
+
+
+def _model_args(m: ModelSpec, plan: Plan) -> list[str]:
+    # RoPE reads no position table; Megatron-LM still asks max_position_embeddings >= seq
+    positions = max(m.max_seq_len, plan.seq_len) if m.position_embedding == "rope" \
+        else m.max_seq_len
+    dropout = "0.1" if m.dropout else "0.0"
+    args = [f"--num-layers {m.num_layers}", f"--hidden-size {m.hidden_size}",
+            f"--num-attention-heads {m.num_heads}", f"--ffn-hidden-size {m.ffn_hidden_size}",
+            f"--kv-channels {m.head_size}", f"--max-position-embeddings {positions}",
+            # NullTokenizer(v) has v + 1 rows (an end-of-document id): exactly the model's
+            # vocabulary, padded only to a multiple of tp
+            "--tokenizer-type NullTokenizer", f"--vocab-size {m.vocab_size - 1}",
+            "--make-vocab-size-divisible-by 1",
+            f"--hidden-dropout {dropout}", f"--attention-dropout {dropout}",
+            f"--normalization {'RMSNorm' if m.norm == 'rmsnorm' else 'LayerNorm'}",
+            "--position-embedding-type "
+            + ("rope" if m.position_embedding == "rope" else "learned_absolute")]
+    if m.kv_heads != m.num_heads:
+        args += ["--group-query-attention", f"--num-query-groups {m.kv_heads}"]
+    args += ["--swiglu"] if m.gated_mlp else []
+    args += [] if m.tied_embeddings else ["--untie-embeddings-and-output-weights"]
+    args += [] if m.linear_bias else ["--disable-bias-linear"]
+    args += ["--add-qkv-bias"] if m.qkv_bias and not m.linear_bias else []
+    return args + _moe_args(m, plan)
+
+
+def megatron_args(plan: Plan, model: ModelSpec) -> list[str]:
+    """``pretrain_gpt.py`` arguments, one flag (and its value) per item."""
+    check(plan, model)
+    args = [f"--tensor-model-parallel-size {plan.tp}",
+            f"--pipeline-model-parallel-size {plan.pp}",
+            f"--context-parallel-size {plan.cp}", f"--expert-model-parallel-size {plan.ep}",
+            f"--micro-batch-size {plan.micro_batch_size}",
+            f"--global-batch-size {plan.global_batch_size}", f"--seq-length {plan.seq_len}"]
+    if plan.layers_per_stage is not None:
+        args.append(f"--pipeline-model-parallel-layout {layout(plan, model)}")
+    elif plan.vpp > 1:
+        args.append(f"--num-virtual-stages-per-pipeline-rank {plan.vpp}")
+    args += ["--sequence-parallel"] if plan.sequence_parallel else []
+    args += _ZERO[plan.zero_stage]
+    if plan.recompute == "full":
+        args += ["--recompute-granularity full", "--recompute-method uniform",
+                 "--recompute-num-layers 1"]
+    elif plan.recompute == "selective":
+        args.append("--recompute-granularity selective")
+    # "standard" materialises the s x s scores: Megatron-core's own DotProductAttention
+    args.append(f"--attention-backend {'flash' if plan.attention == 'flash' else 'local'}")
+    args += ["--overlap-grad-reduce"] if plan.overlap_grad_reduce else []
+    return args + _DTYPE[plan.dtype] + _model_args(model, plan)
+
+
+def megatron_env(plan: Plan) -> dict[str, str]:
+    from optimizer.export import nccl_env
+
+    env = nccl_env(plan, "megatron")
+    if plan.tp > 1 or plan.cp > 1:  # validate_args requires it for TP/CP comm ordering
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
+    return env
+
+
+def files(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> dict[str, str]:
+    import shlex
+
+    from optimizer.export import FRAMEWORKS, PREAMBLE, env_lines, launcher
+
+    lines = ["#!/bin/bash", f"# {FRAMEWORKS['megatron']}: run from a Megatron-LM checkout on "
+             "every node. --mock-data trains on synthetic tokens: replace it with --data-path "
+             "and a tokenizer for real data.", *PREAMBLE, *env_lines(megatron_env(plan))]
+    args = [" ".join(shlex.quote(w) for w in a.split(" ", 1))
+            for a in megatron_args(plan, model) + ["--mock-data", "--train-iters 100"]]
+    text = "\n".join(lines) + f"\n{launcher(cluster)} pretrain_gpt.py \\\n    " \
+        + " \\\n    ".join(args) + "\n"
+    return {"megatron_args.sh": text}
