@@ -89,3 +89,5 @@ def test_timeline_writes_png_and_svg(capsys, tmp_path, plan_file):
     out = capsys.readouterr().out
     assert "tl.png" in out and "tl.svg" in out
     assert (tmp_path / "tl.svg").stat().st_size > 1000
+    assert main(["plot", "timeline", str(trace), "--out", str(tmp_path / "b" / "tl2.svg")]) == 0
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["tl2.png", "tl2.svg"]

@@ -2,6 +2,11 @@
 
 ``pid`` is the node, ``tid`` a device's stream (compute, tp, cp, ep, pp, dp, send); a send
 is drawn as an arrow from the sender's ``send`` slice to the receiver's ``pp`` stream.
+
+A timeline holds one device per simulated unit: a tensor-parallel group runs in lock step
+and is drawn as its first GPU, and a reduced run simulates one data-parallel replica. When
+fewer GPUs are drawn than the cluster has, the trace's ``otherData`` says so
+(``gpus_shown``, ``gpus_total``, ``note``: "showing 4 of 256 GPUs: ...").
 """
 
 from __future__ import annotations
@@ -13,13 +18,26 @@ from typing import Any
 from sim.io import atomic_write_text
 from sim.spec.cluster import ClusterSpec
 
-__all__ = ["chrome_trace", "write_chrome_trace", "STREAMS"]
+__all__ = ["chrome_trace", "write_chrome_trace", "coverage", "STREAMS"]
 
 STREAMS = ("compute", "tp", "cp", "ep", "pp", "dp", "optimizer", "send")
 
 
 def _tid(device: int, stream: str) -> int:
     return device * len(STREAMS) + STREAMS.index(stream if stream in STREAMS else "compute")
+
+
+def coverage(timeline: list[dict[str, Any]], cluster: ClusterSpec) -> dict[str, Any]:
+    """How many of the cluster's GPUs the timeline draws, and why not all (empty when all
+    are drawn)."""
+    shown, total = len({item["device"] for item in timeline}), cluster.world_size
+    if not timeline or shown >= total:
+        return {}
+    why = "a tensor-parallel group runs in lock step (drawn as its first GPU)"
+    if all(item["unit"].dp == 0 and item["unit"].cp == 0 for item in timeline):
+        why = f"data-parallel replicas are identical (one simulated), and {why}"
+    return {"gpus_shown": shown, "gpus_total": total,
+            "note": f"showing {shown} of {total} GPUs: {why}"}
 
 
 def chrome_trace(timeline: list[dict[str, Any]], cluster: ClusterSpec) -> dict[str, Any]:
@@ -44,7 +62,9 @@ def chrome_trace(timeline: list[dict[str, Any]], cluster: ClusterSpec) -> dict[s
                            "tid": tid, "ts": ts})
             events.append({"ph": "f", "bp": "e", "id": n, "name": "p2p", "cat": "p2p",
                            "pid": dst // g, "tid": _tid(dst, "pp"), "ts": ts + dur})
-    return {"traceEvents": events, "displayTimeUnit": "ms"}
+    note = coverage(timeline, cluster)
+    return {"traceEvents": events, "displayTimeUnit": "ms", **({"otherData": note} if note
+                                                                else {})}
 
 
 def write_chrome_trace(path: str | Path, timeline: list[dict[str, Any]],

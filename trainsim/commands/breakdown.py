@@ -88,10 +88,9 @@ def load_breakdowns(paths: list[str]) -> tuple[list[Row], int]:
 
 def cmd_plot_breakdown(args: argparse.Namespace) -> int:
     from trainsim.plots.figures import breakdown_bars
+    from trainsim.plots.output import check_pair
 
-    out = Path(args.out)
-    if out.suffix not in ("", ".png", ".svg"):
-        raise SpecError("--out", f"must end in .png or .svg (both are written), got {out}")
+    out = check_pair(args.out, "--out")
     rows, skipped = load_breakdowns(args.results)
     for path in breakdown_bars(rows, out, share=args.share):
         print(f"wrote {path}")
@@ -114,5 +113,6 @@ def add_plot_breakdown(sub: Any) -> None:
     p.add_argument("--share", action="store_true",
                    help="percent of each iteration instead of seconds")
     p.add_argument("--out", default="breakdown.png",
-                   help="PNG to write; an SVG goes beside it (default breakdown.png)")
+                   help="PNG or SVG to write; the other goes beside it (default "
+                   "breakdown.png)")
     p.set_defaults(func=cmd_plot_breakdown)

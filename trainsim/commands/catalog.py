@@ -62,7 +62,9 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 def cmd_topology(args: argparse.Namespace) -> int:
     from sim.network.topology import bisection_Bps, build_topology
     from sim.spec.cluster import load_cluster
+    from trainsim.plots.output import check_out
 
+    png = check_out(Path(args.png), "--png", (".png",)) if args.png else None  # before work
     cluster = load_cluster(args.cluster)
     topo = build_topology(cluster)
     kinds: dict[str, int] = {}
@@ -74,10 +76,10 @@ def cmd_topology(args: argparse.Namespace) -> int:
           f"{topo.graph.number_of_edges() // 2} links")
     if cluster.nodes > 1 and not args.no_bisection:
         print(f"bisection bandwidth: {bisection_Bps(topo) / 1e9:,.0f} GB/s per direction")
-    if args.png:
-        from trainsim.plots.figures import draw_topology
+    if png:
+        from trainsim.plots.topology import draw_topology
 
-        print(f"wrote {draw_topology(topo, Path(args.png))}")
+        print(f"wrote {draw_topology(topo, png)}")
     return 0
 
 
@@ -95,7 +97,8 @@ def add_catalog_parsers(sub: Any) -> None:
     p.set_defaults(func=cmd_cluster)
     p = sub.add_parser("topology", help="summarise (and draw) a cluster's network graph")
     p.add_argument("--cluster", required=True, help=CLUSTER_HELP)
-    p.add_argument("--png", metavar="FILE", help="draw the graph to this PNG")
+    p.add_argument("--png", metavar="FILE", help="draw the graph in layers to this .png "
+                   "(a big cluster: its first 2 and last 2 nodes)")
     p.add_argument("--no-bisection", action="store_true",
                    help="skip the max-flow bisection bandwidth (slow on large clusters)")
     p.set_defaults(func=cmd_topology)

@@ -129,14 +129,11 @@ def _node_label(nodes: tuple[int, ...]) -> str:
 
 # plot links -------------------------------------------------------------------------------
 def cmd_plot_links(args: argparse.Namespace) -> int:
-    from sim import SpecError
     from sim.network.topology import build_topology
     from trainsim.plots.links import plot_links
+    from trainsim.plots.output import check_out
 
-    outs = [Path(o) for o in (args.out or ["links.png"])]
-    for out in outs:
-        if out.suffix.lower() not in (".png", ".svg"):
-            raise SpecError("--out", f"must end in .png or .svg, got {str(out)!r}")
+    outs = [check_out(o, "--out") for o in (args.out or ["links.png"])]
     if args.result:
         cluster, links, title = _from_result(args)
     else:

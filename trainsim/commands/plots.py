@@ -12,9 +12,10 @@ __all__ = ["add_plot_group"]
 
 
 def cmd_plot_timeline(args: argparse.Namespace) -> int:
-    from trainsim.plots.figures import plot_timeline
+    from trainsim.plots.output import check_pair
+    from trainsim.plots.timeline import plot_timeline
 
-    out = Path(args.out)
+    out = check_pair(args.out, "--out")
     for path in plot_timeline(Path(args.trace), out, also_svg=True):
         print(f"wrote {path}")
     return 0
@@ -27,5 +28,5 @@ def add_plot_group(sub: Any) -> None:
                         "simulate --fidelity des --trace")
     t.add_argument("trace", help="trace JSON")
     t.add_argument("--out", default="timeline.png",
-                   help="PNG to write; an SVG goes beside it (default timeline.png)")
+                   help="PNG or SVG to write; the other goes beside it (default timeline.png)")
     t.set_defaults(func=cmd_plot_timeline)

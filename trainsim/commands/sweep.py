@@ -108,22 +108,24 @@ def _folder(results: Path) -> Path:
 
 def cmd_plot_sweep(args: argparse.Namespace) -> int:
     from sim.spec.scenario import parse_assignment
+    from trainsim.plots.output import check_pair
     from trainsim.plots.sweep import load_rows, plot_sweep
 
     where = [parse_assignment(w, "--where") for w in args.where]
     results = Path(args.results)
+    out = check_pair(args.out or _folder(results) / f"sweep_{args.x}.png", "--out")
     rows = load_rows(results)
-    out = Path(args.out) if args.out else _folder(results) / f"sweep_{args.x}.png"
     for path in plot_sweep(rows, args.x, args.y, args.hue, where, out):
         print(f"wrote {path}")
     return 0
 
 
 def cmd_plot_sensitivity(args: argparse.Namespace) -> int:
+    from trainsim.plots.output import check_pair
     from trainsim.plots.sweep import load_rows, plot_sensitivity
 
     results = Path(args.results)
-    out = Path(args.out) if args.out else _folder(results) / "sensitivity.png"
+    out = check_pair(args.out or _folder(results) / "sensitivity.png", "--out")
     for path in plot_sensitivity(load_rows(results), args.y, out):
         print(f"wrote {path}")
     return 0
@@ -182,10 +184,12 @@ def _add_plot_parsers(sub: Any) -> None:
     s.add_argument("--hue", help="swept parameter drawn as one line per value")
     s.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
                    help="keep only the points with this value (repeatable)")
-    s.add_argument("--out", help="PNG to write (an SVG is written beside it)")
+    s.add_argument("--out", help="PNG or SVG to write; the other goes beside it (default: "
+                   "sweep_X.png in the sweep's folder)")
     s.set_defaults(func=cmd_plot_sweep)
     t = psub.add_parser("sensitivity", help="spread of a metric over each swept parameter")
     t.add_argument("results", help="a sweep folder, its results.json or points.jsonl")
     t.add_argument("--y", default="iteration_time_s", help="metric (default iteration_time_s)")
-    t.add_argument("--out", help="PNG to write (an SVG is written beside it)")
+    t.add_argument("--out", help="PNG or SVG to write; the other goes beside it (default: "
+                   "sensitivity.png in the sweep's folder)")
     t.set_defaults(func=cmd_plot_sensitivity)

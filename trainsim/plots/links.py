@@ -1,45 +1,27 @@
 """Per-link utilisation heat map of a topology (matplotlib, imported lazily).
 
-Vertices are drawn in rows by tier — devices; node switches and NICs; pod, rail or router
-switches; core and spine switches — each row ordered by node, so a node's devices, its
-switch and its NICs line up. Every link is one edge coloured by its utilisation (the busier
-of its two directions; grey: no traffic recorded), with a colorbar.
+Vertices are drawn in rows by tier (:mod:`trainsim.plots.layers`) — devices; node switches
+and NICs; leaf, rail or router switches; core and spine switches — each row ordered by
+node, so a node's devices, its switch and its NICs line up. Every link is one edge coloured
+by its utilisation in percent (the busier of its two directions; grey: no traffic
+recorded) on a fixed 0-100% scale, so 10% looks like 10%, with a labelled colourbar.
 """
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from sim.errors import SpecError
 from sim.network.links import link_name
 from sim.network.topology import Topology
-from trainsim.plots.figures import save_figure
+from trainsim.plots.layers import KIND_NAMES, KINDS, TIERS, kind_of, layered_positions, tier_of
+from trainsim.plots.output import save_figure
 
-__all__ = ["plot_links", "tier_of", "edge_utilization"]
+__all__ = ["plot_links", "links_figure", "edge_utilization", "UTIL_RANGE_PCT"]
 
-TIERS = ("devices", "node switches, NICs", "pod / rail / router", "core / spine")
-_TIER = {"sw": 1, "nic": 1, "pod": 2, "rail": 2, "rt": 2, "core": 3, "spine": 3}
-
-
-_KINDS = ("device", "sw", "nic", "pod", "rail", "rt", "core", "spine")  # one colour each
-
-
-def _kind(v: object) -> str:
-    return "device" if isinstance(v, int) else str(v[0])  # type: ignore[index]
-
-
-def tier_of(v: object) -> int:
-    return 0 if isinstance(v, int) else _TIER[_kind(v)]
-
-
-def _order(topo: Topology, v: object) -> tuple[Any, ...]:
-    """Position within a tier: by node (or pod), then kind and index."""
-    if isinstance(v, int):
-        return (v // topo.cluster.gpus_per_node, "", v)
-    t = cast(tuple[Any, ...], v)  # a switch or NIC: (kind, node or pod, ...)
-    return (t[1] if len(t) > 1 else 0, str(t[0]), t[2:])
+UTIL_RANGE_PCT = (0.0, 100.0)  # the colour scale: percent of a link's capacity
 
 
 def edge_utilization(topo: Topology, links: list[dict[str, Any]]
@@ -63,21 +45,15 @@ def edge_utilization(topo: Topology, links: list[dict[str, Any]]
     return out
 
 
-def _positions(topo: Topology) -> dict[object, tuple[float, float]]:
-    rows: dict[int, list[object]] = {}
-    for v in topo.graph.nodes:
-        rows.setdefault(tier_of(v), []).append(v)
-    pos = {}
-    for tier, members in rows.items():
-        members.sort(key=lambda v: _order(topo, v))
-        for i, v in enumerate(members):
-            pos[v] = ((i + 0.5) / len(members), float(tier))
-    return pos
-
-
 def plot_links(topo: Topology, links: list[dict[str, Any]], path: Path, title: str = ""
                ) -> Path:
     """Write the heat map (PNG or SVG, by ``path``'s suffix)."""
+    return save_figure(links_figure(topo, links, title), path)
+
+
+def links_figure(topo: Topology, links: list[dict[str, Any]], title: str = "") -> Any:
+    """The heat map's Figure: edges coloured on a fixed 0-100% scale (the colourbar), vertex
+    kinds in the legend, tiers on the y axis."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -86,11 +62,10 @@ def plot_links(topo: Topology, links: list[dict[str, Any]], path: Path, title: s
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import Normalize
 
-    util = edge_utilization(topo, links)
+    util = {e: 100 * x for e, x in edge_utilization(topo, links).items()}  # percent
     g = nx.Graph(topo.graph.to_undirected(as_view=True))
-    pos = _positions(topo)
-    top = max(util.values(), default=0.0) or 1.0
-    norm, cmap = Normalize(0.0, top), plt.get_cmap("plasma")
+    pos = layered_positions(topo)
+    norm, cmap = Normalize(*UTIL_RANGE_PCT), plt.get_cmap("plasma")
     fig, ax = plt.subplots(figsize=(12, 6.5))
     for same_tier in (False, True):
         edges = [e for e in g.edges if (tier_of(e[0]) == tier_of(e[1])) == same_tier]
@@ -100,19 +75,35 @@ def plot_links(topo: Topology, links: list[dict[str, Any]], path: Path, title: s
         nx.draw_networkx_edges(
             g, pos, edgelist=edges, ax=ax, **curved,
             edge_color=[cmap(norm(x)) if x else "#d9d9d9" for x in used],
-            width=[0.5 + 2.5 * (x or 0.0) / top for x in used])
-    for i, kind in enumerate(_KINDS):
-        members = [v for v in g.nodes if _kind(v) == kind]
+            width=[0.5 + 2.5 * min(x or 0.0, 100.0) / 100 for x in used])
+    _draw_kinds(ax, g, pos)
+    fig.colorbar(ScalarMappable(norm, cmap), ax=ax, extend="max" if max(
+        util.values(), default=0.0) > UTIL_RANGE_PCT[1] else "neither",
+        label="link utilisation (%): bytes / (capacity x time), busier direction")
+    tiers = sorted({tier_of(v) for v in g.nodes})
+    ax.tick_params(left=True, labelleft=True)  # networkx turned them off
+    ax.set_yticks(tiers, [TIERS[t] for t in tiers], fontsize=8)
+    ax.set_xticks([])
+    ax.set_ylabel("network tier (devices at the bottom)")
+    ax.set_xlabel("vertices in node order; grey links: no traffic recorded")
+    for side in ("top", "right", "bottom"):
+        ax.spines[side].set_visible(False)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=8, fontsize=7,
+              markerscale=1.5, frameon=False)
+    ax.set_xlim(-0.02, 1.02)
+    ax.set_title(f"Link utilisation: {title or topo.cluster.name}", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def _draw_kinds(ax: Any, g: Any, pos: dict[object, tuple[float, float]]) -> None:
+    """Vertices, one colour per kind (the legend)."""
+    import matplotlib.pyplot as plt
+    import networkx as nx
+
+    for i, kind in enumerate(KINDS):
+        members = [v for v in g.nodes if kind_of(v) == kind]
         if members:
             nx.draw_networkx_nodes(g, pos, nodelist=members, ax=ax, node_size=18,
-                                   node_color=[plt.get_cmap("tab10")(i)], label=kind)
-    for tier in sorted({tier_of(v) for v in g.nodes}):
-        ax.text(-0.02, tier, TIERS[tier], ha="right", va="center", fontsize=8)
-    fig.colorbar(ScalarMappable(norm, cmap), ax=ax,
-                 label="utilisation (bytes / capacity x time), busier direction")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=8, fontsize=7,
-              markerscale=1.5, frameon=False)
-    ax.set_xlim(-0.25, 1.02)
-    ax.set_title(title or topo.cluster.name, fontsize=10)
-    ax.axis("off")
-    return save_figure(fig, path)
+                                   node_color=[plt.get_cmap("tab10")(i)],
+                                   label=KIND_NAMES[kind])

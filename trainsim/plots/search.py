@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from optimizer.scoring import SearchReport
-from trainsim.plots.figures import save_figure
+from trainsim.plots.output import save_figure
 
-__all__ = ["plot_search", "plot_pareto", "plot_top_breakdown", "pareto_front"]
+__all__ = ["plot_search", "plot_pareto", "plot_top_breakdown", "pareto_front", "pareto_figure",
+           "top_breakdown_figure"]
 
 
 def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -20,6 +22,11 @@ def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]
 
 
 def plot_pareto(rep: SearchReport, path: Path) -> Path:
+    return save_figure(pareto_figure(rep), path)
+
+
+def pareto_figure(rep: SearchReport) -> Any:
+    """Every plan's throughput against its memory, the Pareto front and the best plan."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -34,21 +41,31 @@ def plot_pareto(rep: SearchReport, path: Path) -> Path:
     ax.scatter([rep.best.peak_gib], [tokens / rep.best.best_s], marker="*", s=150, c="k",
                label="best (DES)")
     ax.set_xlabel("peak memory per device (GiB)")
-    ax.set_ylabel("tokens/s")
+    ax.set_ylabel("throughput (tokens/s)")
     ax.legend(fontsize=8)
-    ax.set_title(f"{rep.model} on {rep.cluster}")
+    ax.set_title(f"Throughput against memory: {rep.model} on {rep.cluster}", fontsize=10)
     fig.tight_layout()
-    return save_figure(fig, path)
+    return fig
 
 
 def plot_top_breakdown(rep: SearchReport, path: Path, top: int = 8) -> Path:
-    from optimizer.report import plan_label
-    from trainsim.plots.figures import plot_breakdown
+    return save_figure(top_breakdown_figure(rep, top), path)
 
-    results = [(plan_label(c.plan)[:40], c.des) for c in rep.ranked[:top] if c.des]
-    if rep.baseline is not None and rep.baseline.des is not None:
-        results.append(("baseline: " + plan_label(rep.baseline.plan)[:30], rep.baseline.des))
-    return plot_breakdown(results, path)
+
+def top_breakdown_figure(rep: SearchReport, top: int = 8) -> Any:
+    """The best ``top`` plans' critical paths (DES) as shares of their iteration, and the
+    baseline's when there is one."""
+    from optimizer.report import plan_label
+    from trainsim.plots.figures import breakdown_figure
+
+    rows = [(plan_label(c.plan)[:40], dict(c.des.breakdown), c.des.iteration_time_s)
+            for c in rep.ranked[:top] if c.des]
+    title = f"Critical path of the top {len(rows)} plans (DES): {rep.model} on {rep.cluster}"
+    b = rep.baseline
+    if b is not None and b.des is not None:
+        rows.append(("baseline: " + plan_label(b.plan)[:30], dict(b.des.breakdown),
+                     b.des.iteration_time_s))
+    return breakdown_figure(rows, share=True, title=title)
 
 
 def plot_search(rep: SearchReport, out: Path) -> list[Path]:

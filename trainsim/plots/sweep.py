@@ -7,12 +7,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from optimizer.sweep.grid import point_key
 from optimizer.sweep.report import sensitivity
 from sim.errors import SpecError
-from trainsim.plots.figures import save_figure
+from trainsim.plots.labels import metric_label, param_label
+from trainsim.plots.output import pair_paths, save_figures
 
-__all__ = ["load_rows", "plot_sweep", "plot_sensitivity", "swept_names"]
+__all__ = ["load_rows", "plot_sweep", "plot_sensitivity", "sweep_figure",
+           "sensitivity_figure", "swept_names"]
 
 MAX_LINES = 20
 
@@ -72,7 +73,7 @@ def _lines(rows: list[dict[str, Any]], x: str, hue: str | None) -> dict[str, lis
         rest = {k: v for k, v in r["params"].items() if k != x}
         label = ", ".join(f"{k}={v}" for k, v in sorted(rest.items(),
                                                         key=lambda kv: kv[0] != hue))
-        lines.setdefault(label or point_key({}), []).append(r)
+        lines.setdefault(label or "all points", []).append(r)
     return lines
 
 
@@ -82,6 +83,12 @@ def _is_number(v: Any) -> bool:
 
 def plot_sweep(rows: list[dict[str, Any]], x: str, y: str, hue: str | None,
                where: list[tuple[str, Any]], path: Path) -> list[Path]:
+    """Write :func:`sweep_figure` as PNG and SVG (``path`` names either)."""
+    return save_figures(sweep_figure(rows, x, y, hue, where), pair_paths(path))
+
+
+def sweep_figure(rows: list[dict[str, Any]], x: str, y: str, hue: str | None,
+                 where: list[tuple[str, Any]]) -> Any:
     """``y`` against ``x``, one line per combination of the other parameters."""
     names = swept_names(rows)
     kept = [r for r in rows if r.get("status") == "ok"
@@ -95,11 +102,11 @@ def plot_sweep(rows: list[dict[str, Any]], x: str, y: str, hue: str | None,
                     key=lambda v: (0, v, "") if _is_number(v) else (1, 0, str(v)))
     numeric = all(_is_number(v) for v in values)
     pos = {v: (v if numeric else i) for i, v in enumerate(values)}
-    return _draw(lines, x, y, pos, numeric, values, path)
+    return _draw(lines, x, y, pos, numeric, values, where)
 
 
 def _draw(lines: dict[str, list[dict[str, Any]]], x: str, y: str, pos: dict[Any, Any],
-          numeric: bool, values: list[Any], path: Path) -> list[Path]:
+          numeric: bool, values: list[Any], where: list[tuple[str, Any]]) -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -116,16 +123,23 @@ def _draw(lines: dict[str, list[dict[str, Any]]], x: str, y: str, pos: dict[Any,
         ax.minorticks_off()
     if not numeric:
         ax.set_xticks(range(len(values)), [str(v) for v in values], rotation=20)
-    ax.set_xlabel(x)
-    ax.set_ylabel(y)
+    ax.set_xlabel(param_label(x))
+    ax.set_ylabel(metric_label(y))
     ax.grid(True, alpha=0.3)
-    if len(lines) > 1:
-        ax.legend(fontsize=7)
+    ax.legend(fontsize=7, title="other parameters" if len(lines) > 1 else None)
+    fixed = ", ".join(f"{k}={v}" for k, v in where)
+    ax.set_title(f"{metric_label(y)} against {param_label(x)}"
+                 + (f"\n(where {fixed})" if fixed else ""), fontsize=10)
     fig.tight_layout()
-    return _save_both(fig, path)
+    return fig
 
 
 def plot_sensitivity(rows: list[dict[str, Any]], y: str, path: Path) -> list[Path]:
+    """Write :func:`sensitivity_figure` as PNG and SVG (``path`` names either)."""
+    return save_figures(sensitivity_figure(rows, y), pair_paths(path))
+
+
+def sensitivity_figure(rows: list[dict[str, Any]], y: str) -> Any:
     """Per swept parameter: the median spread of ``y`` over its values (bar) and the largest
     (tick), in percent."""
     import matplotlib
@@ -140,17 +154,14 @@ def plot_sensitivity(rows: list[dict[str, Any]], y: str, path: Path) -> list[Pat
     if not entries:
         raise SpecError("results", "no parameter has two simulated values to compare")
     fig, ax = plt.subplots(figsize=(8, 0.5 * len(entries) + 1.5))
-    labels = [e["param"] for e in entries]
-    ax.barh(labels, [100 * e["median_spread"] for e in entries], label="median")
-    ax.plot([100 * e["max_spread"] for e in entries], labels, "k|", markersize=14, label="max")
-    ax.set_xlabel(f"spread of {y} over the parameter's values (%)")
+    labels = [f"{param_label(e['param'])} [{e['param']}]" for e in entries]
+    ax.barh(labels, [100 * e["median_spread"] for e in entries], label="median spread")
+    ax.plot([100 * e["max_spread"] for e in entries], labels, "k|", markersize=14,
+            label="largest spread")
+    ax.set_xlabel("spread over the parameter's values, the others fixed (%)")
+    ax.set_ylabel("swept parameter")
     ax.invert_yaxis()
     ax.legend(fontsize=8)
+    ax.set_title(f"Sensitivity to each swept parameter: {metric_label(y)}", fontsize=10)
     fig.tight_layout()
-    return _save_both(fig, path)
-
-
-def _save_both(fig: Any, path: Path) -> list[Path]:
-    """The figure as ``path`` (PNG) and beside it as SVG, each written atomically."""
-    svg = save_figure(fig, path.with_suffix(".svg"))
-    return [save_figure(fig, path.with_suffix(".png")), svg]
+    return fig
