@@ -62,7 +62,8 @@ def save_figures(fig: Any, paths: list[Path]) -> list[Path]:
     import matplotlib.pyplot as plt
 
     tmps = [p.with_name(f".{p.name}.tmp{p.suffix}") for p in paths]
-    made = [d for p in paths for d in (p.parent, *p.parent.parents) if not d.exists()]
+    made = sorted({d for p in paths for d in (p.parent, *p.parent.parents) if not d.exists()},
+                  key=lambda d: len(d.parts), reverse=True)  # deepest first
     try:
         for path, tmp in zip(paths, tmps, strict=True):
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -72,7 +73,7 @@ def save_figures(fig: Any, paths: list[Path]) -> list[Path]:
     except BaseException:
         for tmp in tmps:
             tmp.unlink(missing_ok=True)
-        for folder in made:  # the folders made for this figure (deepest first), if empty
+        for folder in made:  # the folders made for this figure, if empty
             if folder.is_dir() and not any(folder.iterdir()):
                 folder.rmdir()
         raise
