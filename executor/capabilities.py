@@ -12,10 +12,16 @@ __all__ = ["unsupported"]
 
 def unsupported(spec: ModelSpec, plan: Plan) -> tuple[str, str] | None:
     """(field, rule) of the first plan feature the worker does not run, or None."""
+    if plan.micro_batches_per_replica is not None:
+        return "plan.micro_batches_per_replica", ("micro_batches_per_replica is not run by the "
+                                                  "executor: every replica takes the same batch")
     if plan.cp > 1:
         return "plan.cp", "context parallelism is not run by the executor yet (simulate it)"
     if spec.is_moe and plan.tp > 1:
         return "plan.tp", "the executor runs MoE models with tp = 1 only"
     if plan.ep > 1 and plan.zero_stage > 0:
         return "plan.zero_stage", "the executor runs expert parallelism with zero_stage 0 only"
+    if plan.tp > 1 and plan.dp > 1 and plan.zero_stage < 2:
+        return "plan.zero_stage", ("with tp > 1 and dp > 1 the executor shards with FSDP2: "
+                                   "use zero_stage 2 or 3")
     return None

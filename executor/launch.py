@@ -23,11 +23,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from executor.capabilities import unsupported
 from sim.errors import SpecError
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
 
-__all__ = ["execute", "ExecutionError", "summarize_ranks"]
+__all__ = ["execute", "check_runnable", "ExecutionError", "summarize_ranks"]
 
 
 class ExecutionError(RuntimeError):
@@ -169,16 +170,28 @@ def measured(summary: dict[str, Any], warmup: int) -> dict[str, float]:
             "tokens_per_s": summary["tokens_per_step"] / med}
 
 
+def check_runnable(spec: ModelSpec, plan: Plan, nproc: int | None = None) -> None:
+    """Refuse, before anything is launched, a plan the worker would refuse after torchrun
+    started (:func:`executor.capabilities.unsupported`) or a rank count that is not the
+    plan's world size: a SpecError naming the field."""
+    why = unsupported(spec, plan)
+    if why is not None:
+        raise SpecError(*why)
+    if nproc is not None and nproc != plan.world_size:
+        raise SpecError("execute.nproc", f"{nproc} != plan world size dp*tp*pp*cp = "
+                        f"{plan.world_size}")
+
+
 def execute(spec: ModelSpec, plan: Plan, nproc: int | None = None, steps: int = 5,
             warmup: int = 2, timeout_s: float = 60.0, device: str = "cpu", threads: int = 1,
             seed: int = 0, lr: float = 1e-3, fault: dict[str, Any] | None = None,
             workdir: Path | None = None) -> dict[str, Any]:
     """Run ``plan`` on ``nproc`` local ranks; the summary of :func:`summarize_ranks` plus
-    the timed figures. Raises :class:`ExecutionError` with one line when the run fails."""
-    nproc = plan.world_size if nproc is None else nproc
-    if nproc != plan.world_size:
-        raise SpecError("execute.nproc", f"{nproc} != plan world size dp*tp*pp*cp = "
-                        f"{plan.world_size}")
+    the timed figures, the model and the plan. A plan the worker cannot run is refused
+    before launch (:func:`check_runnable`, SpecError); :class:`ExecutionError` (one line)
+    when the run fails."""
+    check_runnable(spec, plan, nproc)
+    nproc = plan.world_size
     for name, value, low in (("steps", steps, 1), ("warmup", warmup, 0), ("threads", threads, 1)):
         if value < low:
             raise SpecError(f"execute.{name}", f"must be >= {low}, got {value}")
@@ -204,5 +217,5 @@ def execute(spec: ModelSpec, plan: Plan, nproc: int | None = None, steps: int = 
         ranks = [json.loads((folder / f"rank{r}.json").read_text()) for r in range(nproc)]
     summary = summarize_ranks(ranks, plan)
     summary.update(measured(summary, warmup), warmup=warmup, steps=steps, nproc=nproc,
-                   device=device)
+                   device=device, model=spec.to_dict(), plan=plan.to_dict())
     return summary

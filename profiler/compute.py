@@ -83,6 +83,8 @@ def run_compute_profile(specs: Iterable[OpSpec], device: str, root: str | Path,
     and the number of rows written."""
     if passes < 1:
         raise ValueError(f"passes must be >= 1, got {passes}")
+    if threads is not None and threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
     if device == "cpu" and threads:
         torch.set_num_threads(threads)
     name = device_name(device)

@@ -17,7 +17,8 @@ import pandas as pd
 from sim.cost.profile_db import COMM_COLUMNS, COMPUTE_COLUMNS, FIT_COLUMNS, INSITU_COLUMNS
 from sim.io import atomic_write_text, read_text
 
-__all__ = ["TABLES", "read_table", "merge_rows", "write_table", "update_meta", "device_dir"]
+__all__ = ["TABLES", "read_table", "merged_table", "merge_rows", "write_table", "update_meta",
+           "device_dir"]
 
 # table -> (columns, key columns)
 TABLES = {
@@ -42,13 +43,21 @@ def read_table(folder: Path, table: str) -> pd.DataFrame:
     return pd.read_csv(io.StringIO(read_text(path, "profile")), keep_default_na=False)
 
 
-def merge_rows(folder: Path, table: str, rows: list[dict[str, Any]]) -> pd.DataFrame:
-    """Merge ``rows`` into ``folder/table.csv``; returns the merged table."""
+def merged_table(folder: Path, table: str, rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """``folder/table.csv`` with ``rows`` merged in (newest wins per key), not written."""
     columns, keys = TABLES[table]
     new = pd.DataFrame(rows, columns=columns)
     old = read_table(folder, table)
+    for c in columns:  # a column added since the table was written
+        if c not in old.columns:
+            old[c] = ""
     merged = new if old.empty else pd.concat([old[columns], new], ignore_index=True)
-    merged = merged.drop_duplicates(keys, keep="last").sort_values(keys, ignore_index=True)
+    return merged.drop_duplicates(keys, keep="last").sort_values(keys, ignore_index=True)
+
+
+def merge_rows(folder: Path, table: str, rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """Merge ``rows`` into ``folder/table.csv``; returns the merged table."""
+    merged = merged_table(folder, table, rows)
     atomic_write_text(folder / f"{table}.csv", merged.to_csv(index=False))
     return merged
 

@@ -208,26 +208,41 @@ def test_p10_reaches_the_layer_correction_and_the_des(tmp_path):
     assert 0 < des[1].iteration_time_s < des[0].iteration_time_s
 
 
-def test_calibration_is_kept_per_statistic(db):
+def test_calibration_is_kept_per_statistic(db, tmp_path):
+    """A calibrated profile is a folder of its own; it scales compute only where it is the
+    profile asked for, refining its own factor from predictions made with it."""
     from executor.compare import calibrate
 
     hw = dataclasses.replace(CPU, name="dev")
     c = dataclasses.replace(load_cluster("cpu:1"), gpu=hw, profile=str(db))
     run = {"model": "tiny", "plan": {}, "measured_s": 2.0, "predicted_s": 1.0}
-    out = calibrate(dataclasses.replace(c, compute_stat="p10"), [run])
+    cal = tmp_path / "cal" / "dev"
+    out = calibrate(dataclasses.replace(c, compute_stat="p10"), [run], cal)
     assert out["compute_stat"] == "p10" and out["compute_scale"] == pytest.approx(2.0)
-    data = json.loads((db / "calibration.json").read_text())
+    assert not (db / "calibration.json").exists()
+    data = json.loads((cal / "calibration.json").read_text())
     assert data["compute_scale_p10"] == pytest.approx(2.0) and "compute_scale" not in data
-    base = _gemm_rows()[0]
-    t = base["fwd_median_s"]
+    t = _gemm_rows()[0]["fwd_median_s"]
     assert load_cost_model(db, hw).gemm(64, 64, 64, "fp32")[0] == pytest.approx(t)
-    assert calibrate(c, [run | {"measured_s": 3.0}])["compute_scale"] == pytest.approx(3.0)
-    assert load_cost_model(db, hw).gemm(64, 64, 64, "fp32")[0] == pytest.approx(3 * t)
-    data = json.loads((db / "calibration.json").read_text())
-    assert data["compute_scale_p10"] == pytest.approx(2.0) and len(data["runs"]) == 2
-    (db / "calibration.json").write_text("[1]")
+    calibrated = dataclasses.replace(c, profile=str(cal))
+    assert calibrate(calibrated, [run | {"measured_s": 3.0}])["compute_scale"] == \
+        pytest.approx(3.0)  # x3 on top of the x1 its median predictions had
+    assert load_cost_model(cal, hw).gemm(64, 64, 64, "fp32")[0] == pytest.approx(3 * t)
+    assert load_cost_model(cal, hw).db.calibration == cal / "calibration.json"
+    assert calibrate(calibrated, [run])["compute_scale"] == pytest.approx(6.0)
+    data = json.loads((cal / "calibration.json").read_text())
+    assert data["compute_scale_p10"] == pytest.approx(2.0) and len(data["runs"]) == 3
+    (cal / "calibration.json").write_text("[1]")
     with pytest.raises(SpecError, match="not a calibration file"):
-        load_cost_model(db, hw)
+        load_cost_model(cal, hw)
+
+
+def test_a_calibration_json_inside_a_measured_profile_is_ignored(db):
+    hw = dataclasses.replace(CPU, name="dev")
+    t = _gemm_rows()[0]["fwd_median_s"]
+    (db / "calibration.json").write_text(json.dumps({"compute_scale": 5.0}))
+    model = load_cost_model(db, hw)
+    assert model.gemm(64, 64, 64, "fp32")[0] == pytest.approx(t) and model.db.calibration is None
 
 
 def test_simulate_reads_the_clusters_profile(db):

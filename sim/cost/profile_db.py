@@ -23,16 +23,26 @@ each holding ``meta.json`` and CSV tables with units in their column names:
   them (``compute_stat``, default ``median``). On a shared machine the median carries
   whatever interference other work caused while the profile ran; the p10 leaves most of it
   out.
-* ``calibration.json`` (optional): ``compute_scale`` (for ``median``) and
-  ``compute_scale_p10``, the factors ``trainsim compare --calibrate`` found between real
-  runs and predictions made with that statistic; every compute time read with that
-  statistic is scaled by its factor.
+* ``comm_fit.csv`` may carry ``quality``: "" or why a range is a poor fit (written by
+  ``trainsim profile comm --accept-poor-fit``; see :mod:`profiler.comm`).
+
+A *calibrated profile* is a folder of its own, never inside the profile it calibrates:
+``meta.json`` names the calibrated device folder under ``calibrates`` and
+``calibration.json`` holds ``compute_scale`` (for ``median``) and ``compute_scale_p10``,
+the factors ``trainsim compare --calibrate`` found between real runs and predictions made
+with that statistic. Reading it reads the calibrated folder's tables and scales every
+compute time read with that statistic by its factor; :attr:`ProfileDB.calibration` names
+the file. A ``calibration.json`` inside a measured profile (written there by trainsim
+before calibrations moved out) is ignored: a calibration applies only when its calibrated
+profile is the one asked for. ``compare --calibrate`` writes calibrated profiles under
+:func:`user_profiles_root` (``$TRAINSIM_HOME/profiles``, default ``~/.trainsim/profiles``).
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import os
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,8 +52,9 @@ from sim.io import read_text
 from sim.spec.cluster import COMPUTE_STATS
 
 __all__ = ["ProfileDB", "load_profile_db", "COMPUTE_STATS", "calibration_key",
-           "resolve_device_dir", "segment_time", "insitu_overhead", "COMPUTE_COLUMNS",
-           "COMM_COLUMNS", "FIT_COLUMNS", "INSITU_COLUMNS", "SHAPE_DIMS"]
+           "resolve_device_dir", "tables_dir", "profile_files", "user_home",
+           "user_profiles_root", "shipped_profiles_root", "segment_time", "insitu_overhead",
+           "COMPUTE_COLUMNS", "COMM_COLUMNS", "FIT_COLUMNS", "INSITU_COLUMNS", "SHAPE_DIMS"]
 
 COMPUTE_COLUMNS = ["op", "variant", "dtype", "grid", "m", "n", "k", "fwd_median_s",
                    "fwd_p10_s", "fwd_p90_s", "bwd_median_s", "bwd_p10_s", "bwd_p90_s",
@@ -52,7 +63,9 @@ COMM_COLUMNS = ["collective", "backend", "fabric", "group_size", "size_bytes",
                 "time_median_s", "time_p10_s", "time_p90_s", "algbw_GBps", "busbw_GBps",
                 "repeats"]
 FIT_COLUMNS = ["collective", "backend", "fabric", "group_size", "min_size_bytes",
-               "max_size_bytes", "alpha_s", "beta_s_per_byte", "points", "max_rel_error"]
+               "max_size_bytes", "alpha_s", "beta_s_per_byte", "points", "max_rel_error",
+               "quality"]
+OPTIONAL_COLUMNS = {"quality"}  # absent from tables written before it was added
 INSITU_COLUMNS = ["collective", "backend", "fabric", "group_size", "size_bytes", "isolated_s",
                   "insitu_s", "overhead_s", "burst_s", "repeats"]
 # How many of (m, n, k) each op uses.
@@ -81,6 +94,7 @@ class ProfileDB:
     comm_overhead: dict[tuple[str, str, int], list[tuple[float, float]]] = field(
         default_factory=dict)  # (collective, fabric, group_size) -> [(size B, overhead s)]
     compute_scale: float = 1.0  # from calibration.json (``trainsim compare --calibrate``)
+    calibration: Path | None = None  # the calibration.json applied, if any
 
     @property
     def device(self) -> str:
@@ -100,12 +114,59 @@ def resolve_device_dir(path: str | Path, device_hint: str) -> Path:
                     f"(devices there: {', '.join(found) or 'none'})")
 
 
+def user_home() -> Path:
+    """Where trainsim keeps what a user's commands write: ``$TRAINSIM_HOME``, default
+    ``~/.trainsim``."""
+    return Path(os.environ.get("TRAINSIM_HOME") or Path.home() / ".trainsim")
+
+
+def user_profiles_root() -> Path:
+    """The user's profile root (calibrated profiles from ``compare --calibrate``)."""
+    return user_home() / "profiles"
+
+
+def shipped_profiles_root() -> Path:
+    """The profiles installed with trainsim (package data: no command writes there)."""
+    return Path(__file__).resolve().parents[1] / "data" / "profiles"
+
+
+def _meta(folder: Path) -> dict:
+    try:
+        meta = json.loads(read_text(folder / "meta.json", "profile"))
+    except json.JSONDecodeError as exc:
+        raise SpecError("profile", f"{folder / 'meta.json'} is not valid JSON: {exc}") from None
+    if not isinstance(meta, dict):
+        raise SpecError("profile", f"{folder / 'meta.json'} is not a JSON object")
+    return meta
+
+
+def tables_dir(folder: Path, meta: dict) -> Path:
+    """The folder whose tables a device folder reads: itself, or for a calibrated profile
+    the measured folder it calibrates (which must be a measured profile itself)."""
+    base = meta.get("calibrates")
+    if base is None:
+        return folder
+    path = Path(str(base))
+    if not (path / "meta.json").is_file():
+        raise SpecError("profile", f"{folder} calibrates {base}, which is not a profile DB")
+    if "calibrates" in _meta(path):
+        raise SpecError("profile", f"{folder} calibrates {base}, itself a calibrated profile")
+    return path
+
+
+def profile_files(folder: Path) -> list[Path]:
+    """Every file a device folder's cost model depends on (a calibrated profile's and
+    those of the folder it calibrates)."""
+    folders = {folder, tables_dir(folder, _meta(folder))}
+    return sorted(f for d in folders for f in d.glob("*") if f.is_file())
+
+
 def _rows(path: Path, columns: list[str]) -> list[dict[str, str]]:
     if not path.is_file():
         return []
     rows = list(csv.DictReader(read_text(path, "profile").splitlines()))
-    if rows and set(columns) - set(rows[0]):
-        missing = sorted(set(columns) - set(rows[0]))
+    if rows and set(columns) - set(rows[0]) - OPTIONAL_COLUMNS:
+        missing = sorted(set(columns) - set(rows[0]) - OPTIONAL_COLUMNS)
         raise SpecError("profile", f"{path} lacks columns {', '.join(missing)}")
     return rows
 
@@ -121,29 +182,29 @@ def load_profile_db(path: str | Path, device_hint: str, stat: str = "median") ->
         raise SpecError("compute_stat", f"must be one of {', '.join(COMPUTE_STATS)}, "
                         f"got {stat!r}")
     folder = resolve_device_dir(path, device_hint)
-    try:
-        meta = json.loads(read_text(folder / "meta.json", "profile"))
-    except json.JSONDecodeError as exc:
-        raise SpecError("profile", f"{folder / 'meta.json'} is not valid JSON: {exc}") from None
+    meta = _meta(folder)
+    tables = tables_dir(folder, meta)
     db = ProfileDB(folder, meta)
-    for row in _rows(folder / "compute.csv", COMPUTE_COLUMNS):
+    for row in _rows(tables / "compute.csv", COMPUTE_COLUMNS):
         key = (row["op"], row["variant"], row["dtype"])
         grid = db.compute.setdefault(key, {}).setdefault(row["grid"], {})
         grid[_shape(row)] = (float(row[f"fwd_{stat}_s"]), float(row[f"bwd_{stat}_s"] or 0.0))
-    for row in _rows(folder / "comm_fit.csv", FIT_COLUMNS):
+    for row in _rows(tables / "comm_fit.csv", FIT_COLUMNS):
         coll = (row["collective"], row["fabric"], int(row["group_size"]))
         db.comm_fit.setdefault(coll, []).append((float(row["min_size_bytes"]),
                                                 float(row["alpha_s"]),
                                                 float(row["beta_s_per_byte"])))
     for segments in db.comm_fit.values():
         segments.sort()
-    for row in _rows(folder / "comm_insitu.csv", INSITU_COLUMNS):
+    for row in _rows(tables / "comm_insitu.csv", INSITU_COLUMNS):
         coll = (row["collective"], row["fabric"], int(row["group_size"]))
         db.comm_overhead.setdefault(coll, []).append((float(row["size_bytes"]),
                                                      float(row["overhead_s"])))
     for points in db.comm_overhead.values():
         points.sort()
-    db.compute_scale = _compute_scale(folder / "calibration.json", calibration_key(stat))
+    if tables != folder:  # a calibrated profile: its own calibration.json applies
+        db.calibration = folder / "calibration.json"
+        db.compute_scale = _compute_scale(db.calibration, calibration_key(stat))
     return db
 
 

@@ -29,6 +29,7 @@ from sim.cost.profile_db import (
     ProfileDB,
     insitu_overhead,
     load_profile_db,
+    profile_files,
     resolve_device_dir,
     segment_time,
 )
@@ -236,7 +237,7 @@ def load_cost_model(path: str | Path, hw: HardwareSpec, grid: str | None = None,
     name, or ``cpu-<model>`` of this host for ``cpu``."""
     hint = cpu_device_name() if hw.name == "cpu" else hw.name
     folder = resolve_device_dir(path, hint).resolve()
-    stamp = tuple(f.stat().st_mtime for f in sorted(folder.glob("*")) if f.is_file())
+    stamp = tuple(f.stat().st_mtime for f in profile_files(folder))
     db, fallback = _load(folder, stamp, hw, stat)
     return Profiled(db, fallback, grid)
 

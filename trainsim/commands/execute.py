@@ -23,8 +23,6 @@ def _model(args: argparse.Namespace) -> Any:
 def _run_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     from sim.errors import SpecError
 
-    if args.timeout <= 0:
-        raise SpecError("--timeout", f"must be > 0 seconds, got {args.timeout}")
     fault = None
     if args.inject_fault:
         kind, _, where = args.inject_fault.partition("@")
@@ -72,20 +70,41 @@ def cmd_execute(args: argparse.Namespace) -> int:
     return 0
 
 
+def _measured(path: str | None) -> dict[str, Any] | None:
+    from pathlib import Path
+
+    from sim.errors import SpecError
+    from sim.io import read_text
+
+    if path is None:
+        return None
+    try:
+        return dict(json.loads(read_text(Path(path), "--measured")))
+    except (json.JSONDecodeError, TypeError, ValueError):
+        raise SpecError("--measured", f"{path} is not the JSON object `trainsim execute "
+                        "--json` prints") from None
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
-    from executor.compare import calibrate, compare, format_comparison
+    from executor.compare import calibrate, calibration_target, compare, format_comparison
     from executor.launch import ExecutionError
     from sim import load_cluster, load_plan
+    from sim.errors import SpecError
     from trainsim.commands.profile import with_profile_options
 
     model, plan = _model(args), load_plan(args.plan)
     cluster = with_profile_options(load_cluster(args.cluster), args)
+    if args.calibration_out and not args.calibrate:
+        raise SpecError("--calibration-out", "only with --calibrate")
+    if args.calibrate:  # a bad target is refused before the run, not after
+        calibration_target(cluster, args.calibration_out)
     try:
-        result = compare(model, plan, cluster, args.fidelity, **_run_kwargs(args))
+        result = compare(model, plan, cluster, args.fidelity, _measured(args.measured),
+                         **_run_kwargs(args))
     except ExecutionError as exc:
         return _failed(exc)
     if args.calibrate:
-        result["calibration"] = calibrate(cluster, [result])
+        result["calibration"] = calibrate(cluster, [result], args.calibration_out)
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
@@ -93,24 +112,31 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.calibrate:
         cal = result["calibration"]
         print(f"calibrated: compute scale ({cal['compute_stat']}) {cal['compute_scale']:.3f} "
-              f"(x{cal['step']:.3f} this run) written to {cal['path']}")
+              f"(x{cal['step']:.3f} this run) written to {cal['path']}; it applies only "
+              f"where --profile names {cal['profile']} (predictions from "
+              f"{cal['calibrates']} are unchanged)")
     return 0
 
 
 def _common(p: argparse.ArgumentParser, model_help: str) -> None:
+    from trainsim.commands.profile import int_at_least, positive_seconds
+
     p.add_argument("--model", required=True, help=model_help)
     p.add_argument("--plan", required=True, help="plan JSON file")
-    p.add_argument("--nproc", type=int, default=None,
+    p.add_argument("--nproc", type=int_at_least(1), default=None,
                    help="ranks on this host (default: the plan's world size)")
-    p.add_argument("--steps", type=int, default=5, help="timed steps (default 5)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed first steps (default 2)")
+    p.add_argument("--steps", type=int_at_least(1), default=5, help="timed steps (default 5)")
+    p.add_argument("--warmup", type=int_at_least(0), default=2,
+                   help="untimed first steps (default 2)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="cpu (gloo) or cuda (NCCL); default cpu")
-    p.add_argument("--threads", type=int, default=1, help="CPU threads per rank (default 1)")
-    p.add_argument("--timeout", type=float, default=120.0,
+    p.add_argument("--threads", type=int_at_least(1), default=1,
+                   help="CPU threads per rank (default 1)")
+    p.add_argument("--timeout", type=positive_seconds, default=120.0,
                    help="seconds without progress before every rank is stopped (default 120)")
-    p.add_argument("--scale-layers", type=int, metavar="N", help="run N layers of the model")
-    p.add_argument("--scale-hidden", type=int, metavar="H",
+    p.add_argument("--scale-layers", type=int_at_least(1), metavar="N",
+                   help="run N layers of the model")
+    p.add_argument("--scale-hidden", type=int_at_least(1), metavar="H",
                    help="run at hidden size H (heads and FFN scaled with it)")
     p.add_argument("--inject-fault", metavar="KIND@RANK:STEP",
                    help="test fault handling: crash@1:2 or hang@1:2")
@@ -129,6 +155,13 @@ def add_execute_parsers(sub: Any, model_help: str, cluster_help: str) -> None:
     add_profile_options(c, "profile DB (default: the cluster's)")
     c.add_argument("--fidelity", choices=("analytic", "des"), default="analytic",
                    help="simulator tier (default analytic)")
-    c.add_argument("--calibrate", action="store_true",
-                   help="write the measured/predicted correction into the profile DB")
+    c.add_argument("--measured", metavar="FILE", help="compare with this earlier "
+                   "`trainsim execute --json` result of the same model and plan instead of "
+                   "running it again")
+    c.add_argument("--calibrate", action="store_true", help="write the measured/predicted "
+                   "correction as a calibrated profile of its own (default "
+                   "$TRAINSIM_HOME/profiles/DEVICE, ~/.trainsim without TRAINSIM_HOME); "
+                   "it applies only where --profile names it")
+    c.add_argument("--calibration-out", metavar="DIR", help="where --calibrate writes the "
+                   "calibrated profile (never the measured profile or the installed package)")
     c.set_defaults(func=cmd_compare)
