@@ -15,6 +15,7 @@ from sim.layout.memory import memory_report
 from sim.network.perturbation import NO_PERTURBATION, Perturbation
 from sim.result import Result, Timing
 from sim.spec.cluster import ClusterSpec
+from sim.spec.limits import MAX_DES_MICROBATCHES
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan, validate
 
@@ -35,6 +36,10 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, fidelity: str =
     if fidelity not in FIDELITIES:
         raise SpecError("fidelity", f"must be one of {', '.join(FIDELITIES)}, got {fidelity!r}")
     validate(plan, model, cluster)
+    if fidelity == "des" and plan.num_microbatches > MAX_DES_MICROBATCHES:  # sim.spec.limits
+        raise SpecError("plan.global_batch_size", f"{plan.num_microbatches:,} micro-batches per "
+                        f"replica: the des tier runs each one and takes at most "
+                        f"{MAX_DES_MICROBATCHES:,} (the analytic tier takes any)")
     cost = cost_model_for(cluster)
     if faults is not None and not faults.empty:
         return _with_faults(model, cluster, plan, fidelity, cost, faults, reduce, trace)
@@ -114,7 +119,8 @@ def _result(model: ModelSpec, cluster: ClusterSpec, plan: Plan, fidelity: str, t
         bubble_fraction=t.breakdown["bubble"] / t.pipeline_s if t.pipeline_s else 0.0,
         num_microbatches=plan.num_microbatches, breakdown=t.breakdown,
         communication=t.communication, memory_gib=mem.ranks_gib,
-        extrapolated=sorted(cost.extrapolated), warnings=_warnings(plan, peak, capacity),
+        extrapolated=sorted(cost.extrapolated),
+        warnings=_warnings(plan, peak, capacity) + model.seq_len_warnings(plan.seq_len),
         links=t.links, simulation=t.simulation)
 
 

@@ -46,13 +46,19 @@ def _moe_mlp_params(m: ModelSpec, experts: int) -> int:
     return m.hidden_size * m.num_experts + experts * mlp_params(m, m.expert_ffn) + shared
 
 
+def _qk_norm_params(m: ModelSpec) -> int:
+    """Norms on queries and keys: one head-wide weight each, or q_dim and kv_dim wide."""
+    width = {"none": 0, "head": 2 * m.head_size, "full": m.q_dim + m.kv_dim}[m.qk_norm]
+    return width * (2 if m.norm == "layernorm" else 1)
+
+
 def layer_params(m: ModelSpec, moe: bool = False, active: bool = False) -> int:
     """One transformer layer; ``moe`` picks an MoE layer, ``active`` counts top-k experts."""
     if moe:
         mlp = _moe_mlp_params(m, m.top_k if active else m.num_experts)
     else:
         mlp = mlp_params(m, m.ffn_hidden_size)
-    return attention_params(m) + mlp + 2 * _norm_params(m)
+    return attention_params(m) + mlp + m.norms_per_layer * _norm_params(m) + _qk_norm_params(m)
 
 
 def embedding_params(m: ModelSpec) -> int:

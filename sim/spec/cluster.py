@@ -23,6 +23,7 @@ from typing import Any
 from sim.errors import SpecError, field_name
 from sim.io import read_toml
 from sim.spec.hardware import HardwareSpec, cpu_device_name, get_hardware
+from sim.spec.limits import check_cluster_size, preset_count
 
 __all__ = ["IntraNode", "InterNode", "NodeGroup", "ClusterSpec", "load_cluster",
            "preset_names", "INTRA_KINDS", "TOPOLOGIES", "COMPUTE_STATS"]
@@ -122,6 +123,9 @@ class ClusterSpec:
             raise SpecError("inter_node.pod_gpus", "must be 0 (whole cluster) or a positive "
                             f"multiple of gpus_per_node={self.gpus_per_node}, "
                             f"got {inter.pod_gpus!r}")
+        check_cluster_size(self.nodes, self.gpus_per_node, [
+            (g.nodes, g.nics_per_node or 0) for g in self.node_groups] or [
+            (self.nodes, inter.nics_per_node)])
 
     @property
     def intra_GBps(self) -> float:
@@ -280,10 +284,10 @@ def _preset(name: str) -> ClusterSpec:
     if kind not in _DGX and kind != "cpu":
         raise SpecError("cluster", f"unknown preset or missing file {name!r} "
                         f"(presets: {', '.join(preset_names())})")
-    if not (count.isascii() and count.isdigit()) or int(count) < 1:
+    n = preset_count(count)
+    if not n:
         raise SpecError("cluster", f"preset {name!r} needs a positive count after ':', "
                         f"e.g. {kind}:{'2' if kind == 'cpu' else '16'}")
-    n = int(count)
     if kind == "cpu":
         return ClusterSpec(name, nodes=1, gpus_per_node=n, gpu=get_hardware("cpu"),
                            intra_node=IntraNode("loopback", None, 30.0),
@@ -387,8 +391,8 @@ def cluster_from_dict(data: dict[str, Any], name: str, base: Path | None = None)
 
 def load_cluster(ref: str) -> ClusterSpec:
     """A preset (``dgx-h100:16``) or a TOML file path."""
-    path = Path(ref)
-    if path.suffix == ".toml" or path.is_file():
+    path = Path(ref)  # a name too long for a file system (NAME_MAX) is no file: a preset?
+    if path.suffix == ".toml" or (len(path.name.encode()) <= 255 and path.is_file()):
         data = read_toml(path, "cluster", f"cluster[{path.name}]")
         return cluster_from_dict(data, path.stem, path.parent)
     return _preset(ref)

@@ -12,11 +12,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from sim.errors import SpecError, field_name
+from sim.spec.limits import MAX_LAYERS, MODEL_LIMITS, at_most
 
 __all__ = ["ModelSpec"]
 
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rope")
+QK_NORMS = ("none", "head", "full")
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,10 @@ class ModelSpec:
     (except those in ``mlp_only_layers``) a mixture of ``num_experts`` experts of
     width ``moe_ffn_hidden_size``, ``top_k`` active per token, plus an optional
     always-on shared expert of width ``shared_expert_ffn_hidden_size``.
+
+    Sliding-window attention is recorded, not simulated: every layer runs full attention,
+    and :meth:`seq_len_warnings` says so when the window is shorter than the sequence.
+    Sizes are capped (:mod:`sim.spec.limits`), far above any real model.
     """
 
     name: str  # label of the model (a zoo name, the config's folder, or the TOML file's stem)
@@ -51,6 +57,14 @@ class ModelSpec:
     shared_expert_ffn_hidden_size: int = 0  # width of an always-on shared expert; 0: none
     moe_layer_step: int = 1  # every k-th layer is an MoE layer
     mlp_only_layers: tuple[int, ...] = ()  # indices of layers kept dense in an MoE model
+    # hidden-size norms in a layer: 2 (before attention and MLP); Gemma 2 and 3 add two after
+    norms_per_layer: int = 2
+    # norm on queries and keys: `none`, `head` (one head_dim-wide weight each: Qwen3,
+    # Gemma 3) or `full` (q_dim- and kv_dim-wide: OLMo 2)
+    qk_norm: str = "none"
+    sliding_window: int = 0  # tokens a sliding-window layer looks back over; 0: none
+    # layers that use the window (simulated as full attention, with a warning)
+    sliding_window_layers: int = 0
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -58,15 +72,27 @@ class ModelSpec:
                   "max_seq_len", "moe_layer_step"):
             _require_positive_int(f, getattr(self, f))
         for f in ("num_kv_heads", "head_dim", "num_experts", "top_k", "moe_ffn_hidden_size",
-                  "shared_expert_ffn_hidden_size"):
+                  "shared_expert_ffn_hidden_size", "norms_per_layer", "sliding_window",
+                  "sliding_window_layers"):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise SpecError(f"model.{f}", f"must be an integer >= 0, got {v!r}")
+        for f, (limit, unit) in MODEL_LIMITS.items():
+            at_most(f"model.{f}", getattr(self, f), limit, unit)
+        self._check_choices()
+        self._check_sizes()
+
+    def _check_choices(self) -> None:
         if self.norm not in NORMS:
             raise SpecError("model.norm", f"must be one of {', '.join(NORMS)}, got {self.norm!r}")
         if self.position_embedding not in POSITIONS:
             raise SpecError("model.position_embedding", f"must be one of {', '.join(POSITIONS)}, "
                             f"got {self.position_embedding!r}")
+        if self.qk_norm not in QK_NORMS:
+            raise SpecError("model.qk_norm", f"must be one of {', '.join(QK_NORMS)}, "
+                            f"got {self.qk_norm!r}")
+
+    def _check_sizes(self) -> None:
         if self.num_heads % self.kv_heads:
             raise SpecError("model.num_kv_heads", f"num_heads {self.num_heads} must be a multiple "
                             f"of num_kv_heads {self.kv_heads}")
@@ -78,6 +104,14 @@ class ModelSpec:
         if self.head_dim == 0 and self.hidden_size % self.num_heads:
             raise SpecError("model.head_dim", f"hidden_size {self.hidden_size} is not divisible by "
                             f"num_heads {self.num_heads}; give head_dim explicitly")
+        if not self.sliding_window_layers <= self.num_layers:
+            raise SpecError("model.sliding_window_layers", f"must be at most num_layers = "
+                            f"{self.num_layers}, got {self.sliding_window_layers}")
+        if bool(self.sliding_window) != bool(self.sliding_window_layers):
+            raise SpecError("model.sliding_window_layers", "must be set together with "
+                            f"sliding_window (both 0: no sliding window), got "
+                            f"{self.sliding_window_layers} with sliding_window "
+                            f"{self.sliding_window}")
 
     def _check_types(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -90,6 +124,7 @@ class ModelSpec:
                 isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in layers):
             raise SpecError("model.mlp_only_layers", f"must be a list of layer indices, "
                             f"got {layers!r}")
+        at_most("model.mlp_only_layers", len(layers), MAX_LAYERS, "entries")
 
     # Derived sizes -----------------------------------------------------------------
     @property
@@ -125,6 +160,20 @@ class ModelSpec:
         only = set(self.mlp_only_layers)
         return sum(1 for i in range(self.num_layers)
                    if (i + 1) % self.moe_layer_step == 0 and i not in only)
+
+    def seq_len_warnings(self, seq_len: int) -> list[str]:
+        """What training at ``seq_len`` tokens does that the simulator does not model."""
+        out = []
+        if self.position_embedding == "rope" and seq_len > self.max_seq_len:
+            out.append(f"seq_len {seq_len:,} exceeds the model's max_seq_len "
+                       f"{self.max_seq_len:,} (its max_position_embeddings): rotary "
+                       "positions run at any length, but the model was not built for this one")
+        if self.sliding_window and seq_len > self.sliding_window:
+            out.append(f"{self.sliding_window_layers} of {self.num_layers} layers attend over a "
+                       f"sliding window of {self.sliding_window:,} tokens, simulated as full "
+                       f"attention over {seq_len:,}: their attention time and FLOPs are "
+                       "overestimated")
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

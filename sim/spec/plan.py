@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from sim.errors import SpecError, field_name
 from sim.spec.hardware import DTYPE_BYTES, DTYPES
+from sim.spec.limits import MAX_DEVICES, MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_SEQ_LEN, at_most
 
 if TYPE_CHECKING:
     from sim.spec.cluster import ClusterSpec
@@ -197,10 +198,20 @@ def _int_field(plan: Plan, name: str, low: int) -> None:
         raise SpecError(f"plan.{name}", f"must be an integer >= {low}, got {v!r}")
 
 
+# Upper limits (sim.spec.limits): far above real runs, low enough to answer in seconds.
+_LIMITS = {"global_batch_size": (MAX_GLOBAL_BATCH, "sequences"), "seq_len": (MAX_SEQ_LEN, "tokens"),
+           "micro_batch_size": (MAX_GLOBAL_BATCH, "sequences"),
+           **{d: (MAX_DEVICES, "ranks") for d in ("dp", "tp", "pp", "cp", "ep")},
+           "vpp": (MAX_LAYERS, "stages")}
+
+
 def _check_fields(plan: Plan) -> None:
-    for name in ("global_batch_size", "seq_len", "micro_batch_size", "dp", "tp", "pp", "cp",
-                 "ep", "vpp"):
+    for name, (limit, unit) in _LIMITS.items():
         _int_field(plan, name, 1)
+        at_most(f"plan.{name}", getattr(plan, name), limit, unit)
+    if plan.world_size > MAX_DEVICES:
+        raise SpecError("plan.dp*tp*pp*cp", f"{plan.dp}*{plan.tp}*{plan.pp}*{plan.cp} = "
+                        f"{plan.world_size:,} must be at most {MAX_DEVICES:,} ranks")
     _int_field(plan, "zero_stage", 0)
     if plan.zero_stage > 3:
         raise SpecError("plan.zero_stage", f"must be 0, 1, 2 or 3, got {plan.zero_stage}")

@@ -41,6 +41,9 @@ def load_zoo(name: str) -> ModelSpec:
 
 def load_model(ref: str) -> ModelSpec:
     """A zoo name, a Hugging Face ``config.json`` path, or a ModelSpec TOML path."""
+    if not ref.strip():  # Path("") is the current folder: it could pick up any config.json
+        raise SpecError("model", f"is empty ({ref!r}): give a zoo name (trainsim models), "
+                        "a config.json or its folder, or a TOML file")
     path = Path(ref)
     if path.suffix == ".toml" and path.is_file():
         data = read_toml(path, "model", f"model[{ref}]")

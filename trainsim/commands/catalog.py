@@ -16,10 +16,11 @@ def cmd_models(args: argparse.Namespace) -> int:
     from sim.spec.zoo import load_model, zoo_names
     from trainsim.report import format_model
 
-    models = [load_model(args.model)] if args.model else [load_model(n) for n in zoo_names()]
+    one = args.model is not None  # --model "" names no model: an error, not the whole zoo
+    models = [load_model(args.model)] if one else [load_model(n) for n in zoo_names()]
     if args.json:
         data = [m.to_dict() for m in models]
-        print(json.dumps(data[0] if args.model else data, indent=2))
+        print(json.dumps(data[0] if one else data, indent=2))
     else:
         print("\n".join(format_model(m) for m in models))
     return 0
