@@ -11,7 +11,16 @@ __all__ = ["unsupported"]
 
 
 def unsupported(spec: ModelSpec, plan: Plan) -> tuple[str, str] | None:
-    """(field, rule) of the first plan feature the worker does not run, or None."""
+    """(field, rule) of the first model or plan feature the worker does not run, or None."""
+    if spec.qk_norm != "none":
+        return "model.qk_norm", (f"{spec.qk_norm}: the executor's model has no query/key norms "
+                                 "(it would run a different model than the one simulated)")
+    if spec.norms_per_layer != 2:
+        return "model.norms_per_layer", (f"{spec.norms_per_layer}: the executor's model has "
+                                         "two norms per layer (pre-attention, pre-MLP)")
+    if spec.sliding_window:
+        return "model.sliding_window", ("the executor's model attends over the whole "
+                                        "sequence in every layer")
     if plan.micro_batches_per_replica is not None:
         return "plan.micro_batches_per_replica", ("micro_batches_per_replica is not run by the "
                                                   "executor: every replica takes the same batch")

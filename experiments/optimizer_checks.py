@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from megatron_sc21 import load_rows, row_cluster, row_model, row_plan  # noqa: E402
 
 from optimizer import search as s  # noqa: E402
+from optimizer.constraints import Constraints
 from optimizer.space import SearchSpace  # noqa: E402
 from sim import ModelSpec, load_cluster, load_model, simulate  # noqa: E402
 from sim.io import atomic_write_text  # noqa: E402
@@ -98,7 +99,7 @@ def megatron() -> pd.DataFrame:
         rep = s.optimize(model, cluster, published.global_batch_size, published.seq_len,
                          progress=False, space=space)
         pub = simulate(model, cluster, published, "des").iteration_time_s
-        megatron_space = dataclasses.replace(space, max_zero_stage=1)
+        megatron_space = dataclasses.replace(space, constraints=Constraints(max_zero_stage=1))
         runnable = s.optimize(model, cluster, published.global_batch_size, published.seq_len,
                               progress=False, space=megatron_space).best
         rows.append({"params_B": row["params_B"], "gpus": row["gpus"],

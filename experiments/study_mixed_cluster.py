@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from optimizer.constraints import Constraints
 from optimizer.report import plan_label
 from optimizer.scoring import Candidate, SearchReport
 from optimizer.search import optimize
@@ -56,7 +57,7 @@ def _row(case: str, cluster: str, plan: Plan) -> dict:
 def _best(cluster: str, top: int, workers: int | None, max_zero: int
           ) -> tuple[Candidate, SearchReport]:
     model, c = load_model(MODEL), load_cluster(cluster)
-    space = SearchSpace(model, c, GBS, SEQ, max_zero_stage=max_zero)
+    space = SearchSpace(model, c, GBS, SEQ, constraints=Constraints(max_zero_stage=max_zero))
     rep = optimize(model, c, GBS, SEQ, top_k=top, workers=workers, progress=True, space=space)
     return rep.best, rep
 

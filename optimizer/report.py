@@ -28,6 +28,11 @@ def plan_label(p: Plan) -> str:
     return " ".join(parts)
 
 
+ZERO3_WARNING = ("ZeRO-3 plans (marked !) are ranked by a cost model that is not calibrated: "
+                 "1.6-4.9x optimistic against SC'21 Table 2 (docs/compute/analytic.md, known "
+                 "limits)")
+
+
 def _row(rank: int, c: Candidate) -> dict[str, Any]:
     r = c.des
     exposed = sum(v["exposed_s"] for v in r.communication.values()) if r else float("nan")
@@ -35,10 +40,13 @@ def _row(rank: int, c: Candidate) -> dict[str, Any]:
             "iteration_s": c.best_s, "analytic_s": c.analytic_s,
             "mfu": r.mfu if r else float("nan"), "peak_memory_gib": c.peak_gib,
             "bubble": r.bubble_fraction if r else float("nan"), "exposed_comm_s": exposed,
-            "origin": c.origin}
+            "origin": c.origin, "uncalibrated": c.plan.zero_stage == 3}
 
 
-def summary(rep: SearchReport, top: int) -> dict[str, Any]:
+def summary(rep: SearchReport, top: int, constraints: Any = None,
+            megatron: Candidate | None = None) -> dict[str, Any]:
+    """The report as one JSON object. ``megatron``: the fastest plan Megatron-LM can run
+    (searched for when the overall best is not one)."""
     best = rep.best
     out: dict[str, Any] = {
         "model": rep.model, "cluster": rep.cluster, "space_size": rep.space_size,
@@ -56,10 +64,11 @@ def summary(rep: SearchReport, top: int) -> dict[str, Any]:
             | {"plan_json": rep.homogeneous.plan.to_dict()},
             "balanced": _row(0, rep.balanced) | {"plan_json": rep.balanced.plan.to_dict()},
             "gain_pct": 100 * (rep.homogeneous.best_s / rep.balanced.best_s - 1)}
-    if best.plan.zero_stage == 3:
-        out["warnings"].append("the winner uses ZeRO-3, whose cost model is not calibrated "
-                               "(docs/compute/analytic.md, known limits: 1.6-4.9x "
-                               "optimistic against SC'21 Table 2)")
+    out["constraints"] = constraints.describe() if constraints is not None else []
+    if megatron is not None:
+        out["megatron_best"] = _row(0, megatron) | {"plan_json": megatron.plan.to_dict()}
+    if any(r["uncalibrated"] for r in out["ranked"]):
+        out["warnings"].append(ZERO3_WARNING)
     return out
 
 
@@ -68,10 +77,13 @@ def format_report(s: dict[str, Any]) -> str:
              f"in memory, {s['des_evaluated']} simulated with the DES ({s['wall_s']:.1f} s)",
              f"{'#':>3} {'plan':<58} {'tier':<8} {'iter s':>8} {'MFU':>6} {'GiB':>6} "
              f"{'bubble':>6} {'comm s':>7}"]
+    if s.get("constraints"):
+        lines.insert(1, "searched within: " + ", ".join(s["constraints"]))
     rows = s["ranked"] + ([s["baseline"]] if "baseline" in s else [])
     for r in rows:
         rank = "base" if r["origin"] == "baseline" and r["rank"] == 0 else str(r["rank"])
-        lines.append(f"{rank:>3} {r['plan'][:58]:<58} {r['tier']:<8} {r['iteration_s']:8.4g} "
+        label = ("! " if r.get("uncalibrated") else "") + r["plan"]
+        lines.append(f"{rank:>3} {label[:58]:<58} {r['tier']:<8} {r['iteration_s']:8.4g} "
                      f"{100 * r['mfu']:5.1f}% {r['peak_memory_gib']:6.1f} "
                      f"{100 * r['bubble']:5.1f}% {r['exposed_comm_s']:7.3g}")
     if "speedup_over_baseline" in s:
@@ -80,6 +92,10 @@ def format_report(s: dict[str, Any]) -> str:
     lines.append(f"lower bound {s['lower_bound_s']:.4g} s (all FLOPs at the best GEMM rate): "
                  f"optimality gap {100 * s['optimality_gap']:.1f}%")
     lines += [f"local move: {m}" for m in s["moves"]]
+    if "megatron_best" in s:
+        m = s["megatron_best"]
+        lines.append(f"fastest plan Megatron-LM can run: {m['iteration_s']:.4g} s  {m['plan']}"
+                     + ("" if m["plan_json"] != s["best_plan"] else " (the overall best)"))
     if "heterogeneous" in s:
         h = s["heterogeneous"]
         even, bal = h["homogeneous_assumption"], h["balanced"]

@@ -72,14 +72,46 @@ def lower_bound_s(space: SearchSpace) -> float:
     return flops / rate
 
 
-# Infeasibility ---------------------------------------------------------------------------
-def _why_infeasible(space: SearchSpace, plans: list[Plan], peaks: list[float]) -> str:
+# Constraints and infeasibility ------------------------------------------------------------
+def mfu_of(space: SearchSpace, seconds: float) -> float:
+    """Model FLOPs utilisation of a step of ``seconds`` (the devices' dense peak)."""
+    c = space.cluster
+    flops = model_flops_per_token(space.model, space.seq_len) * space.global_batch_size \
+        * space.seq_len
+    groups = [(g.nodes * c.gpus_per_node, g.gpu) for g in c.node_groups] or \
+        [(c.world_size, c.gpu)]
+    return flops / seconds / sum(n * gpu.peak_tflops(space.dtype) * 1e12 for n, gpu in groups)
+
+
+def _within(space: SearchSpace, peak_gib: float, seconds: float) -> bool:
+    """The memory budget and the MFU floor of the constraints."""
+    k = space.constraints
+    return (k.max_memory_gib is None or peak_gib <= k.max_memory_gib) and \
+        (k.min_mfu is None or mfu_of(space, seconds) >= k.min_mfu)
+
+
+def _admitted(space: SearchSpace, c: Candidate) -> bool:
+    """Within the constraints at its best tier (the baseline is held to them too: it is
+    ranked only when the user's framework, ZeRO ceiling and fixed degrees admit it)."""
+    return _within(space, c.peak_gib, c.best_s) and (
+        c.origin != "baseline" or space.constraints.admits(c.plan, space.model))
+
+
+def _why_infeasible(space: SearchSpace, plans: list[Plan], cands: list[Candidate]) -> str:
     """Which constraint rules out each (tp, pp, cp) family, in one line per family."""
-    cap = space.cluster.gpu.memory_gib
+    k = space.constraints
+    fit = [c for c in cands if c.analytic_s < float("inf")]
+    if fit and (k.max_memory_gib is not None or k.min_mfu is not None):
+        top = max(mfu_of(space, c.analytic_s) for c in fit)
+        low = min(c.peak_gib for c in fit)
+        return (f"{len(fit)} plans fit in memory, none within "
+                f"{', '.join(k.describe())}: the least memory {low:.1f} GiB, the best "
+                f"analytic MFU {100 * top:.1f}%")
+    cap = min(space.cluster.gpu.memory_gib, k.max_memory_gib or float("inf"))
     families: dict[tuple[int, int, int], float] = {}
-    for p, peak in zip(plans, peaks, strict=True):
-        key = (p.tp, p.pp, p.cp)
-        families[key] = min(families.get(key, float("inf")), peak)
+    for c in cands:
+        key = (c.plan.tp, c.plan.pp, c.plan.cp)
+        families[key] = min(families.get(key, float("inf")), c.peak_gib)
     lines = [f"tp={tp} pp={pp} cp={cp}: best {peak:.1f} GiB > {cap:.1f} GiB per device"
              for (tp, pp, cp), peak in sorted(families.items(), key=lambda kv: kv[1])[:8]]
     return "no plan fits in memory; the closest families (after ZeRO, recompute and " \
@@ -154,7 +186,8 @@ def _neighbours(space: SearchSpace, c: Candidate) -> list[tuple[str, Plan]]:
             validate(plan, space.model, space.cluster)
         except SpecError:
             continue  # e.g. an algorithm the hardware lacks
-        valid.append((name, plan))
+        if space.constraints.admits(plan, space.model):
+            valid.append((name, plan))
     return valid
 
 
@@ -200,11 +233,45 @@ def _check_inputs(space: SearchSpace) -> None:
         raise SpecError("--global-batch-size/--seq-len", "must be positive (seq_len >= 2)")
 
 
+def _analytic_tier(space: SearchSpace, plans: list[Plan], workers: int, progress: bool
+                   ) -> list[Candidate]:
+    """Every plan scored by the analytic tier; the feasible ones (memory, constraints) best
+    first. Raises NoFeasiblePlan saying which constraint rules them out."""
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(plans), desc="analytic", unit="plan", disable=not progress)
+    scores = [s for part in pool_map(score, chunks(plans, workers), workers, space.model,
+                                      space.cluster, lambda _n: None) for s in part]
+    bar.update(len(plans))
+    bar.close()
+    cands = [Candidate(p, s, pk) for p, (s, pk) in zip(plans, scores, strict=True)]
+    feasible = sorted((c for c in cands if c.analytic_s < float("inf")
+                       and _within(space, c.peak_gib, c.analytic_s)),
+                      key=lambda c: (c.analytic_s, _plan_key(c.plan)))
+    if not feasible:
+        raise NoFeasiblePlan(_why_infeasible(space, plans, cands))
+    return feasible
+
+
+def _shortlist(space: SearchSpace, feasible: list[Candidate], top_k: int
+               ) -> tuple[list[Candidate], Candidate | None]:
+    """The analytic tier's top K, plus the Megatron-style baseline when it is in the space."""
+    shortlist = feasible[:top_k]
+    baseline_plan = megatron_heuristic(space)
+    if baseline_plan is None:
+        return shortlist, None
+    key = _plan_key(baseline_plan)
+    baseline = next((c for c in feasible if _plan_key(c.plan) == key), None)
+    if baseline is not None and baseline not in shortlist:
+        shortlist.append(baseline)
+    return shortlist, baseline
+
+
 def optimize(model: ModelSpec, cluster: ClusterSpec, global_batch_size: int, seq_len: int,
              top_k: int = 8, workers: int | None = None, progress: bool = True,
              dtype: str = "bf16", space: SearchSpace | None = None) -> SearchReport:
     """Find the fastest plans; raises NoFeasiblePlan (CLI exit 3) when none fits. ``space``
-    overrides the default space (e.g. other fixed implementation choices)."""
+    overrides the default space (other fixed implementation choices, constraints)."""
     from tqdm import tqdm
 
     t0 = time.perf_counter()
@@ -213,29 +280,12 @@ def optimize(model: ModelSpec, cluster: ClusterSpec, global_batch_size: int, seq
     workers = workers or os.cpu_count() or 1
     plans = list(space)
     if not plans:
+        within = space.constraints.describe()
         raise NoFeasiblePlan(f"no plan divides {cluster.world_size} devices, the batch of "
-                             f"{global_batch_size} and the model's heads and layers")
-    bar = tqdm(total=len(plans), desc="analytic", unit="plan", disable=not progress)
-    parts = chunks(plans, workers)
-    scores = [s for part in pool_map(score, parts, workers, model, cluster,
-                                      lambda _n: None) for s in part]
-    bar.update(len(plans))
-    bar.close()
-    cands = [Candidate(p, s, pk) for p, (s, pk) in zip(plans, scores, strict=True)]
-    feasible = sorted((c for c in cands if c.analytic_s < float("inf")),
-                      key=lambda c: (c.analytic_s, _plan_key(c.plan)))
-    if not feasible:
-        raise NoFeasiblePlan(_why_infeasible(space, plans, [c.peak_gib for c in cands]))
-    baseline_plan = megatron_heuristic(space)
-    shortlist = feasible[:top_k]
-    seen = {_plan_key(c.plan) for c in shortlist}
-    baseline = None
-    if baseline_plan is not None:
-        key = _plan_key(baseline_plan)
-        baseline = next((c for c in feasible if _plan_key(c.plan) == key), None)
-        if baseline is not None and key not in seen:
-            shortlist.append(baseline)
-            seen.add(key)
+                             f"{global_batch_size} and the model's heads and layers"
+                             + (f" within {', '.join(within)}" if within else ""))
+    feasible = _analytic_tier(space, plans, workers, progress)
+    shortlist, baseline = _shortlist(space, feasible, top_k)
     bar = tqdm(total=len(shortlist), desc="des", unit="plan", disable=not progress)
     results = pool_map(des_result, [c.plan for c in shortlist], workers, model, cluster,
                         bar.update)
@@ -244,10 +294,15 @@ def optimize(model: ModelSpec, cluster: ClusterSpec, global_batch_size: int, seq
         c.des = r
     if baseline is not None:
         baseline.origin = "baseline"
-    best = min(shortlist, key=lambda c: (c.best_s, _plan_key(c.plan)))
+    admitted = [c for c in shortlist if _admitted(space, c)]
+    if not admitted:
+        raise NoFeasiblePlan(f"none of the {len(shortlist)} plans simulated with the DES is "
+                             f"within {', '.join(space.constraints.describe())}")
+    best = min(admitted, key=lambda c: (c.best_s, _plan_key(c.plan)))
     best, tried, moved, log = _local_search(space, best,
                                             {_plan_key(c.plan) for c in shortlist}, workers)
-    ranked = sorted(shortlist + tried, key=lambda c: (c.best_s, _plan_key(c.plan)))
+    ranked = sorted((c for c in shortlist + tried if _admitted(space, c)),
+                    key=lambda c: (c.best_s, _plan_key(c.plan)))
     homogeneous, balanced, extra = _balance(space, ranked, feasible, workers) \
         if cluster.heterogeneous else (None, None, [])
     ranked = sorted(ranked + extra, key=lambda c: (c.best_s, _plan_key(c.plan)))
@@ -316,11 +371,12 @@ def _balance(space: SearchSpace, ranked: list[Candidate], feasible: list[Candida
     m, c = space.model, space.cluster
     seen = {_plan_key(x.plan) for x in ranked}
     new = [(o, p) for o, p in _balanced_seeds(space, ranked, feasible)
-           if _plan_key(p) not in seen]
+           if _plan_key(p) not in seen and space.constraints.admits(p, m)]
     scores = pool_map(score, [[p for _, p in new]], 1, m, c)[0] if new else []
     results = pool_map(des_result, [p for _, p in new], workers, m, c)
-    extra = [Candidate(p, s, pk, r, origin) for (origin, p), (s, pk), r in zip(
-        new, scores, results, strict=True)]
+    extra = [x for x in (Candidate(p, s, pk, r, origin) for (origin, p), (s, pk), r in zip(
+        new, scores, results, strict=True))
+        if _admitted(space, x)]
     even = [x for x in ranked + extra
             if x.plan.layers_per_stage is None and x.plan.micro_batches_per_replica is None]
     if not even:

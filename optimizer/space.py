@@ -20,6 +20,7 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from optimizer.constraints import Constraints
 from sim.spec.cluster import ClusterSpec
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
@@ -45,7 +46,7 @@ class SearchSpace:
     max_cp: int = 8
     attention: str = "flash"  # implementation choices held fixed, not searched
     overlap_grad_reduce: bool = True
-    max_zero_stage: int = 3  # 1: plans Megatron-LM can run
+    constraints: Constraints = Constraints()  # framework, ZeRO ceiling, fixed degrees, ...
 
     def _tps(self) -> list[int]:
         m = self.model
@@ -53,7 +54,8 @@ class SearchSpace:
                 if m.num_heads % t == 0 and m.kv_heads % t == 0]
 
     def _cps(self, rest: int) -> list[int]:
-        return [c for c in divisors(rest, self.max_cp) if (self.seq_len // 2) % c == 0
+        limit = max(self.max_cp, self.constraints.fixed_value("cp") or 0)
+        return [c for c in divisors(rest, limit) if (self.seq_len // 2) % c == 0
                 and (c == 1 or self.seq_len % (2 * c) == 0)]
 
     def _eps(self, dp: int) -> list[int]:
@@ -61,33 +63,35 @@ class SearchSpace:
         return divisors(dp) if not m.is_moe else \
             [e for e in divisors(dp) if m.num_experts % e == 0]
 
+    def _keep(self, name: str, values: list[int]) -> list[int]:
+        fixed = self.constraints.fixed_value(name)
+        return values if fixed is None else [v for v in values if v == fixed]
+
     def degrees(self) -> Iterator[tuple[int, int, int, int, int]]:
         """(tp, cp, pp, dp, ep) with tp*cp*pp*dp = world and every divisibility rule."""
         world = self.cluster.world_size
-        for tp in self._tps():
-            for cp in self._cps(world // tp):
-                for pp in divisors(world // (tp * cp)):
-                    if self.model.num_layers % pp:
-                        continue
+        for tp in self._keep("tp", self._tps()):
+            for cp in self._keep("cp", self._cps(world // tp)):
+                for pp in self._keep("pp", divisors(world // (tp * cp))):
                     dp = world // (tp * cp * pp)
-                    if self.global_batch_size % dp:
+                    if self.model.num_layers % pp or self.global_batch_size % dp \
+                            or self._keep("dp", [dp]) != [dp]:
                         continue
-                    for ep in (self._eps(dp) if self.model.is_moe else [1]):
+                    for ep in self._keep("ep", self._eps(dp) if self.model.is_moe else [1]):
                         yield tp, cp, pp, dp, ep
 
     def _schedules(self, pp: int, micro: int) -> list[tuple[str, int]]:
-        if pp == 1:
-            return [("1f1b", 1)]
         out = [("1f1b", 1)]
         per_stage = self.model.num_layers // pp
-        if micro % pp == 0:
+        if pp > 1 and micro % pp == 0:
             out += [("interleaved-1f1b", v) for v in divisors(per_stage) if v > 1]
-        return out
+        vpp = self.constraints.fixed_value("vpp")
+        return out if vpp is None else [(s, v) for s, v in out if v == vpp]
 
     def _tail(self, tp: int, pp: int, ep: int, cp: int) -> Iterator[tuple[int, str, bool, str]]:
         """(zero stage, recompute, sequence parallel, placement)."""
         zeros = tuple(z for z in ((0, 1, 2, 3) if pp == 1 else (0, 1))
-                      if z <= self.max_zero_stage)
+                      if z <= self.constraints.max_zero_stage)
         # selective recompute saves nothing with flash attention
         recomputes = ("none", "full") if self.attention == "flash" else \
             ("none", "selective", "full")
@@ -101,15 +105,20 @@ class SearchSpace:
     def __iter__(self) -> Iterator[Plan]:
         for tp, cp, pp, dp, ep in self.degrees():
             per_replica = self.global_batch_size // dp
-            for mbs in divisors(per_replica, self.max_micro_batch):
+            limit = max(self.max_micro_batch,
+                        self.constraints.fixed_value("micro_batch_size") or 0)
+            for mbs in self._keep("micro_batch_size", divisors(per_replica, limit)):
                 micro = per_replica // mbs
                 for (schedule, vpp), tail in itertools.product(self._schedules(pp, micro),
                                                                self._tail(tp, pp, ep, cp)):
                     zero, recompute, sp, placement = tail
-                    yield Plan(self.global_batch_size, self.seq_len, mbs, dp, tp, pp, cp, ep,
-                               vpp, schedule, zero, recompute, sp, self.dtype, placement,
-                               attention=self.attention,
-                               overlap_grad_reduce=self.overlap_grad_reduce)
+                    plan = Plan(self.global_batch_size, self.seq_len, mbs, dp, tp, pp, cp, ep,
+                                vpp, schedule, zero, recompute, sp, self.dtype, placement,
+                                attention=self.attention,
+                                overlap_grad_reduce=self.overlap_grad_reduce)
+                    if self.constraints.framework == "any" \
+                            or self.constraints.admits(plan, self.model):
+                        yield plan
 
 
 def plans(model: ModelSpec, cluster: ClusterSpec, global_batch_size: int, seq_len: int,

@@ -165,7 +165,8 @@ HELP_OPTIONS: dict[tuple[str, ...], list[str]] = {
          "demo", "optimize", "export", "profile", "sweep", "execute", "compare", "goodput",
          "cosim"],
     ("optimize",): ["--model", "--cluster", "--global-batch-size", "--seq-len", "--top",
-                    "--workers", "--json", "--out", "--set", "--scenario"],
+                    "--workers", "--json", "--out", "--set", "--scenario", "--dtype",
+                    "--framework", "--max-zero-stage", "--fix", "--max-memory-gib", "--min-mfu"],
     ("export",): ["--plan", "--model", "--cluster", "--format", "--out"],
     ("simulate",): ["--model", "--cluster", "--plan", "--fidelity", "--profile",
                     "--compute-stat", "--trace",
@@ -185,7 +186,8 @@ HELP_OPTIONS: dict[tuple[str, ...], list[str]] = {
     ("plot", "sensitivity"): ["results", "--y", "--out"],
     ("sweep",): ["--model", "--cluster", "--grid", "--vary", "--set", "--plan",
                  "--global-batch-size", "--seq-len", "--fidelity", "--optimize", "--top",
-                 "--workers", "--ray", "--out", "--json", "--no-progress"],
+                 "--workers", "--ray", "--out", "--json", "--no-progress",
+                 "--framework", "--max-zero-stage", "--fix", "--max-memory-gib", "--min-mfu"],
     ("plan",): ["new", "check"],
     ("plan", "new"): ["--global-batch-size", "--seq-len", "--micro-batch-size", "--dp", "--tp",
                       "--pp", "--cp", "--ep", "--vpp", "--zero-stage", "--schedule",
@@ -201,7 +203,7 @@ HELP_OPTIONS: dict[tuple[str, ...], list[str]] = {
                              "--micro-batch", "--seq-len", "--db", "--force", "--passes",
                              "--busy"],
     ("profile", "comm"): ["--nproc", "--collectives", "--min-bytes", "--max-bytes", "--rounds",
-                          "--no-insitu", "--timeout", "--db"],
+                          "--no-insitu", "--timeout", "--db", "--accept-poor-fit"],
     ("profile", "show"): ["--db"],
     ("profile", "import-trace"): ["trace", "--top", "--json"],
     ("execute",): ["--model", "--plan", "--nproc", "--steps", "--warmup", "--device",
@@ -210,7 +212,7 @@ HELP_OPTIONS: dict[tuple[str, ...], list[str]] = {
     ("compare",): ["--model", "--plan", "--nproc", "--steps", "--warmup", "--device",
                    "--threads", "--timeout", "--scale-layers", "--scale-hidden",
                    "--inject-fault", "--json", "--cluster", "--profile", "--compute-stat",
-                   "--fidelity", "--calibrate"],
+                   "--fidelity", "--calibrate", "--measured", "--calibration-out"],
 }
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -162,13 +163,58 @@ def test_deepspeed_parses_the_config(name, deepspeed_comm):
 def test_torchrun_parses_the_launch_line_and_the_worker_reads_its_config(tmp_path: Path):
     from helpers.frameworks import torchrun_parsed
 
+    from executor.export import torchrun_files
     from executor.worker import Runner  # noqa: F401  (the worker module imports)
 
     model, cluster, plan = load_model("llama3-8b"), load_cluster("dgx-h100:2"), \
         PLANS["llama3-8b fsdp dp16"][2]
-    files = export("torchrun", plan, model, cluster)
+    files = torchrun_files(plan, model, cluster)
     parsed = torchrun_parsed(files["torchrun.sh"])
     assert (parsed["nnodes"], parsed["nproc_per_node"]) == ("2", "8")
     assert parsed["module"] and parsed["script"] == "executor.worker"
     cfg = json.loads(files["executor_config.json"])
     assert Plan.from_dict(cfg["plan"]) == plan and cfg["model"] == model.to_dict()
+
+
+# Hugging Face types with parts beyond Llama's layer: expressed where the framework builds
+# them (Qwen 3's per-head query/key norms), refused by name where it does not.
+NEW_TYPES = {"qwen3-8b": ("QWEN3_8B", {"megatron": None, "torchtitan": "model",
+                                       "torchrun": "model.qk_norm"}),
+             "gemma2-9b": ("GEMMA2_9B", {"megatron": "model.norms_per_layer",
+                                         "torchtitan": "model",
+                                         "torchrun": "model.norms_per_layer"}),
+             "olmo2-7b": ("OLMO2_7B", {"megatron": "model.qk_norm", "torchtitan": "model",
+                                       "torchrun": "model.qk_norm"})}
+
+
+@pytest.mark.parametrize("name", list(NEW_TYPES))
+def test_new_model_types_expressed_or_refused_by_name(name):
+    import test_hf_config
+
+    from executor.export import torchrun_files
+    from sim.spec.hf_config import hf_config_to_spec
+
+    config, expected = NEW_TYPES[name]
+    model = hf_config_to_spec(getattr(test_hf_config, config), name)
+    cluster, plan = load_cluster("dgx-h100:2"), Plan(64, 4096, 1, dp=8, tp=2, zero_stage=2)
+    for fmt, field in expected.items():
+        if field is None:
+            files = export(fmt, plan, model, cluster)
+            assert "--qk-layernorm" in files["megatron_args.sh"]
+            continue
+        with pytest.raises(SpecError) as err:
+            (torchrun_files if fmt == "torchrun" else partial(export, fmt))(plan, model, cluster)
+        assert err.value.field == field and "\n" not in str(err.value), (fmt, str(err.value))
+
+
+def test_megatron_core_builds_qwen3s_query_key_norms():
+    pytest.importorskip("megatron.core", reason="megatron-core not installed")
+    import test_hf_config
+    from helpers.frameworks import megatron_parsed
+
+    from sim.spec.hf_config import hf_config_to_spec
+
+    model = hf_config_to_spec(test_hf_config.QWEN3_8B, "qwen3-8b")
+    files = export("megatron", Plan(64, 4096, 1, dp=8, tp=2), model, load_cluster("dgx-h100:2"))
+    parsed = megatron_parsed(files["megatron_args.sh"], 16)
+    assert parsed["qk_layernorm"] is True and parsed["kv_channels"] == model.head_size == 128

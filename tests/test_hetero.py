@@ -12,6 +12,7 @@ import json
 
 import pytest
 
+from executor.export import torchrun_files
 from optimizer.balance import balanced, balanced_variants, proportional, refine
 from optimizer.export import export
 from optimizer.report import format_report, summary
@@ -235,9 +236,11 @@ def test_plan_round_trip_and_exporters_refuse(model):
     plan = _dp_plan((10, 22))
     assert Plan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
     assert plan.num_microbatches == 22 and plan.replica_microbatches == (10, 22)
-    for fmt in ("megatron", "torchtitan", "deepspeed", "torchrun"):
+    for fmt in ("megatron", "torchtitan", "deepspeed"):
         with pytest.raises(SpecError, match="micro_batches_per_replica .* not expressible"):
             export(fmt, plan, model, load_cluster(MIXED))
+    with pytest.raises(SpecError, match="micro_batches_per_replica is not run"):
+        torchrun_files(plan, model, load_cluster(MIXED))
 
 
 # Optimizer ------------------------------------------------------------------------------------

@@ -4,12 +4,13 @@ import json
 
 import pytest
 
-from optimizer.export import export, rank_table
+from optimizer.export import export
 from optimizer.search import lower_bound_s, megatron_heuristic, optimize
 from optimizer.space import SearchSpace, divisors
 from sim import Plan, load_cluster, load_model, validate
 from sim.errors import NoFeasiblePlan, SpecError
 from sim.layout.flops import model_flops_per_token
+from sim.layout.placement import framework_rank_table
 from trainsim.cli import main
 from trainsim.plots.search import pareto_front
 
@@ -77,12 +78,12 @@ PLAN = Plan(global_batch_size=64, seq_len=4096, dp=2, tp=4, pp=2, vpp=2,
 
 def test_rank_table_when_the_placement_differs(tmp_path):
     p = Plan(global_batch_size=64, seq_len=4096, dp=2, tp=4, pp=2, placement="tp-cp-ep-pp-dp")
-    files = export("torchrun", p, L8, H2)
+    files = export("megatron", p, L8, H2)
     table = json.loads(files["rank_table.json"])["ranks"]
-    assert len(table) == 16 and table == rank_table(p, H2)
+    assert len(table) == 16 and table == framework_rank_table(p, H2.gpus_per_node)
     # framework rank 4 (tp 0, dp 1) is logical rank 8 under pp-inner placement: node 1
     assert table[4] == {"rank": 4, "node": 1, "local_rank": 0}
-    assert "rank_table.json" not in export("torchrun", PLAN, L8, H2)
+    assert "rank_table.json" not in export("megatron", PLAN, L8, H2)
 
 
 def test_cli_optimize_and_export(tmp_path, capsys):

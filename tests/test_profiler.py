@@ -144,8 +144,11 @@ def test_default_sizes():
 
 
 def test_comm_profile_under_torchrun(tmp_path):
+    # Two rounds on a shared 2-core machine fit poorly at random; the refusal of a poor fit
+    # has its own test (test_profile_defects.py): here the fit is stored with its note.
     folder, fits = run_comm_profile(2, tmp_path, [1024, 65536, 1 << 20], ["all_reduce",
-                                    "send_recv", "all_gather"], timeout_s=300, rounds=2)
+                                    "send_recv", "all_gather"], timeout_s=300, rounds=2,
+                                    accept_poor_fit=True)
     comm = read_table(folder, "comm")
     assert len(comm) == 9 and set(comm["backend"]) == {"gloo"}
     ar = comm[comm["collective"] == "all_reduce"].iloc[-1]

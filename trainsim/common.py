@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_NO_PLAN", "Parser", "fail", "write_run", "MODEL_HELP",
-           "CLUSTER_HELP"]
+           "CLUSTER_HELP", "check_out_dir"]
 
 EXIT_BAD_INPUT = 2
 EXIT_NO_PLAN = 3
@@ -33,7 +33,27 @@ def fail(message: str) -> int:
     return EXIT_BAD_INPUT
 
 
-def write_run(out: Path, result: Any, model: Any, cluster: Any, plan: Any) -> None:
+def check_out_dir(out: Path | None, field: str) -> None:
+    """A run folder that can be created later: not a file, under a writable folder. Nothing
+    is created here, so a command that fails afterwards leaves no empty folder behind."""
+    import os
+
+    from sim.errors import SpecError
+
+    if out is None:
+        return
+    if out.exists() and not out.is_dir():
+        raise SpecError(field, f"{str(out)!r} is a file, not a folder")
+    parent = out
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise SpecError(field, f"cannot create {str(out)!r}: {str(parent)!r} is not a "
+                        "writable folder")
+
+
+def write_run(out: Path, result: Any, model: Any, cluster: Any, plan: Any,
+              faults: Any = None) -> None:
     """The run folder, all-or-nothing: the resolved inputs next to the results."""
     from sim.io import atomic_write_files
     from trainsim.report import format_result
@@ -42,4 +62,4 @@ def write_run(out: Path, result: Any, model: Any, cluster: Any, plan: Any) -> No
     atomic_write_files({
         out / "inputs.json": json.dumps(inputs, indent=2) + "\n",
         out / "result.json": json.dumps(result.to_dict(), indent=2) + "\n",
-        out / "summary.txt": format_result(result) + "\n"})
+        out / "summary.txt": format_result(result, plan, faults) + "\n"})

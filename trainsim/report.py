@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from sim.layout.flops import active_param_count, model_flops_per_token, param_count
 from sim.result import BREAKDOWN_KINDS, Result
+from sim.spec.faults import Faults
 from sim.spec.model import ModelSpec
+from sim.spec.plan import Plan
 
 __all__ = ["format_result", "format_model"]
 
@@ -13,13 +15,33 @@ def _pct(x: float, total: float) -> str:
     return f"{100 * x / total:5.1f}%" if total else "    -"
 
 
-def format_result(r: Result) -> str:
+def _inputs(plan: Plan | None, faults: Faults | None) -> list[str]:
+    """The plan and the applied faults, so a summary says what it is a summary of."""
+    from optimizer.report import plan_label
+
+    lines = []
+    if plan is not None:
+        lines.append(f"  plan                  {plan_label(plan)}, global batch "
+                     f"{plan.global_batch_size} x {plan.seq_len} tokens, {plan.dtype}")
+    if faults is not None and not faults.empty:
+        d = faults.to_dict()
+        applied = [("stragglers", ", ".join(d["stragglers"])),
+                   ("drawn slow-downs", ", ".join(d["distributions"])
+                    + (f" (seed {faults.seed})" if d["distributions"] else "")),
+                   ("failed links", ", ".join(f"{n} at {t:g} s" for n, t in faults.failures))]
+        lines += [f"  {name:<21} {text}" for name, text in applied if text]
+    return lines
+
+
+def format_result(r: Result, plan: Plan | None = None, faults: Faults | None = None) -> str:
+    """The text summary of ``r``; ``plan`` and ``faults``, when given, are echoed at the top."""
     it = r.iteration_time_s
+    head = [f"{r.model} on {r.cluster} ({r.gpus} devices), fidelity {r.fidelity}",
+            *_inputs(plan, faults)]
     if "cannot_complete" in r.simulation:
-        return (f"{r.model} on {r.cluster} ({r.gpus} devices), fidelity {r.fidelity}\n"
-                f"  STEP CANNOT COMPLETE: {r.simulation['cannot_complete']}")
+        return "\n".join(head + [f"  STEP CANNOT COMPLETE: {r.simulation['cannot_complete']}"])
     lines = [
-        f"{r.model} on {r.cluster} ({r.gpus} devices), fidelity {r.fidelity}",
+        *head,
         f"  iteration time        {it:.4g} s   ({r.num_microbatches} micro-batches)",
         f"  tokens/s              {r.tokens_per_s:,.0f}",
         f"  model TFLOP/s/GPU     {r.model_tflops_per_gpu:.4g}   (MFU {100 * r.mfu:.1f}%)",

@@ -54,7 +54,7 @@ def deepspeed_config(plan: Plan) -> dict[str, Any]:
 def files(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> dict[str, str]:
     import json
 
-    from optimizer.export import nccl_env
+    from sim.network.algorithms import nccl_env
 
     out = {"deepspeed_config.json": json.dumps(deepspeed_config(plan), indent=2) + "\n"}
     env = nccl_env(plan, "deepspeed")

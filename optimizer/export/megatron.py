@@ -21,7 +21,24 @@ _ZERO = {0: [], 1: ["--use-distributed-optimizer"],
          3: ["--use-megatron-fsdp", "--data-parallel-sharding-strategy optim_grads_params"]}
 
 
+def _check_model(m: ModelSpec) -> None:
+    """The model features pretrain_gpt.py's GPT layer does not build."""
+    if m.qk_norm == "full":
+        raise SpecError("model.qk_norm", "full (one norm over all heads' queries, one over "
+                        "the keys) is not expressible in Megatron-LM: --qk-layernorm norms each "
+                        "head")
+    if m.norms_per_layer != 2:
+        raise SpecError("model.norms_per_layer", f"{m.norms_per_layer} is not expressible in "
+                        "Megatron-LM's GPT layer (a norm before attention and one before the "
+                        "MLP)")
+    if m.sliding_window:
+        raise SpecError("model.sliding_window", "sliding-window layers are not exported to "
+                        "Megatron-LM yet (--window-size with --window-attn-skip-freq would need "
+                        "the layer pattern, which the model spec does not keep)")
+
+
 def check(plan: Plan, model: ModelSpec) -> None:
+    _check_model(model)
     if plan.pp > 1 and plan.schedule == "gpipe":
         raise SpecError("plan.schedule", "gpipe is not expressible in Megatron-LM: with pp > 1 "
                         "it runs 1F1B (or interleaved 1F1B)")
@@ -76,6 +93,7 @@ def _model_args(m: ModelSpec, plan: Plan) -> list[str]:
     args += [] if m.tied_embeddings else ["--untie-embeddings-and-output-weights"]
     args += [] if m.linear_bias else ["--disable-bias-linear"]
     args += ["--add-qkv-bias"] if m.qkv_bias and not m.linear_bias else []
+    args += ["--qk-layernorm"] if m.qk_norm == "head" else []
     return args + _moe_args(m, plan)
 
 
@@ -105,7 +123,7 @@ def megatron_args(plan: Plan, model: ModelSpec) -> list[str]:
 
 
 def megatron_env(plan: Plan) -> dict[str, str]:
-    from optimizer.export import nccl_env
+    from sim.network.algorithms import nccl_env
 
     env = nccl_env(plan, "megatron")
     if plan.tp > 1 or plan.cp > 1:  # validate_args requires it for TP/CP comm ordering
@@ -116,7 +134,7 @@ def megatron_env(plan: Plan) -> dict[str, str]:
 def files(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> dict[str, str]:
     import shlex
 
-    from optimizer.export import FRAMEWORKS, PREAMBLE, env_lines, launcher
+    from optimizer.export.common import FRAMEWORKS, PREAMBLE, env_lines, launcher
 
     lines = ["#!/bin/bash", f"# {FRAMEWORKS['megatron']}: run from a Megatron-LM checkout on "
              "every node. --mock-data trains on synthetic tokens: replace it with --data-path "

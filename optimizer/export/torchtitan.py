@@ -35,6 +35,9 @@ def _architecture(m: ModelSpec) -> str | None:
                                    ("gated MLP", m.gated_mlp),
                                    ("no biases", not (m.linear_bias or m.qkv_bias)),
                                    ("no dropout", not m.dropout),
+                                   ("no query/key norms", m.qk_norm == "none"),
+                                   ("two norms per layer", m.norms_per_layer == 2),
+                                   ("full attention", not m.sliding_window),
                                    ("head_dim = hidden/heads",
                                     m.head_size * m.num_heads == m.hidden_size)) if not ok]
     return f"{m.name} (needs {', '.join(wrong)})" if wrong else None
@@ -108,21 +111,23 @@ def _training(plan: Plan) -> dict[str, object]:
             "mixed_precision_param": "float32" if plan.dtype == "fp32" else "bfloat16"}
 
 
+# (module, names) of the config module's imports: torchtitan's own classes
+_IMPORTS = (("torchtitan.components.quantization", "Float8LinearConverter"),
+            ("torchtitan.config", "ParallelismConfig, TrainingConfig"),
+            ("torchtitan.distributed.activation_checkpoint", "FullAC, SelectiveAC"),
+            ("torchtitan.models", "llama3"),
+            ("torchtitan.models.common", "ComplexRoPE, Embedding, Linear, RMSNorm"),
+            ("torchtitan.models.llama3.config_registry", "llama3_8b"))
 _TEMPLATE = '''"""torchtitan 0.3.0 config written by `trainsim export --format torchtitan`:
 {label}. Load it the way torchtitan's trainer does:
     PYTHONPATH=. torchrun ... -m torchtitan.train --module {module} --config {fn}
 """
 
-from torchtitan.components.quantization import Float8LinearConverter
-from torchtitan.config import ParallelismConfig, TrainingConfig
-from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
-from torchtitan.models import llama3
-from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
-from torchtitan.models.llama3.config_registry import llama3_8b
+{imports}
 
-MODEL = {model!r}
-PARALLELISM = {parallelism!r}
-TRAINING = {training!r}
+MODEL = {model}
+PARALLELISM = {parallelism}
+TRAINING = {training}
 RECOMPUTE = {recompute!r}
 FP8 = {fp8!r}
 
@@ -160,6 +165,12 @@ def {fn}():
 '''
 
 
+def _literal(value: dict[str, object]) -> str:
+    import pprint
+
+    return pprint.pformat(value, width=88, sort_dicts=False, compact=True)
+
+
 def module_source(plan: Plan, model: ModelSpec) -> str:
     from optimizer.report import plan_label
 
@@ -169,14 +180,18 @@ def module_source(plan: Plan, model: ModelSpec) -> str:
             "num_layers": model.num_layers, "num_heads": model.num_heads,
             "kv_heads": model.kv_heads, "ffn_hidden_size": model.ffn_hidden_size,
             "max_seq_len": max(model.max_seq_len, plan.seq_len)}
-    return _TEMPLATE.format(label=f"{model.name} {plan_label(plan)}", module=MODULE,
-                            fn=CONFIG_FN, model=spec, parallelism=_parallelism(plan, model),
-                            training=_training(plan), recompute=plan.recompute,
+    imports = "\n".join(f"from {module} import {names}" for module, names in _IMPORTS)
+    label = f"{model.name} {plan_label(plan)}"
+    return _TEMPLATE.format(imports=imports, label=label, module=MODULE, fn=CONFIG_FN,
+                            model=_literal(spec),
+                            parallelism=_literal(_parallelism(plan, model)),
+                            training=_literal(_training(plan)), recompute=plan.recompute,
                             fp8=plan.dtype == "fp8")
 
 
 def files(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> dict[str, str]:
-    from optimizer.export import FRAMEWORKS, PREAMBLE, env_lines, launcher, nccl_env
+    from optimizer.export.common import FRAMEWORKS, PREAMBLE, env_lines, launcher
+    from sim.network.algorithms import nccl_env
 
     script = ["#!/bin/bash", f"# {FRAMEWORKS['torchtitan']}: run beside {MODULE}.py on every "
               "node", *PREAMBLE, *env_lines(nccl_env(plan, "torchtitan")),

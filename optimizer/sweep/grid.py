@@ -25,6 +25,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from optimizer.constraints import Constraints
 from sim.api import FIDELITIES, simulate
 from sim.errors import NoFeasiblePlan, SpecError, field_name
 from sim.result import Result
@@ -62,6 +63,7 @@ class SweepSpec:
     plan_file: str | None = None
     optimize: bool = False
     top_k: int = 4
+    constraints: Constraints = Constraints()  # of the optimizer, with optimize
 
     @property
     def size(self) -> int:
@@ -81,6 +83,10 @@ class SweepSpec:
         d = dataclasses.asdict(self)
         d["fixed"] = [list(e) for e in self.fixed]
         d["axes"] = [[k, list(v)] for k, v in self.axes]
+        if self.constraints == Constraints():  # as sweeps written before constraints existed
+            d.pop("constraints")
+        else:
+            d["constraints"]["fixed"] = [list(f) for f in self.constraints.fixed]
         return d
 
 
@@ -249,8 +255,12 @@ def _optimized(spec: SweepSpec, model: ModelSpec, cluster: ClusterSpec, edits: d
     from optimizer.search import optimize
 
     base = _base_plan_fields(spec) | {k: v for k, v in edits.items() if k in _OPTIMIZE_PLAN_KEYS}
-    rep = optimize(model, cluster, base["global_batch_size"], base["seq_len"],
-                   top_k=spec.top_k, workers=1, progress=False, dtype=base.get("dtype", "bf16"))
+    from optimizer.space import SearchSpace
+
+    gbs, seq, dtype = base["global_batch_size"], base["seq_len"], base.get("dtype", "bf16")
+    rep = optimize(model, cluster, gbs, seq, top_k=spec.top_k, workers=1, progress=False,
+                   space=SearchSpace(model, cluster, gbs, seq, dtype,
+                                     constraints=spec.constraints))
     plan = rep.best.plan
     result = rep.best.des if fidelity == "des" and rep.best.des else \
         simulate(model, cluster, plan, fidelity)

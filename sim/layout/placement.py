@@ -19,7 +19,7 @@ from sim.spec.cluster import ClusterSpec
 from sim.spec.plan import DIMS, Plan
 
 __all__ = ["GroupSpan", "GROUP_DIMS", "group_span", "dim_sizes", "rank_coords", "groups_of",
-           "stage_devices"]
+           "framework_rank_table", "stage_devices"]
 
 # Parallel group -> the placement dimensions it spans.
 GROUP_DIMS = {
@@ -124,6 +124,23 @@ def _group_span(layout: tuple, gpus_per_node: int, pod_size: int, world_size: in
 def rank_coords(plan: Plan) -> tuple[dict[str, int], dict[str, int]]:
     """(sizes, strides) of the placement dimensions: rank = sum(coord[d] * stride[d])."""
     return dim_sizes(plan), _strides(plan)
+
+
+def framework_rank_table(plan: Plan, gpus_per_node: int) -> list[dict[str, int]]:
+    """Global rank in the frameworks' order (tp innermost, then cp, ep/dp, pp; Megatron-LM,
+    torchtitan and torchrun alike) -> the node and local device the plan puts it on."""
+    sizes, strides = rank_coords(plan)
+    order = ("tp", "cp", "ep", "dp", "pp")
+    rows = []
+    for fw_rank in range(plan.world_size):
+        coord, rest = {}, fw_rank
+        for d in order:
+            coord[d], rest = rest % sizes[d], rest // sizes[d]
+        logical = sum(coord[d] * strides[d] for d in order)
+        device = logical if isinstance(plan.placement, str) else plan.placement[logical]
+        rows.append({"rank": fw_rank, "node": device // gpus_per_node,
+                     "local_rank": device % gpus_per_node})
+    return rows
 
 
 def groups_of(plan: Plan, group: str, fixed: dict[str, int]) -> list[list[int]]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from sim.errors import SpecError
 from sim.network.alphabeta import (
     Fabric,
     all_to_all_s,
@@ -45,8 +46,9 @@ from sim.network.collectives import (
     nvls_phases,
     ring_phases,
 )
+from sim.spec.plan import Plan
 
-__all__ = ["Algorithm", "TABLE", "REDUCTIONS", "collective_time", "expand"]
+__all__ = ["Algorithm", "TABLE", "REDUCTIONS", "collective_time", "expand", "nccl_env"]
 
 REDUCTIONS = ("all_reduce", "all_gather", "reduce_scatter")
 Nodes = list[list[int]] | None  # a group's indices per node (None: not known / one node)
@@ -194,3 +196,24 @@ def expand(kind: str, algorithm: str, n: int, size: float, nodes: Nodes = None
     if kind == "broadcast":
         return chain_phases(n, size, nodes)
     return _entry(kind, algorithm).phases(kind, n, size, nodes)
+
+
+# Our algorithm names -> NCCL_ALGO values; the others have no NCCL switch.
+_NCCL_ALGO = {"ring": "Ring", "tree": "Tree", "nvls": "NVLS"}
+
+
+def nccl_env(plan: Plan, runner: str) -> dict[str, str]:
+    """``NCCL_ALGO`` for a plan's chosen collective algorithms, for ``runner`` (a framework
+    or launcher). NCCL takes one algorithm per process, not per group: a plan giving two
+    groups in use different algorithms, or one NCCL cannot be told to use, is refused."""
+    chosen = {g: a for g, a in plan.collectives if a != "auto"}
+    if not chosen:
+        return {}
+    degree = {"tp": plan.tp, "dp": plan.dp, "ep": plan.ep}
+    used = {g: chosen.get(g, "auto") for g in degree if degree[g] > 1 or g in chosen}
+    algos = set(used.values())
+    if len(algos) != 1 or next(iter(algos)) not in _NCCL_ALGO:
+        raise SpecError("plan.collectives", f"{dict(plan.collectives)} is not expressible in "
+                        f"{runner}: NCCL_ALGO sets one algorithm ({'/'.join(_NCCL_ALGO)}) for "
+                        f"every group of a process (groups in use: {', '.join(sorted(used))})")
+    return {"NCCL_ALGO": _NCCL_ALGO[algos.pop()]}

@@ -144,7 +144,8 @@ def megatron_parsed(text: str, world: int) -> dict[str, Any]:
             "dispatcher": cfg.moe_token_dispatcher_type if cfg.num_moe_experts else None,
             "dropout": (cfg.hidden_dropout, cfg.attention_dropout),
             "overlap_grad_reduce": ddp.overlap_grad_reduce, "num_layers": cfg.num_layers,
-            "attention": cfg.attention_backend.name}
+            "attention": cfg.attention_backend.name, "qk_layernorm": cfg.qk_layernorm,
+            "kv_channels": cfg.kv_channels}
 
 
 def torchtitan_parsed(folder: Path, module: str, fn: str, world: int) -> dict[str, Any]:

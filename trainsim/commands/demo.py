@@ -16,9 +16,10 @@ SCENARIO: dict[str, str | int] = {"model": "llama3-70b", "cluster": "dgx-h100:16
 
 def run_demo(out: Path, workers: int | None = None) -> int:
     from trainsim.commands.optimize import run_optimize
+    from trainsim.common import check_out_dir
 
     s = SCENARIO
-    out.mkdir(parents=True, exist_ok=True)  # a bad --out fails before any output
+    check_out_dir(out, "--out")  # a bad --out fails before any output, creating nothing
     print(f"== optimize {s['model']} on {s['cluster']}, global batch {s['global_batch_size']}"
           f" x {s['seq_len']} tokens")
     gbs, seq = s["global_batch_size"], s["seq_len"]
@@ -31,7 +32,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def add_demo_parser(sub: Any) -> None:
-    p = sub.add_parser("demo", help="simulate the built-in scenarios and plot them")
+    p = sub.add_parser("demo", help="the main job on built-in defaults: optimize llama3-70b on "
+                       "16 DGX H100 nodes (global batch 512 x 8192 tokens), print the ranked "
+                       "plans, write the plots, the best plan's trace and its Megatron-LM "
+                       "arguments")
     p.add_argument("--out", default="runs/demo", metavar="DIR",
                    help="run folder (default runs/demo)")
     p.set_defaults(func=cmd_demo)

@@ -8,81 +8,132 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from sim.errors import SpecError
 from trainsim.common import EXIT_NO_PLAN
 
-__all__ = ["add_optimize_parsers", "run_optimize"]
+__all__ = ["add_optimize_parsers", "run_optimize", "constraints_of",
+           "add_constraint_options"]
 
 
 
 def run_optimize(model_ref: str, cluster_ref: Any, gbs: int, seq: int, top: int,
                  out: Path | None, as_json: bool, workers: int | None,
-                 extras: bool = True) -> int:
-    """``cluster_ref`` is a preset, a TOML file, or a ClusterSpec (an edited scenario)."""
+                 extras: bool = True, constraints: Any = None, dtype: str = "bf16") -> int:
+    """``cluster_ref`` is a preset, a TOML file, or a ClusterSpec (an edited scenario).
+    ``out`` is created only once the search has found a plan."""
+    from optimizer.constraints import Constraints
     from optimizer.report import format_report, summary, write_outputs
     from optimizer.search import optimize
+    from optimizer.space import SearchSpace
     from sim import ClusterSpec, load_cluster, load_model
     from sim.errors import NoFeasiblePlan
+    from trainsim.common import check_out_dir
     from trainsim.plots.search import plot_search
 
+    check_out_dir(out, "--out")  # a bad --out fails before the search, creating nothing
+    for name, value in (("--top", top), ("--workers", workers)):
+        if value is not None and value < 1:
+            raise SpecError(name, f"must be >= 1, got {value}")
     model = load_model(model_ref)
     cluster = cluster_ref if isinstance(cluster_ref, ClusterSpec) else load_cluster(cluster_ref)
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)  # a bad --out fails before the search
+    space = SearchSpace(model, cluster, gbs, seq, dtype,
+                        constraints=constraints or Constraints())
     try:
         rep = optimize(model, cluster, gbs, seq, top_k=top, workers=workers,
-                       progress=not as_json)
+                       progress=not as_json, space=space)
+        megatron = _megatron_best(rep, space, top, workers) if extras else None
     except NoFeasiblePlan as exc:
-        print(f"trainsim: no feasible plan: {exc}", file=__import__("sys").stderr)
+        print(f"trainsim: no feasible plan: {exc}", file=sys.stderr)
         return EXIT_NO_PLAN
-    s = summary(rep, top)
+    s = summary(rep, top, space.constraints, megatron)
     print(json.dumps(s, indent=2) if as_json else format_report(s))
     if out is not None:
-        files = write_outputs(rep, s, out, _extras(rep, model, cluster, out) if extras else {})
+        out.mkdir(parents=True, exist_ok=True)
+        files = write_outputs(rep, s, out, _extras(rep, megatron, space, out) if extras else {})
         files += plot_search(rep, out)
         if not as_json:
             print("wrote " + ", ".join(str(f) for f in files))
     return 0
 
 
-def _extras(rep: Any, model: Any, cluster: Any, out: Path) -> dict[str, str]:
-    """The best plan's DES trace and its Megatron-LM arguments (of the best plan Megatron
-    can run: ZeRO-2/3 plans, uneven micro-batches and some layer splits are not)."""
-    from optimizer.export import export
+def _megatron_best(rep: Any, space: Any, top: int, workers: int | None) -> Any:
+    """The fastest plan Megatron-LM can run: the overall best when Megatron-LM expresses it,
+    else a search of its own over the plans Megatron-LM expresses (not a filter of this
+    search's top K). None when a framework was already asked for."""
+    import dataclasses
+
+    from optimizer.export import refusal
+    from optimizer.search import optimize
+
+    if space.constraints.framework != "any":
+        return None
+    if refusal("megatron", rep.best.plan, space.model) is None:
+        return rep.best
+    k = dataclasses.replace(space.constraints, framework="megatron")
+    sub = optimize(space.model, space.cluster, space.global_batch_size, space.seq_len,
+                   top_k=top, workers=workers, progress=False,
+                   space=dataclasses.replace(space, constraints=k))
+    return sub.best
+
+
+def _extras(rep: Any, megatron: Any, space: Any, out: Path) -> dict[str, str]:
+    """The best plan's DES trace and launch files: the asked-for framework's for the best
+    plan, or else the Megatron-LM arguments of the fastest plan Megatron-LM can run."""
+    from optimizer.export import export, refusal
+    from optimizer.report import plan_label
     from sim import simulate
-    from sim.errors import SpecError
 
+    model, cluster = space.model, space.cluster
     simulate(model, cluster, rep.best.plan, "des", trace=str(out / "best_trace.json"))
-    for runnable in [c for c in rep.ranked if c.plan.zero_stage <= 1] + [rep.baseline]:
-        if runnable is None:
-            continue
-        try:  # uneven micro-batches, or layer splits Megatron-LM cannot express, are refused
-            files = export("megatron", runnable.plan, model, cluster)
-        except SpecError:
-            continue
-        if runnable is not rep.best:
-            files["megatron_args.sh"] = ("# best plan Megatron-LM can run (the overall best: "
-                                         f"{_why_not(rep.best.plan)})\n"
-                                         + files["megatron_args.sh"])
-        return files
-    return {}
+    if space.constraints.framework != "any":
+        return export(space.constraints.framework, rep.best.plan, model, cluster)
+    if megatron is None:
+        return {}
+    files = export("megatron", megatron.plan, model, cluster)
+    if megatron is not rep.best:
+        why = refusal("megatron", rep.best.plan, model)
+        files["megatron_args.sh"] = files["megatron_args.sh"].replace(
+            "set -euo pipefail", f"# the fastest plan Megatron-LM can run, {megatron.best_s:.4g} "
+            f"s per step ({plan_label(megatron.plan)}); the overall best, "
+            f"{rep.best.best_s:.4g} s, is not expressible: {why}\nset -euo pipefail", 1)
+    return files
 
 
-def _why_not(plan: Any) -> str:
-    if plan.zero_stage > 1:
-        return f"ZeRO-{plan.zero_stage}"
-    if plan.micro_batches_per_replica:
-        return "uneven micro-batches per replica"
-    return "a layer split Megatron-LM cannot express"
+def constraints_of(args: argparse.Namespace) -> Any:
+    """The search constraints of ``optimize`` / ``sweep --optimize`` options."""
+    from optimizer.constraints import Constraints, parse_fix
+
+    return Constraints(framework=args.framework, max_zero_stage=args.max_zero_stage,
+                       fixed=parse_fix(args.fix or []), max_memory_gib=args.max_memory_gib,
+                       min_mfu=args.min_mfu)
+
+
+def add_constraint_options(p: argparse.ArgumentParser) -> None:
+    from optimizer.constraints import FIXABLE, FRAMEWORK_CHOICES
+
+    p.add_argument("--framework", choices=FRAMEWORK_CHOICES, default="any",
+                   help="search only plans this framework's export expresses (default any)")
+    p.add_argument("--max-zero-stage", type=int, default=3, metavar="N",
+                   help="highest ZeRO stage to consider, 0-3 (default 3)")
+    p.add_argument("--fix", action="append", metavar="NAME=VALUE",
+                   help=f"hold a plan field fixed ({', '.join(FIXABLE)}; mbs for the "
+                   "micro-batch); repeat for several")
+    p.add_argument("--max-memory-gib", type=float, metavar="GIB",
+                   help="memory budget per device, below the device's capacity")
+    p.add_argument("--min-mfu", type=float, metavar="FRACTION",
+                   help="only plans reaching this model FLOPs utilisation (0-1)")
 
 
 def cmd_optimize(args: argparse.Namespace) -> int:
     return run_optimize(args.model, args.cluster, args.global_batch_size, args.seq_len,
-                        args.top, Path(args.out) if args.out else None, args.json, args.workers)
+                        args.top, Path(args.out) if args.out else None, args.json, args.workers,
+                        constraints=constraints_of(args), dtype=args.dtype)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     """The framework's main file on stdout (``> ds.json`` is the file itself); with
     ``--out`` every file is written there. An export of several files needs ``--out``."""
+    from executor.export import torchrun_files
     from optimizer.export import export
     from sim import load_cluster, load_model, load_plan
     from sim.errors import SpecError
@@ -90,7 +141,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     plan, model, cluster = load_plan(args.plan), load_model(args.model), \
         load_cluster(args.cluster)
-    files = export(args.format, plan, model, cluster)
+    files = torchrun_files(plan, model, cluster) if args.format == "torchrun" else \
+        export(args.format, plan, model, cluster)
     if args.out:
         atomic_write_files({Path(args.out) / name: text for name, text in files.items()})
         print("wrote " + ", ".join(str(Path(args.out) / n) for n in files), file=sys.stderr)
@@ -114,9 +166,14 @@ def add_optimize_parsers(sub: Any, model_help: str, cluster_help: str) -> None:
     p.add_argument("--top", type=int, default=8, help="plans simulated with the DES and "
                    "shown (default 8)")
     p.add_argument("--workers", type=int, help="processes (default: all cores)")
+    p.add_argument("--dtype", default="bf16", help="training precision: bf16, fp16, fp8 or "
+                   "fp32 (default bf16)")
+    add_constraint_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--out", metavar="DIR", help="write best_plan.json, plans.csv, "
-                   "report.json, plots, the best plan's trace and Megatron-LM arguments")
+                   "report.json, plots, the best plan's trace and launch files (--framework's "
+                   "for the best plan; by default the Megatron-LM arguments of the fastest "
+                   "plan Megatron-LM can run); created only when a plan is found")
     p.set_defaults(func=cmd_optimize)
     e = sub.add_parser("export", help="launch arguments or config for a framework")
     e.add_argument("--plan", required=True, help="plan JSON")

@@ -80,7 +80,8 @@ def _simulate(args: argparse.Namespace, scenarios: list[Any]) -> int:
     runs += [(s.name, s, _try_simulate(args, model, c, p, f))
              for s, (c, p), f in zip(scenarios, inputs, faults, strict=True)]
     if args.out:
-        _write_scenario_runs(Path(args.out), model, runs, base, plan, inputs)
+        _write_scenario_runs(Path(args.out), model, runs, [(base, plan), *inputs],
+                             [faults_of(args), *faults])
     print(json.dumps(_runs_json(runs), indent=2) if args.json else _runs_table(runs))
     return 0
 
@@ -94,8 +95,9 @@ def _simulate_one(args: argparse.Namespace, model: Any, cluster: Any, plan: Any,
     result = simulate(model, cluster, plan, fidelity=args.fidelity, reduce=not args.no_reduce,
                       trace=args.trace, faults=faults)
     if args.out:
-        write_run(Path(args.out), result, model, cluster, plan)
-    print(json.dumps(result.to_dict(), indent=2) if args.json else format_result(result))
+        write_run(Path(args.out), result, model, cluster, plan, faults)
+    print(json.dumps(result.to_dict(), indent=2) if args.json
+          else format_result(result, plan, faults))
     return 0
 
 
@@ -137,20 +139,21 @@ def _runs_table(runs: list[tuple[str, Any, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _write_scenario_runs(out: Path, model: Any, runs: list[tuple[str, Any, Any]], base: Any,
-                         plan: Any, inputs: list[tuple[Any, Any]]) -> None:
+def _write_scenario_runs(out: Path, model: Any, runs: list[tuple[str, Any, Any]],
+                         inputs: list[tuple[Any, Any]], faults: list[Any]) -> None:
+    """A folder per scenario that ran; ``inputs`` and ``faults`` line up with ``runs``."""
     from sim.io import atomic_write_files
     from trainsim.report import format_result
 
     files = {out / "scenarios.json": json.dumps(_runs_json(runs), indent=2) + "\n",
              out / "summary.txt": _runs_table(runs) + "\n"}
-    for (name, _, r), (cluster, p) in zip(runs, [(base, plan), *inputs], strict=True):
+    for (name, _, r), (cluster, p), f in zip(runs, inputs, faults, strict=True):
         if isinstance(r, str):
             continue
         echoed = {"model": model.to_dict(), "cluster": cluster.to_dict(), "plan": p.to_dict()}
         files[out / name / "inputs.json"] = json.dumps(echoed, indent=2) + "\n"
         files[out / name / "result.json"] = json.dumps(r.to_dict(), indent=2) + "\n"
-        files[out / name / "summary.txt"] = format_result(r) + "\n"
+        files[out / name / "summary.txt"] = format_result(r, p, f) + "\n"
     atomic_write_files(files)
 
 

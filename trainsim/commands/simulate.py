@@ -23,11 +23,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     plan = load_plan(args.plan)
     if args.fidelity != "des" and (args.trace or args.no_reduce):
         raise SpecError("--trace/--no-reduce", "need --fidelity des")
+    faults = faults_of(args)
     result = simulate(model, cluster, plan, fidelity=args.fidelity, reduce=not args.no_reduce,
-                      trace=args.trace, faults=faults_of(args))
+                      trace=args.trace, faults=faults)
     if args.out:
-        write_run(Path(args.out), result, model, cluster, plan)
-    print(json.dumps(result.to_dict(), indent=2) if args.json else format_result(result))
+        write_run(Path(args.out), result, model, cluster, plan, faults)
+    print(json.dumps(result.to_dict(), indent=2) if args.json
+          else format_result(result, plan, faults))
     return 0
 
 

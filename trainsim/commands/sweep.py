@@ -57,6 +57,7 @@ def spec_from_args(args: argparse.Namespace) -> Any:
     from optimizer.sweep.grid import SweepSpec
     from sim.errors import SpecError
     from sim.spec.scenario import parse_assignment
+    from trainsim.commands.optimize import constraints_of
 
     grid = _grid_file(args.grid) if args.grid else {"set": [], "vary": []}
     fixed = dict(grid["set"])
@@ -71,12 +72,17 @@ def spec_from_args(args: argparse.Namespace) -> Any:
     if not isinstance(model, str) or not isinstance(cluster, str):
         raise SpecError("--model/--cluster", "are required (on the command line or in the "
                         "--grid file)")
+    constraints = constraints_of(args)
+    optimize = bool(args.optimize or grid.get("optimize", False))
+    if constraints.describe() and not optimize:
+        raise SpecError("--framework/--max-zero-stage/--fix/--max-memory-gib/--min-mfu",
+                        "constrain the optimizer: use them with --optimize")
     return SweepSpec(model=model, cluster=cluster,
                      fidelity=args.fidelity or grid.get("fidelity", "analytic"),
                      fixed=tuple(fixed.items()), axes=tuple(axes.items()),
                      plan_file=args.plan or grid.get("plan"),
-                     optimize=bool(args.optimize or grid.get("optimize", False)),
-                     top_k=args.top or int(grid.get("top", 4)))
+                     optimize=optimize, top_k=args.top or int(grid.get("top", 4)),
+                     constraints=constraints)
 
 
 def _interrupt(_signum: int, _frame: Any) -> None:
@@ -132,6 +138,8 @@ def cmd_plot_sensitivity(args: argparse.Namespace) -> int:
 
 
 def add_sweep_parsers(sub: Any, model_help: str, cluster_help: str, parser_class: type) -> None:
+    from trainsim.commands.optimize import add_constraint_options
+
     p = sub.add_parser("sweep", help="simulate or optimize a grid of what-if points",
                        description="Vary cluster keys, plan keys, fidelity or model over a "
                        "grid; each finished point is appended to OUT/points.jsonl, and a "
@@ -156,6 +164,7 @@ def add_sweep_parsers(sub: Any, model_help: str, cluster_help: str, parser_class
                    "and report its best plan")
     p.add_argument("--top", type=int, help="with --optimize: plans simulated with the DES per "
                    "point (default 4)")
+    add_constraint_options(p)
     p.add_argument("--workers", type=int, help="processes (default: all cores); with --ray "
                    "local, the CPUs of the local Ray instance")
     p.add_argument("--ray", metavar="ADDRESS", help="run the points on a Ray cluster "
