@@ -44,9 +44,11 @@ def _row(rank: int, c: Candidate) -> dict[str, Any]:
 
 
 def summary(rep: SearchReport, top: int, constraints: Any = None,
-            megatron: Candidate | None = None) -> dict[str, Any]:
+            megatron: Candidate | None = None,
+            calibrated: Candidate | None = None) -> dict[str, Any]:
     """The report as one JSON object. ``megatron``: the fastest plan Megatron-LM can run
-    (searched for when the overall best is not one)."""
+    (searched for when the overall best is not one); ``calibrated``: the fastest plan
+    without ZeRO-3 (searched for when the overall best uses it)."""
     best = rep.best
     out: dict[str, Any] = {
         "model": rep.model, "cluster": rep.cluster, "space_size": rep.space_size,
@@ -67,6 +69,9 @@ def summary(rep: SearchReport, top: int, constraints: Any = None,
     out["constraints"] = constraints.describe() if constraints is not None else []
     if megatron is not None:
         out["megatron_best"] = _row(0, megatron) | {"plan_json": megatron.plan.to_dict()}
+    if calibrated is not None:
+        out["best_without_zero3"] = _row(0, calibrated) | {
+            "plan_json": calibrated.plan.to_dict()}
     if any(r["uncalibrated"] for r in out["ranked"]):
         out["warnings"].append(ZERO3_WARNING)
     return out
@@ -96,6 +101,12 @@ def format_report(s: dict[str, Any]) -> str:
         m = s["megatron_best"]
         lines.append(f"fastest plan Megatron-LM can run: {m['iteration_s']:.4g} s  {m['plan']}"
                      + ("" if m["plan_json"] != s["best_plan"] else " (the overall best)"))
+    if "best_without_zero3" in s:
+        c = s["best_without_zero3"]
+        lines.append(f"fastest plan without ZeRO-3 (calibrated cost model): "
+                     f"{c['iteration_s']:.4g} s  {c['plan']} (the ZeRO-3 winner is "
+                     f"{100 * (c['iteration_s'] / s['best_iteration_s'] - 1):.1f}% faster if "
+                     "its cost model holds)")
     if "heterogeneous" in s:
         h = s["heterogeneous"]
         even, bal = h["homogeneous_assumption"], h["balanced"]

@@ -130,3 +130,21 @@ def test_constraints_refuse_bad_values():
         Constraints(framework="jax")
     with pytest.raises(SpecError, match="NAME=VALUE"):
         parse_fix(["tp8"])
+
+
+def test_a_zero3_winner_comes_with_the_fastest_plan_without_it(capsys):
+    """ZeRO-3's cost model is not calibrated: next to a ZeRO-3 winner the report names the
+    fastest plan the calibrated models rank, found by a search of its own (ZeRO <= 2)."""
+    args = ["optimize", "--model", "llama3-8b", "--cluster", "dgx-h100:2",
+            "--global-batch-size", "64", "--seq-len", "4096", "--top", "2", "--workers", "1"]
+    code, stdout, _ = cli(capsys, *args, "--json")
+    s = json.loads(stdout)
+    assert code == 0 and s["best_plan"]["zero_stage"] == 3
+    alt = s["best_without_zero3"]
+    assert alt["plan_json"]["zero_stage"] <= 2 and alt["iteration_s"] >= s["best_iteration_s"]
+    code, stdout, _ = cli(capsys, *args, "--max-zero-stage", "2", "--json")
+    capped = json.loads(stdout)
+    assert capped["best_iteration_s"] == pytest.approx(alt["iteration_s"])
+    assert "best_without_zero3" not in capped
+    code, stdout, _ = cli(capsys, *args)
+    assert "fastest plan without ZeRO-3 (calibrated cost model): " in stdout

@@ -45,7 +45,8 @@ def run_optimize(model_ref: str, cluster_ref: Any, gbs: int, seq: int, top: int,
     except NoFeasiblePlan as exc:
         print(f"trainsim: no feasible plan: {exc}", file=sys.stderr)
         return EXIT_NO_PLAN
-    s = summary(rep, top, space.constraints, megatron)
+    s = summary(rep, top, space.constraints, megatron,
+                _calibrated_best(rep, space, top, workers) if extras else None)
     print(json.dumps(s, indent=2) if as_json else format_report(s))
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
@@ -74,6 +75,25 @@ def _megatron_best(rep: Any, space: Any, top: int, workers: int | None) -> Any:
                    top_k=top, workers=workers, progress=False,
                    space=dataclasses.replace(space, constraints=k))
     return sub.best
+
+
+def _calibrated_best(rep: Any, space: Any, top: int, workers: int | None) -> Any:
+    """When the best plan uses ZeRO-3, whose cost model is not calibrated, the fastest plan
+    without it (a search of its own, under the same constraints); else None."""
+    import dataclasses
+
+    from optimizer.search import optimize
+    from sim.errors import NoFeasiblePlan
+
+    if rep.best.plan.zero_stage < 3:
+        return None
+    k = dataclasses.replace(space.constraints, max_zero_stage=2)
+    try:
+        return optimize(space.model, space.cluster, space.global_batch_size, space.seq_len,
+                        top_k=top, workers=workers, progress=False,
+                        space=dataclasses.replace(space, constraints=k)).best
+    except NoFeasiblePlan:  # only ZeRO-3 fits: nothing calibrated to offer
+        return None
 
 
 def _extras(rep: Any, megatron: Any, space: Any, out: Path) -> dict[str, str]:
