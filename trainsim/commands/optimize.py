@@ -41,12 +41,12 @@ def run_optimize(model_ref: str, cluster_ref: Any, gbs: int, seq: int, top: int,
     try:
         rep = optimize(model, cluster, gbs, seq, top_k=top, workers=workers,
                        progress=not as_json, space=space)
-        megatron = _megatron_best(rep, space, top, workers) if extras else None
+        megatron = _megatron_best(rep, space, top, workers, not as_json) if extras else None
     except NoFeasiblePlan as exc:
         print(f"trainsim: no feasible plan: {exc}", file=sys.stderr)
         return EXIT_NO_PLAN
     s = summary(rep, top, space.constraints, megatron,
-                _calibrated_best(rep, space, top, workers) if extras else None)
+                _calibrated_best(rep, space, top, workers, not as_json) if extras else None)
     print(json.dumps(s, indent=2) if as_json else format_report(s))
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
@@ -57,7 +57,8 @@ def run_optimize(model_ref: str, cluster_ref: Any, gbs: int, seq: int, top: int,
     return 0
 
 
-def _megatron_best(rep: Any, space: Any, top: int, workers: int | None) -> Any:
+def _megatron_best(rep: Any, space: Any, top: int, workers: int | None,
+                   progress: bool = False) -> Any:
     """The fastest plan Megatron-LM can run: the overall best when Megatron-LM expresses it,
     else a search of its own over the plans Megatron-LM expresses (not a filter of this
     search's top K). None when a framework was already asked for."""
@@ -71,13 +72,17 @@ def _megatron_best(rep: Any, space: Any, top: int, workers: int | None) -> Any:
     if refusal("megatron", rep.best.plan, space.model) is None:
         return rep.best
     k = dataclasses.replace(space.constraints, framework="megatron")
+    if progress:
+        print("== the best plan is not expressible in Megatron-LM: searching the plans it "
+              "expresses", file=sys.stderr)
     sub = optimize(space.model, space.cluster, space.global_batch_size, space.seq_len,
-                   top_k=top, workers=workers, progress=False,
+                   top_k=top, workers=workers, progress=progress,
                    space=dataclasses.replace(space, constraints=k))
     return sub.best
 
 
-def _calibrated_best(rep: Any, space: Any, top: int, workers: int | None) -> Any:
+def _calibrated_best(rep: Any, space: Any, top: int, workers: int | None,
+                     progress: bool = False) -> Any:
     """When the best plan uses ZeRO-3, whose cost model is not calibrated, the fastest plan
     without it (a search of its own, under the same constraints); else None."""
     import dataclasses
@@ -88,9 +93,12 @@ def _calibrated_best(rep: Any, space: Any, top: int, workers: int | None) -> Any
     if rep.best.plan.zero_stage < 3:
         return None
     k = dataclasses.replace(space.constraints, max_zero_stage=2)
+    if progress:
+        print("== the best plan uses ZeRO-3 (cost model not calibrated): searching the plans "
+              "without it", file=sys.stderr)
     try:
         return optimize(space.model, space.cluster, space.global_batch_size, space.seq_len,
-                        top_k=top, workers=workers, progress=False,
+                        top_k=top, workers=workers, progress=progress,
                         space=dataclasses.replace(space, constraints=k)).best
     except NoFeasiblePlan:  # only ZeRO-3 fits: nothing calibrated to offer
         return None
