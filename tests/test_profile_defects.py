@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers.cli import cli
 
 import executor.launch
 import profiler.comm
@@ -21,18 +22,11 @@ from sim import Plan, load_cluster
 from sim.cost.profile_db import shipped_profiles_root
 from sim.errors import SpecError
 from sim.spec.model import ModelSpec
-from trainsim.cli import main
 
 SIZES = [2**i for i in range(10, 31, 2)]  # 1 KiB .. 1 GiB, as profile comm measures
 
 
-def run(capsys, *args):
-    try:
-        code = main(list(args))
-    except SystemExit as exc:  # argparse usage errors
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
+run = cli  # trainsim in-process: (exit code, stdout, stderr)
 
 
 # 1. Numeric options ---------------------------------------------------------------------------
