@@ -13,14 +13,19 @@ $(BIN)/python:
 
 # torch: keep whatever recent build is installed (users bring their own CUDA build);
 # otherwise take torch==2.13.0, a local CPU build on our machines.
+# torchvision (trainsim trace --model torchvision:NAME): the release that pairs with the
+# installed torch, 0.(minor + 15) for torch 2.minor (0.28 for 2.13).
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip show -q torchvision >/dev/null 2>&1 || $(BIN)/python -m pip install --quiet \
+	    "torchvision~=0.$$($(BIN)/python -c 'import torch; print(int(torch.__version__.split(".")[1]) + 15)').0"
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
-# Tests also hand exports to DeepSpeed, megatron-core and torchtitan (the export-check extra).
+# Tests also hand exports to DeepSpeed, megatron-core and torchtitan (the export-check extra)
+# and trace BERT and RoBERTa with transformers (the trace extra).
 $(TEST_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet -e ".[dev,export-check]"
+	$(BIN)/python -m pip install --quiet -e ".[dev,export-check,trace]"
 	touch $(TEST_STAMP)
 
 install: $(STAMP)

@@ -163,7 +163,7 @@ def test_version(capsys):
 HELP_OPTIONS: dict[tuple[str, ...], list[str]] = {
     (): ["--version", "simulate", "plan", "models", "hardware", "cluster", "topology", "plot",
          "demo", "optimize", "export", "profile", "sweep", "execute", "compare", "goodput",
-         "cosim"],
+         "cosim", "trace"],
     ("optimize",): ["--model", "--cluster", "--global-batch-size", "--seq-len", "--top",
                     "--workers", "--json", "--out", "--set", "--scenario", "--dtype",
                     "--framework", "--max-zero-stage", "--fix", "--max-memory-gib", "--min-mfu"],
@@ -205,6 +205,7 @@ HELP_OPTIONS: dict[tuple[str, ...], list[str]] = {
     ("profile", "comm"): ["--nproc", "--collectives", "--min-bytes", "--max-bytes", "--rounds",
                           "--no-insitu", "--timeout", "--db", "--accept-poor-fit"],
     ("profile", "show"): ["--db"],
+    ("trace",): ["--model", "--out", "--name", "--depth", "--batch", "--seq-len", "--json"],
     ("profile", "import-trace"): ["trace", "--top", "--json"],
     ("execute",): ["--model", "--plan", "--nproc", "--steps", "--warmup", "--device",
                    "--threads", "--timeout", "--scale-layers", "--scale-hidden",

@@ -55,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     from trainsim.commands.breakdown import add_plot_breakdown
 
     add_plot_breakdown(sub)
+    from trainsim.commands.trace import add_trace_parser
+
+    add_trace_parser(sub)
     return parser
 
 

@@ -7,8 +7,9 @@ from sim.result import BREAKDOWN_KINDS, Result
 from sim.spec.faults import Faults
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
+from sim.spec.workload import Workload
 
-__all__ = ["format_result", "format_model"]
+__all__ = ["format_result", "format_model", "format_workload"]
 
 
 def _pct(x: float, total: float) -> str:
@@ -67,3 +68,10 @@ def format_model(m: ModelSpec, seq_len: int | None = None) -> str:
     return (f"{m.name:<14} {total / 1e9:9.3f} B params ({active / 1e9:.3f} B active)  "
             f"{m.num_layers} layers, hidden {m.hidden_size}, {m.num_heads}/{m.kv_heads} heads"
             f"{moe}; {model_flops_per_token(m, s) / 1e9:.2f} GFLOP/token at seq {s}")
+
+
+def format_workload(w: Workload) -> str:
+    saved = sum(layer.saved_bytes for layer in w.layers)
+    return (f"{w.name:<18} {w.param_count / 1e6:9.3f} M params  {len(w.layers)} layers; "
+            f"{w.forward_flops_per_sample / 1e9:.2f} GFLOP forward per sample ({w.sample}), "
+            f"{saved / 2**20:.1f} MiB saved for backward per sample")

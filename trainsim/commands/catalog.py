@@ -13,16 +13,22 @@ __all__ = ["add_catalog_parsers"]
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from sim.spec.zoo import load_model, zoo_names
-    from trainsim.report import format_model
+    from sim.spec.workload import Workload
+    from sim.spec.zoo import load_any, workload_names, zoo_names
+    from trainsim.report import format_model, format_workload
 
     one = args.model is not None  # --model "" names no model: an error, not the whole zoo
-    models = [load_model(args.model)] if one else [load_model(n) for n in zoo_names()]
+    models = [load_any(args.model)] if one else \
+        [load_any(n) for n in zoo_names()] + [load_any(n) for n in workload_names()]
     if args.json:
         data = [m.to_dict() for m in models]
         print(json.dumps(data[0] if one else data, indent=2))
-    else:
-        print("\n".join(format_model(m) for m in models))
+        return 0
+    lines = [format_workload(m) if isinstance(m, Workload) else format_model(m) for m in models]
+    if not one:
+        n = len(zoo_names())
+        lines = ["transformers:", *lines[:n], "workload graphs (trainsim trace):", *lines[n:]]
+    print("\n".join(lines))
     return 0
 
 
