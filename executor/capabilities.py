@@ -21,6 +21,20 @@ def unsupported(spec: ModelSpec, plan: Plan) -> tuple[str, str] | None:
     if spec.sliding_window:
         return "model.sliding_window", ("the executor's model attends over the whole "
                                         "sequence in every layer")
+    if spec.dropout:
+        return "model.dropout", "the executor's model has no dropout"
+    if plan.seq_len > spec.max_seq_len:
+        return "plan.seq_len", (f"{plan.seq_len} exceeds model.max_seq_len "
+                                f"{spec.max_seq_len}, the longest the executor's model builds")
+    if plan.dtype not in ("bf16", "fp32"):
+        return "plan.dtype", (f"{plan.dtype} is not run by the executor: it trains in bf16 "
+                              "(mixed precision) or fp32")
+    if plan.attention != "flash":
+        return "plan.attention", ("standard (materialised scores) is not run by the "
+                                  "executor: its attention is fused (scaled_dot_product_attention)")
+    if not plan.overlap_grad_reduce:
+        return "plan.overlap_grad_reduce", ("false is not run by the executor: DDP and FSDP "
+                                            "always overlap the gradient reduction")
     if plan.micro_batches_per_replica is not None:
         return "plan.micro_batches_per_replica", ("micro_batches_per_replica is not run by the "
                                                   "executor: every replica takes the same batch")

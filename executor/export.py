@@ -2,7 +2,8 @@
 ``python -m executor.worker executor_config.json``, on every node through torchrun's
 rendezvous (torch >= 2.3). Plans the worker cannot run are refused before anything is
 written (:func:`executor.capabilities.unsupported`). The worker writes ``rank<N>.json``
-(step times, losses, peak memory) beside its config.
+(step times, losses, peak memory) beside its config. The worker lays the ranks out by the
+plan's placement itself (``executor.parallel.mesh_ranks``), so no rank table is written.
 """
 
 from __future__ import annotations
@@ -11,11 +12,10 @@ import json
 
 from executor.capabilities import unsupported
 from sim.errors import SpecError
-from sim.layout.placement import framework_rank_table
 from sim.network.algorithms import nccl_env
 from sim.spec.cluster import ClusterSpec
 from sim.spec.model import ModelSpec
-from sim.spec.plan import DEFAULT_PLACEMENT, Plan, validate
+from sim.spec.plan import Plan, validate
 
 __all__ = ["torchrun_files", "worker_config", "STEPS", "WARMUP"]
 
@@ -42,8 +42,4 @@ def torchrun_files(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> dict[s
               '-m executor.worker "$(dirname "$0")/executor_config.json"']
     files = {"executor_config.json": json.dumps(worker_config(plan, model), indent=2) + "\n",
              "torchrun.sh": "\n".join(script) + "\n"}
-    if plan.placement != DEFAULT_PLACEMENT:
-        files["rank_table.json"] = json.dumps({
-            "note": "start each global rank on the node and local device below",
-            "ranks": framework_rank_table(plan, cluster.gpus_per_node)}, indent=2) + "\n"
-    return files
+    return files  # no rank table: the worker lays ranks out by the plan's placement itself

@@ -16,6 +16,7 @@ from sim.cost.profiled import cost_model_for
 from sim.layout.memory import memory_verdict
 from sim.result import Result
 from sim.spec.cluster import ClusterSpec
+from sim.spec.limits import MAX_DES_MICROBATCHES
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
 
@@ -77,7 +78,11 @@ def score(plans: list[Plan]) -> list[tuple[float, float]]:
     return out
 
 
-def des_result(plan: Plan) -> Result:
+def des_result(plan: Plan) -> Result | None:
+    """The DES's result, or None for a plan with more micro-batches per replica than the DES
+    runs (:data:`sim.spec.limits.MAX_DES_MICROBATCHES`): it keeps its analytic time."""
+    if plan.num_microbatches > MAX_DES_MICROBATCHES:
+        return None
     return simulate(_CTX["model"], _CTX["cluster"], plan, "des")
 
 

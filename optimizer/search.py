@@ -177,7 +177,8 @@ def _memory_moves(space: SearchSpace, p: Plan, peak_gib: float) -> list[tuple[st
 
 
 def _neighbours(space: SearchSpace, c: Candidate) -> list[tuple[str, Plan]]:
-    assert c.des is not None
+    if c.des is None:  # more micro-batches than the DES runs: no bottleneck to move from
+        return []
     moves = _collective_moves(c.plan, c.des) + _stage_moves(space, c.plan) + \
         _memory_moves(space, c.plan, c.peak_gib)
     valid = []

@@ -218,3 +218,64 @@ def test_megatron_core_builds_qwen3s_query_key_norms():
     files = export("megatron", Plan(64, 4096, 1, dp=8, tp=2), model, load_cluster("dgx-h100:2"))
     parsed = megatron_parsed(files["megatron_args.sh"], 16)
     assert parsed["qk_layernorm"] is True and parsed["kv_channels"] == model.head_size == 128
+
+
+def test_megatron_fsdp_and_local_attention_pass_validate_args_rules():
+    """Megatron-FSDP (ZeRO-2/3) with TP: the fsdp_dtensor checkpoint format and no
+    CUDA_DEVICE_MAX_CONNECTIONS=1 (validate_args asserts both); standard attention: the local
+    backend with the local layer spec (validate_args asserts it)."""
+    pytest.importorskip("megatron.core", reason="megatron-core not installed")
+    from helpers.frameworks import megatron_parsed
+
+    model, cluster = load_model("llama3-70b"), load_cluster("dgx-h100:16")
+    plan = Plan(512, 4096, 1, dp=64, tp=2, zero_stage=3, attention="standard")
+    text = export("megatron", plan, model, cluster)["megatron_args.sh"]
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in text and "--ckpt-format fsdp_dtensor" in text
+    assert "--spec local" in text
+    parsed = megatron_parsed(text, cluster.world_size)
+    assert (parsed["zero"], parsed["tp"], parsed["attention"]) == (3, 2, "local")
+    with pytest.raises(AssertionError, match="Megatron-FSDP refuses 1"):
+        megatron_parsed("export CUDA_DEVICE_MAX_CONNECTIONS=1\n" + text, cluster.world_size)
+
+
+@pytest.mark.parametrize("fmt, model_name, cluster_name, plan, field", [
+    ("megatron", "mixtral-8x7b", "dgx-h100:4", Plan(64, 8192, 1, dp=8, tp=2, cp=2, ep=2,
+                                                    sequence_parallel=True),
+     "plan.ep"),
+    ("torchtitan", "tiny", "cpu:4", Plan(8, 256, 1, dp=2, pp=2, zero_stage=2), "plan.pp"),
+    ("deepspeed", "llama3-8b", "dgx-h100:2", Plan(64, 4096, 1, dp=16), "plan.overlap_grad_reduce"),
+    ("deepspeed", "llama3-8b", "dgx-h100:2", Plan(64, 4096, 1, dp=16, zero_stage=1,
+                                                  collectives=(("dp", "tree"),)),
+     "plan.collectives"),
+])
+def test_refused_where_the_framework_would_do_otherwise(fmt, model_name, cluster_name, plan,
+                                                        field):
+    with pytest.raises(SpecError) as err:
+        export(fmt, plan, load_model(model_name), load_cluster(cluster_name))
+    assert err.value.field == field and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("model_name, changes, field", [
+    ("llama3-8b", {"dtype": "fp16"}, "plan.dtype"),
+    ("llama3-8b", {"attention": "standard"}, "plan.attention"),
+    ("llama3-8b", {"overlap_grad_reduce": False}, "plan.overlap_grad_reduce"),
+    ("llama3-8b", {"seq_len": 16384}, "plan.seq_len"),
+    ("gpt3-175b", {}, "model.dropout"),
+])
+def test_torchrun_refuses_what_the_worker_would_run_differently(model_name, changes, field):
+    import dataclasses
+
+    from executor.export import torchrun_files
+
+    plan = dataclasses.replace(Plan(64, 2048, 1, dp=16, zero_stage=3), **changes)
+    with pytest.raises(SpecError) as err:
+        torchrun_files(plan, load_model(model_name), load_cluster("dgx-h100:2"))
+    assert err.value.field == field
+
+
+def test_torchrun_writes_no_rank_table_the_worker_places_ranks_itself():
+    from executor.export import torchrun_files
+
+    plan = Plan(8, 256, 1, dp=2, tp=2, pp=2, zero_stage=2, placement="pp-dp-cp-ep-tp")
+    files = torchrun_files(plan, load_model("tiny"), load_cluster("cpu:8"))
+    assert set(files) == {"executor_config.json", "torchrun.sh"}

@@ -57,7 +57,7 @@ def test_memory_budget_and_mfu_floor_bind():
     (["--fix", "tq=8"], "--fix"), (["--fix", "tp=0"], "--fix"), (["--fix", "tp=2", "--fix",
                                                                    "tp=4"], "--fix"),
     (["--min-mfu", "2"], "--min-mfu"), (["--max-zero-stage", "5"], "--max-zero-stage"),
-    (["--max-memory-gib", "-1"], "--max-memory-gib"), (["--dtype", "fp64"], "dtype"),
+    (["--max-memory-gib", "-1"], "--max-memory-gib"), (["--dtype", "fp64"], "--dtype"),
 ])
 def test_bad_options_are_one_line_and_leave_no_folder(extra, field, tmp_path, capsys):
     out = tmp_path / "run"
@@ -148,3 +148,39 @@ def test_a_zero3_winner_comes_with_the_fastest_plan_without_it(capsys):
     assert "best_without_zero3" not in capped
     code, stdout, _ = cli(capsys, *args)
     assert "fastest plan without ZeRO-3 (calibrated cost model): " in stdout
+
+
+@pytest.mark.parametrize("extra, field", [(["--top", "0"], "--top"),
+                                          (["--workers", "-1"], "--workers")])
+def test_sweep_optimize_checks_top_and_workers(extra, field, tmp_path, capsys):
+    out = tmp_path / "sweep"
+    code, stdout, err = cli(capsys, "sweep", "--model", "tiny", "--cluster", "cpu:2",
+                            "--global-batch-size", "8", "--seq-len", "256", "--vary",
+                            "tp=1,2", "--optimize", *extra, "--out", str(out))
+    assert_bad_input(code, stdout, err, field)
+    assert not out.exists()
+
+
+def test_export_out_under_a_file_is_one_line(tmp_path, capsys):
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"global_batch_size": 8, "seq_len": 256, "dp": 2}))
+    (tmp_path / "f").write_text("keep")
+    code, stdout, err = cli(capsys, "export", "--plan", str(plan), "--model", "tiny",
+                            "--cluster", "cpu:2", "--format", "megatron", "--out",
+                            str(tmp_path / "f" / "x"))
+    assert_bad_input(code, stdout, err, "--out")
+
+
+def test_a_batch_beyond_the_des_keeps_its_analytic_time(capsys):
+    """More micro-batches per replica than the DES runs: the search ranks those plans by
+    the analytic tier instead of failing after it."""
+    code, stdout, err = cli(capsys, "optimize", "--model", "tiny", "--cluster", "cpu:2",
+                            "--global-batch-size", str(2**31), "--seq-len", "256", "--top",
+                            "2", "--workers", "1", "--json")
+    s = json.loads(stdout)
+    assert code == 0 and s["ranked"][0]["tier"] == "analytic"
+
+
+def test_demo_help_describes_the_demo(capsys):
+    code, stdout, _ = cli(capsys, "demo", "--help")
+    assert code == 0 and "optimize llama3-70b on 16 DGX H100 nodes" in stdout

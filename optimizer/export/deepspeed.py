@@ -38,6 +38,10 @@ def check(plan: Plan, model: ModelSpec) -> None:
     if plan.attention != "flash":
         raise SpecError("plan.attention", "the attention kernel is the model code's choice, "
                         "not DeepSpeed's: export plans with attention = flash")
+    if plan.zero_stage == 0 and plan.overlap_grad_reduce:
+        raise SpecError("plan.overlap_grad_reduce", "true at ZeRO-0 is not expressible in "
+                        "DeepSpeed: stage 0 reduces the gradients after backward (use "
+                        "zero_stage >= 1, or overlap_grad_reduce false)")
 
 
 def deepspeed_config(plan: Plan) -> dict[str, Any]:

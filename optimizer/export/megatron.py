@@ -15,10 +15,12 @@ __all__ = ["check", "megatron_args", "megatron_env", "files", "layout"]
 
 _DTYPE = {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp8": ["--bf16", "--fp8-format hybrid"],
           "fp32": []}
-# ZeRO stage -> how Megatron-LM shards the data-parallel state
+# ZeRO stage -> how Megatron-LM shards the data-parallel state (Megatron-FSDP checkpoints
+# only in its fsdp_dtensor format: validate_args asserts it)
+_FSDP = ["--use-megatron-fsdp", "--ckpt-format fsdp_dtensor"]
 _ZERO = {0: [], 1: ["--use-distributed-optimizer"],
-         2: ["--use-megatron-fsdp", "--data-parallel-sharding-strategy optim_grads"],
-         3: ["--use-megatron-fsdp", "--data-parallel-sharding-strategy optim_grads_params"]}
+         2: [*_FSDP, "--data-parallel-sharding-strategy optim_grads"],
+         3: [*_FSDP, "--data-parallel-sharding-strategy optim_grads_params"]}
 
 
 def _check_model(m: ModelSpec) -> None:
@@ -42,6 +44,10 @@ def check(plan: Plan, model: ModelSpec) -> None:
     if plan.pp > 1 and plan.schedule == "gpipe":
         raise SpecError("plan.schedule", "gpipe is not expressible in Megatron-LM: with pp > 1 "
                         "it runs 1F1B (or interleaved 1F1B)")
+    if plan.ep > 1 and plan.cp > 1:
+        raise SpecError("plan.ep", f"{plan.ep} with cp = {plan.cp} is not expressible in "
+                        "Megatron-LM: it forms expert groups across the context-parallel "
+                        "ranks (expert data parallelism), not within data parallelism as planned")
     if plan.zero_stage >= 2 and plan.pp > 1:
         raise SpecError("plan.zero_stage", f"ZeRO-{plan.zero_stage} (Megatron-FSDP) with pp = "
                         f"{plan.pp} is not expressible: Megatron-FSDP does not pipeline")
@@ -116,8 +122,10 @@ def megatron_args(plan: Plan, model: ModelSpec) -> list[str]:
                  "--recompute-num-layers 1"]
     elif plan.recompute == "selective":
         args.append("--recompute-granularity selective")
-    # "standard" materialises the s x s scores: Megatron-core's own DotProductAttention
-    args.append(f"--attention-backend {'flash' if plan.attention == 'flash' else 'local'}")
+    # "standard" materialises the s x s scores: Megatron-core's own DotProductAttention,
+    # which validate_args allows only with the local (non-Transformer-Engine) layer spec
+    args += ["--attention-backend flash"] if plan.attention == "flash" else \
+        ["--attention-backend local", "--spec local"]
     args += ["--overlap-grad-reduce"] if plan.overlap_grad_reduce else []
     return args + _DTYPE[plan.dtype] + _model_args(model, plan)
 
@@ -126,7 +134,9 @@ def megatron_env(plan: Plan) -> dict[str, str]:
     from sim.network.algorithms import nccl_env
 
     env = nccl_env(plan, "megatron")
-    if plan.tp > 1 or plan.cp > 1:  # validate_args requires it for TP/CP comm ordering
+    # validate_args (before Blackwell) asks for 1 with TP/CP, for ordering their
+    # communication; Megatron-FSDP asserts the opposite (it only warns about TP/CP then)
+    if (plan.tp > 1 or plan.cp > 1) and plan.zero_stage < 2:
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
     return env
 

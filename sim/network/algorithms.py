@@ -216,4 +216,12 @@ def nccl_env(plan: Plan, runner: str) -> dict[str, str]:
         raise SpecError("plan.collectives", f"{dict(plan.collectives)} is not expressible in "
                         f"{runner}: NCCL_ALGO sets one algorithm ({'/'.join(_NCCL_ALGO)}) for "
                         f"every group of a process (groups in use: {', '.join(sorted(used))})")
-    return {"NCCL_ALGO": _NCCL_ALGO[algos.pop()]}
+    algo = algos.pop()
+    gathers = [why for why, on in (("ZeRO's reduce-scatter/all-gather", plan.zero_stage > 0),
+                                   ("sequence parallelism's", plan.sequence_parallel),
+                                   ("context parallelism's all-gather", plan.cp > 1)) if on]
+    if algo == "tree" and gathers:  # NCCL's Tree implements all-reduce only
+        raise SpecError("plan.collectives", f"tree is not expressible in {runner} for this "
+                        f"plan: NCCL's Tree runs all-reduce only, and NCCL_ALGO=Tree would "
+                        f"leave {gathers[0]} collectives without an algorithm")
+    return {"NCCL_ALGO": _NCCL_ALGO[algo]}

@@ -30,7 +30,7 @@ MEGATRON_SCRIPT_ARGS = {"micro_batch_size", "global_batch_size", "seq_length",
                         "max_position_embeddings", "position_embedding_type", "tokenizer_type",
                         "vocab_size", "make_vocab_size_divisible_by", "mock_data",
                         "train_iters", "untie_embeddings_and_output_weights",
-                        "group_query_attention"}
+                        "group_query_attention", "ckpt_format", "spec"}
 _RENAMES = {"num_experts": "num_moe_experts", "fp8_format": "fp8",
             "num_virtual_stages_per_pipeline_rank": "virtual_pipeline_model_parallel_size"}
 
@@ -126,8 +126,14 @@ def megatron_parsed(text: str, world: int) -> dict[str, Any]:
     assert world % (tp * pp * cp) == 0, "world not divisible by tp*pp*cp"
     dp, ep = world // (tp * pp * cp), cfg.expert_model_parallel_size
     assert int(flags["max_position_embeddings"]) >= int(flags["seq_length"])
-    if tp > 1 or cp > 1:
+    fsdp = bool(flags.get("use_megatron_fsdp"))
+    if fsdp:  # validate_args: Megatron-FSDP asserts != 1 and the fsdp_dtensor format
+        assert env.get("CUDA_DEVICE_MAX_CONNECTIONS") != "1", "Megatron-FSDP refuses 1"
+        assert flags.get("ckpt_format") == "fsdp_dtensor", "Megatron-FSDP needs fsdp_dtensor"
+    elif tp > 1 or cp > 1:
         assert env.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1", "validate_args needs it"
+    if cfg.attention_backend.name == "local":
+        assert flags.get("spec") == "local", "validate_args: local attention needs --spec local"
     micro = ConstantNumMicroBatchesCalculator(int(flags["global_batch_size"]),
                                               int(flags["micro_batch_size"]), dp, False, 0)
     RankGenerator(tp=tp, ep=ep, dp=dp, pp=pp, cp=cp, order="tp-cp-ep-dp-pp")
@@ -168,6 +174,7 @@ def torchtitan_parsed(folder: Path, module: str, fn: str, world: int) -> dict[st
     assert train.global_batch_size % (train.local_batch_size * batch) == 0
     accumulation = train.global_batch_size // (train.local_batch_size * batch)
     parts = par.module_fqns_per_model_part or [["layers"]]
+    cfg.model_spec.model.update_from_config(config=cfg)  # the trainer's own checks
     with torch.device("meta"):
         model = cfg.model_spec.model.build()
     ac = cfg.activation_checkpoint

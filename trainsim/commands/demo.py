@@ -32,10 +32,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def add_demo_parser(sub: Any) -> None:
-    p = sub.add_parser("demo", help="the main job on built-in defaults: optimize llama3-70b on "
-                       "16 DGX H100 nodes (global batch 512 x 8192 tokens), print the ranked "
-                       "plans, write the plots, the best plan's trace and its Megatron-LM "
-                       "arguments")
+    what = ("the main job on built-in defaults: optimize llama3-70b on 16 DGX H100 nodes "
+            "(global batch 512 x 8192 tokens), print the ranked plans, write the plots, the "
+            "best plan's trace and its Megatron-LM arguments")
+    p = sub.add_parser("demo", help=what, description=what[0].upper() + what[1:] + ".")
     p.add_argument("--out", default="runs/demo", metavar="DIR",
                    help="run folder (default runs/demo)")
     p.set_defaults(func=cmd_demo)

@@ -112,7 +112,8 @@ def _extras(rep: Any, megatron: Any, space: Any, out: Path) -> dict[str, str]:
     from sim import simulate
 
     model, cluster = space.model, space.cluster
-    simulate(model, cluster, rep.best.plan, "des", trace=str(out / "best_trace.json"))
+    if rep.best.des is not None:  # a plan beyond the DES's micro-batches has no trace
+        simulate(model, cluster, rep.best.plan, "des", trace=str(out / "best_trace.json"))
     if space.constraints.framework != "any":
         return export(space.constraints.framework, rep.best.plan, model, cluster)
     if megatron is None:
@@ -166,7 +167,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     from sim import load_cluster, load_model, load_plan
     from sim.errors import SpecError
     from sim.io import atomic_write_files
+    from trainsim.common import check_out_dir
 
+    check_out_dir(Path(args.out) if args.out else None, "--out")  # before any work
     plan, model, cluster = load_plan(args.plan), load_model(args.model), \
         load_cluster(args.cluster)
     files = torchrun_files(plan, model, cluster) if args.format == "torchrun" else \
@@ -194,8 +197,8 @@ def add_optimize_parsers(sub: Any, model_help: str, cluster_help: str) -> None:
     p.add_argument("--top", type=int, default=8, help="plans simulated with the DES and "
                    "shown (default 8)")
     p.add_argument("--workers", type=int, help="processes (default: all cores)")
-    p.add_argument("--dtype", default="bf16", help="training precision: bf16, fp16, fp8 or "
-                   "fp32 (default bf16)")
+    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp8", "fp32"),
+                   help="training precision (default bf16)")
     add_constraint_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--out", metavar="DIR", help="write best_plan.json, plans.csv, "

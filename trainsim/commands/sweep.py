@@ -72,6 +72,9 @@ def spec_from_args(args: argparse.Namespace) -> Any:
     if not isinstance(model, str) or not isinstance(cluster, str):
         raise SpecError("--model/--cluster", "are required (on the command line or in the "
                         "--grid file)")
+    for name, value in (("--top", args.top), ("--workers", args.workers)):
+        if value is not None and value < 1:
+            raise SpecError(name, f"must be >= 1, got {value}")
     constraints = constraints_of(args)
     optimize = bool(args.optimize or grid.get("optimize", False))
     if constraints.describe() and not optimize:
@@ -81,7 +84,8 @@ def spec_from_args(args: argparse.Namespace) -> Any:
                      fidelity=args.fidelity or grid.get("fidelity", "analytic"),
                      fixed=tuple(fixed.items()), axes=tuple(axes.items()),
                      plan_file=args.plan or grid.get("plan"),
-                     optimize=optimize, top_k=args.top or int(grid.get("top", 4)),
+                     optimize=optimize,
+                     top_k=args.top if args.top is not None else int(grid.get("top", 4)),
                      constraints=constraints)
 
 
