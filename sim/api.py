@@ -18,6 +18,7 @@ from sim.spec.cluster import ClusterSpec
 from sim.spec.limits import MAX_DES_MICROBATCHES
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan, validate
+from sim.spec.workload import Workload
 
 if TYPE_CHECKING:
     from sim.spec.faults import Faults
@@ -27,14 +28,17 @@ __all__ = ["simulate", "FIDELITIES"]
 FIDELITIES = ("analytic", "des")
 
 
-def simulate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, fidelity: str = "analytic",
-             *, reduce: bool = True, trace: str | None = None,
+def simulate(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan,
+             fidelity: str = "analytic", *, reduce: bool = True, trace: str | None = None,
              faults: Faults | None = None) -> Result:
     """Predict one training iteration of ``model`` on ``cluster`` under ``plan``. The DES
     tier can run without symmetry reduction (``reduce=False``) and write a Chrome trace.
-    ``faults``: stragglers and link failures (:mod:`sim.spec.faults`)."""
+    ``faults``: stragglers and link failures (:mod:`sim.spec.faults`). A workload graph
+    (:class:`sim.spec.workload.Workload`) runs in the analytic tier (:mod:`sim.analytic.graph`)."""
     if fidelity not in FIDELITIES:
         raise SpecError("fidelity", f"must be one of {', '.join(FIDELITIES)}, got {fidelity!r}")
+    if isinstance(model, Workload):
+        return _graph(model, cluster, plan, fidelity, faults)
     validate(plan, model, cluster)
     if fidelity == "des" and plan.num_microbatches > MAX_DES_MICROBATCHES:  # sim.spec.limits
         raise SpecError("plan.global_batch_size", f"{plan.num_microbatches:,} micro-batches per "
@@ -101,6 +105,44 @@ def _des(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel, re
     return out
 
 
+def _graph(w: Workload, cluster: ClusterSpec, plan: Plan, fidelity: str,
+           faults: Faults | None) -> Result:
+    from sim.analytic.graph import graph_iteration
+    from sim.cost.graph import layer_times
+    from sim.layout.graph import check_graph_plan, graph_memory
+
+    if faults is not None and not faults.empty:
+        raise SpecError("--straggler/--fail-link", "are not modelled for workload graphs yet")
+    cost = cost_model_for(cluster)
+    if fidelity == "des":
+        from sim.des.graph import graph_des
+
+        check_graph_plan(w, plan, cluster)
+        if plan.num_microbatches > MAX_DES_MICROBATCHES:
+            raise SpecError("plan.global_batch_size", f"{plan.num_microbatches:,} micro-batches "
+                            f"per replica: the des tier takes at most {MAX_DES_MICROBATCHES:,}")
+        t = graph_des(w, cluster, plan, cost)
+    else:
+        t = graph_iteration(w, cluster, plan, cost)
+    ranks = graph_memory(w, cluster, plan, layer_times(w, cluster, plan))
+    peak, capacity = max(ranks), cluster.gpu.memory_gib
+    flops = (w.forward_flops_per_sample + w.backward_flops_per_sample) * plan.global_batch_size
+    recomputed = w.forward_flops_per_sample * plan.global_batch_size \
+        if plan.recompute == "full" else 0.0
+    per_gpu = t.iteration_s * cluster.world_size * 1e12
+    samples = plan.global_batch_size / t.iteration_s
+    return Result(
+        fidelity=fidelity, model=w.name, cluster=cluster.name, gpus=cluster.world_size,
+        iteration_time_s=t.iteration_s, tokens_per_s=samples * plan.seq_len,
+        model_tflops_per_gpu=flops / per_gpu, hardware_tflops_per_gpu=(flops + recomputed)
+        / per_gpu, mfu=flops / per_gpu / mean_peak_tflops(cluster, plan.dtype),
+        peak_memory_gib=peak, memory_capacity_gib=capacity, fits_in_memory=peak <= capacity,
+        bubble_fraction=t.breakdown["bubble"] / t.pipeline_s if t.pipeline_s else 0.0,
+        num_microbatches=plan.num_microbatches, breakdown=t.breakdown,
+        communication=t.communication, memory_gib=[{"total": g} for g in ranks],
+        warnings=_warnings(plan, peak, capacity), samples_per_s=samples)
+
+
 def _result(model: ModelSpec, cluster: ClusterSpec, plan: Plan, fidelity: str, t: Timing,
             cost: CostModel) -> Result:
     tokens = plan.global_batch_size * plan.seq_len
@@ -121,7 +163,8 @@ def _result(model: ModelSpec, cluster: ClusterSpec, plan: Plan, fidelity: str, t
         communication=t.communication, memory_gib=mem.ranks_gib,
         extrapolated=sorted(cost.extrapolated),
         warnings=_warnings(plan, peak, capacity) + model.seq_len_warnings(plan.seq_len),
-        links=t.links, simulation=t.simulation)
+        links=t.links, simulation=t.simulation,
+        samples_per_s=plan.global_batch_size / t.iteration_s)
 
 
 def _warnings(plan: Plan, peak_gib: float, capacity_gib: float) -> list[str]:

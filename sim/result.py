@@ -50,6 +50,8 @@ class Result:
     warnings: list[str] = field(default_factory=list)  # approximations the tier made, in words
     links: list[dict[str, Any]] = field(default_factory=list)  # busiest links (DES)
     simulation: dict[str, Any] = field(default_factory=dict)  # DES events, units, reduced
+    # global batch samples (sequences, images) / iteration time
+    samples_per_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """Fields by name; a step that cannot complete (infinite time) has ``null``."""

@@ -45,6 +45,7 @@ def format_result(r: Result, plan: Plan | None = None, faults: Faults | None = N
         *head,
         f"  iteration time        {it:.4g} s   ({r.num_microbatches} micro-batches)",
         f"  tokens/s              {r.tokens_per_s:,.0f}",
+        f"  samples/s             {r.samples_per_s:,.1f}",
         f"  model TFLOP/s/GPU     {r.model_tflops_per_gpu:.4g}   (MFU {100 * r.mfu:.1f}%)",
         f"  hardware TFLOP/s/GPU  {r.hardware_tflops_per_gpu:.4g}",
         f"  peak memory           {r.peak_memory_gib:.1f} / {r.memory_capacity_gib:.1f} GiB"

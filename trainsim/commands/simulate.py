@@ -13,12 +13,13 @@ __all__ = ["cmd_simulate", "add_simulate_parser"]
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from sim import SpecError, load_cluster, load_model, load_plan, simulate
+    from sim import SpecError, load_cluster, load_plan, simulate
+    from sim.spec.zoo import load_any
     from trainsim.commands.faults import faults_of
     from trainsim.commands.profile import with_profile_options
     from trainsim.report import format_result
 
-    model, cluster = load_model(args.model), load_cluster(args.cluster)
+    model, cluster = load_any(args.model), load_cluster(args.cluster)
     cluster = with_profile_options(cluster, args)
     plan = load_plan(args.plan)
     if args.fidelity != "des" and (args.trace or args.no_reduce):

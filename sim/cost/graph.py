@@ -1,0 +1,50 @@
+"""Seconds of each layer of a workload graph on one micro-batch: the layer's measured times
+on this device (``trainsim profile compute``), interpolated in the batch, when the workload
+holds them; else the hardware catalog's roofline — ``max(FLOPs / GEMM rate, bytes / memory
+rate)`` forward, the backward pass's FLOPs and twice the bytes backward."""
+
+from __future__ import annotations
+
+from sim.cost.costmodel import roofline_for
+from sim.layout.graph import activation_scale
+from sim.spec.cluster import ClusterSpec
+from sim.spec.hardware import DTYPE_BYTES
+from sim.spec.plan import Plan
+from sim.spec.workload import Layer, Workload, measured_times
+
+__all__ = ["layer_times"]
+
+
+def _measured(layer: Layer, device: str, b: int) -> tuple[float, float] | None:
+    """Measured (forward, backward) seconds at batch ``b``: exact, else linear between the
+    nearest measured batches, else proportional to the nearest one."""
+    at = measured_times(layer, device)
+    if not at:
+        return None
+    if b in at:
+        return at[b]
+    lo = max((k for k in at if k < b), default=None)
+    hi = min((k for k in at if k > b), default=None)
+    if lo is not None and hi is not None:
+        f = (b - lo) / (hi - lo)
+        return tuple(at[lo][i] + f * (at[hi][i] - at[lo][i]) for i in (0, 1))  # type: ignore
+    near = lo if lo is not None else hi
+    assert near is not None
+    return at[near][0] * b / near, at[near][1] * b / near
+
+
+def layer_times(w: Workload, cluster: ClusterSpec, plan: Plan) -> list[tuple[float, float]]:
+    """(forward, backward) seconds of each layer on one micro-batch."""
+    roof = roofline_for(cluster.gpu)
+    rate, bw = roof.gemm_flops[plan.dtype], roof.mem_Bps
+    b, s, e = plan.micro_batch_size, activation_scale(w, plan), DTYPE_BYTES[plan.dtype]
+    out = []
+    for layer in w.layers:
+        got = _measured(layer, cluster.gpu.name, b)
+        if got is None:
+            moved = (layer.input_bytes + layer.output_bytes) * b * s
+            weights = (layer.params + layer.frozen_params) * e
+            got = (max(layer.forward_flops * b / rate, (moved + weights) / bw),
+                   max(layer.backward_flops * b / rate, 2 * (moved + weights) / bw))
+        out.append(got)
+    return out
