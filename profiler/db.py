@@ -28,6 +28,11 @@ TABLES = {
                                      "size_bytes"]),
     "comm_fit": (FIT_COLUMNS, ["collective", "backend", "fabric", "group_size",
                                "min_size_bytes"]),
+    # workload graphs (profiler/graph/profile.py): every layer, and the whole step
+    "graph_layers": (["workload", "layer", "kind", "batch", "dtype", "threads", "forward_s",
+                      "backward_s"], ["workload", "layer", "batch", "dtype", "threads"]),
+    "graph_steps": (["workload", "batch", "dtype", "threads", "step_s", "layers_s",
+                     "optimizer_s"], ["workload", "batch", "dtype", "threads"]),
 }
 
 

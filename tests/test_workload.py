@@ -176,3 +176,30 @@ def test_models_lists_the_workload_graphs(capsys):
     assert code == 0 and "workload graphs (trainsim trace):" in out
     line = next(x for x in out.splitlines() if x.startswith("resnet50 "))
     assert "25.557 M params  143 layers; 8.18 GFLOP forward per sample" in line
+
+
+def test_fold_gives_container_time_to_a_traced_layer():
+    from profiler.graph.profile import fold
+
+    names = ["conv1", "layer1.0", "layer1.0.conv1", "fc"]
+    out = fold({"conv1": 1.0, "layer1": 0.5, "layer1.0.conv1": 2.0, "layer1.0.relu": 0.25,
+                "": 0.125}, names)
+    assert out == {"conv1": 1.125, "layer1.0": 0.75, "layer1.0.conv1": 2.0, "fc": 0.0}
+
+
+def test_profile_a_workload_and_simulate_from_it(capsys, tmp_path):
+    """Every layer measured, the step and AdamW beside them; simulate then takes the
+    measured times: a one-device step is their sum plus the optimizer step."""
+    from sim import Plan, load_cluster, simulate
+
+    code, out, err = cli(capsys, "profile", "compute", "--model", "builtin:lstm-lm",
+                         "--batch", "2", "--passes", "1", "--db", str(tmp_path))
+    assert code == 0, err
+    (path,) = tmp_path.glob("*/workloads/lstm-lm.json")
+    w = load_workload(path)
+    assert all(x.measured and x.measured[0].batch == 2 for x in w.layers)
+    layers = sum(x.measured[0].forward_s + x.measured[0].backward_s for x in w.layers)
+    r = simulate(w, load_cluster("cpu:1"), Plan(2, 1, 2, dp=1, dtype="fp32"))
+    assert r.iteration_time_s == pytest.approx(layers + w.optimizer_s[0][1])
+    assert "lstm-lm batch 2: step" in out
+    assert (path.parent.parent / "graph_steps.csv").is_file()

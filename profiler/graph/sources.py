@@ -152,22 +152,28 @@ def _user(ref: str) -> tuple[nn.Module, Any]:
     return made
 
 
-def _to_meta(module: nn.Module, example: Any) -> tuple[nn.Module, Any]:
+def _to(module: nn.Module, example: Any, device: str) -> tuple[nn.Module, Any]:
     from torch.utils._pytree import tree_map
 
-    return module.to("meta"), tree_map(
-        lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, example)
+    return module.to(device), tree_map(
+        lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, example)
 
 
-def build(ref: str, batch: int = 2, seq_len: int | None = None) -> tuple[nn.Module, Any, str]:
-    """(module, example input, name) on the meta device for a ``--model`` reference."""
+def _to_meta(module: nn.Module, example: Any) -> tuple[nn.Module, Any]:
+    return _to(module, example, "meta")
+
+
+def build(ref: str, batch: int = 2, seq_len: int | None = None, device: str = "meta"
+          ) -> tuple[nn.Module, Any, str]:
+    """(module, example input, name) on ``device`` (meta: shapes only, for tracing; cpu or
+    cuda: initialised weights, for measuring) for a ``--model`` reference."""
     kind, sep, rest = ref.partition(":")
     if not sep or not rest:
         raise SpecError("--model", f"must be torchvision:NAME, hf-encoder:CONFIG, builtin:NAME "
                         f"or FILE.py:FUNCTION, got {ref!r}")
     if batch < 1:
         raise SpecError("--batch", f"must be >= 1, got {batch}")
-    with torch.device("meta"):
+    with torch.device(device):
         if kind == "torchvision":
             module, example = _torchvision(rest, batch)
             name = rest
@@ -186,4 +192,6 @@ def build(ref: str, batch: int = 2, seq_len: int | None = None) -> tuple[nn.Modu
         else:
             raise SpecError("--model", f"must be torchvision:NAME, hf-encoder:CONFIG, "
                             f"builtin:NAME or FILE.py:FUNCTION, got {ref!r}")
-    return (*_to_meta(module, example), name)
+    if device == "meta":
+        return (*_to_meta(module, example), name)
+    return (*_to(module, example, device), name)

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sim.cost.costmodel import CostModel
-from sim.cost.graph import layer_times
+from sim.cost.graph import layer_times, optimizer_time
 from sim.layout.graph import (
     activation_scale,
     check_graph_plan,
@@ -128,7 +128,7 @@ def graph_iteration(w: Workload, cluster: ClusterSpec, plan: Plan, cost: CostMod
     stages = _stages(w, plan, times, coll)
     dp = [_dp(w, plan, st, coll) for st in stages]
     shards = plan.dp if plan.zero_stage >= 1 else 1
-    opt = [cost.optimizer(st.params / shards) for st in stages]
+    opt = [optimizer_time(w, cluster, st.params / shards, cost) for st in stages]
     # sends are asynchronous: a stage's pace is its compute, or its transfers if slower;
     # the first micro-batch's activations and last gradients cross every boundary in series
     per_mb = [max(st.compute_s + d[0], st.p2p_s) for st, d in zip(stages, dp, strict=True)]

@@ -5,14 +5,16 @@ rate)`` forward, the backward pass's FLOPs and twice the bytes backward."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from sim.cost.costmodel import roofline_for
 from sim.layout.graph import activation_scale
 from sim.spec.cluster import ClusterSpec
-from sim.spec.hardware import DTYPE_BYTES
+from sim.spec.hardware import DTYPE_BYTES, cpu_device_name
 from sim.spec.plan import Plan
-from sim.spec.workload import Layer, Workload, measured_times
+from sim.spec.workload import Layer, Workload, measured_device, measured_times
 
-__all__ = ["layer_times"]
+__all__ = ["layer_times", "optimizer_time"]
 
 
 def _measured(layer: Layer, device: str, b: int) -> tuple[float, float] | None:
@@ -38,9 +40,11 @@ def layer_times(w: Workload, cluster: ClusterSpec, plan: Plan) -> list[tuple[flo
     roof = roofline_for(cluster.gpu)
     rate, bw = roof.gemm_flops[plan.dtype], roof.mem_Bps
     b, s, e = plan.micro_batch_size, activation_scale(w, plan), DTYPE_BYTES[plan.dtype]
+    device = measured_device({m.device for x in w.layers for m in x.measured},
+                             cluster.gpu.name, cpu_device_name())
     out = []
     for layer in w.layers:
-        got = _measured(layer, cluster.gpu.name, b)
+        got = _measured(layer, device, b) if device is not None else None
         if got is None:
             moved = (layer.input_bytes + layer.output_bytes) * b * s
             weights = (layer.params + layer.frozen_params) * e
@@ -48,3 +52,13 @@ def layer_times(w: Workload, cluster: ClusterSpec, plan: Plan) -> list[tuple[flo
                    max(layer.backward_flops * b / rate, 2 * (moved + weights) / bw))
         out.append(got)
     return out
+
+
+def optimizer_time(w: Workload, cluster: ClusterSpec, params: float, cost: Any) -> float:
+    """One AdamW step over ``params`` of the workload's parameters: the measured whole-model
+    step scaled to them where this device was measured, else the cost model's."""
+    device = measured_device({d for d, _ in w.optimizer_s}, cluster.gpu.name,
+                             cpu_device_name())
+    if device is None or not w.param_count:
+        return cost.optimizer(params)
+    return dict(w.optimizer_s)[device] * params / w.param_count

@@ -24,7 +24,7 @@ from typing import Any
 import simpy
 
 from sim.cost.costmodel import CostModel
-from sim.cost.graph import layer_times
+from sim.cost.graph import layer_times, optimizer_time
 from sim.layout.graph import check_graph_plan, ddp_buckets, fsdp_units, graph_stages
 from sim.layout.placement import groups_of, stage_devices
 from sim.layout.schedule import stage_ops
@@ -201,7 +201,7 @@ class _GraphStep:
             yield self.streams[stage].issue("all_gather", params * self.e)
         acct["dp"] += self.env.now - t0
         shards = self.p.dp if self.p.zero_stage >= 1 else 1
-        step = self.cost.optimizer(params / shards)
+        step = optimizer_time(self.w, self.c, params / shards, self.cost)
         yield self.env.timeout(step)
         acct["optimizer"] += step
         self.end_s[stage] = self.env.now

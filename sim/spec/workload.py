@@ -31,7 +31,7 @@ from sim.errors import SpecError
 from sim.spec.limits import MAX_LAYERS, at_most
 
 __all__ = ["Layer", "Measured", "Workload", "SCHEMA_VERSION", "load_workload",
-           "workload_from_dict", "is_workload_file", "measured_times"]
+           "workload_from_dict", "is_workload_file", "measured_times", "measured_device"]
 
 SCHEMA_VERSION = 1
 MAX_TENSOR_NUMEL = 2**40  # one parameter tensor: 1.1e12 elements, 4 TB in fp32
@@ -87,6 +87,8 @@ class Workload:
     dtype: str = "fp32"  # the dtype the bytes were traced at
     sample: str = ""  # one sample of the traced input, e.g. "3x224x224 float32"
     source: str = ""  # what was traced, e.g. "torchvision:resnet50"
+    # measured AdamW step over all trainable parameters: (device, seconds) pairs
+    optimizer_s: tuple[tuple[str, float], ...] = ()
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -104,6 +106,11 @@ class Workload:
             raise SpecError("workload.layers", f"layer names must be unique, {dup!r} repeats")
         for i, layer in enumerate(self.layers):
             _check_layer(f"workload.layers[{i}]", layer)
+        for pair in self.optimizer_s:
+            if len(pair) != 2 or not isinstance(pair[0], str) or not isinstance(
+                    pair[1], (int, float)) or not pair[1] > 0:
+                raise SpecError("workload.optimizer_s", f"must be [device, seconds > 0] "
+                                f"pairs, got {pair!r}")
 
     @property
     def param_count(self) -> int:
@@ -130,6 +137,7 @@ class Workload:
     def to_dict(self) -> dict[str, Any]:
         """The JSON form: lists, and each layer without its zero or empty fields."""
         d = asdict(self)
+        d["optimizer_s"] = [list(p) for p in self.optimizer_s]
         d["layers"] = [{k: list(v) if isinstance(v, tuple) else v
                         for k, v in asdict(layer).items() if v not in ((), 0.0)}
                        | {"name": layer.name, "kind": layer.kind} for layer in self.layers]
@@ -169,6 +177,10 @@ def workload_from_dict(d: Any, where: str = "workload") -> Workload:
     if not isinstance(layers, list):
         raise SpecError(f"{where}.layers", "must be a list of layer objects")
     top = {k: v for k, v in d.items() if k != "layers"}
+    pairs = top.get("optimizer_s", [])
+    if not isinstance(pairs, list) or not all(isinstance(x, list) for x in pairs):
+        raise SpecError(f"{where}.optimizer_s", "must be a list of [device, seconds] pairs")
+    top["optimizer_s"] = tuple(tuple(x) for x in pairs)
     for key in ("name", "dtype", "sample", "source"):
         if key in top and not isinstance(top[key], str):
             raise SpecError(f"{where}.{key}", f"must be a string, got {top[key]!r}")
@@ -226,6 +238,17 @@ def load_workload(path: str | Path) -> Workload:
     except json.JSONDecodeError as exc:
         raise SpecError("workload", f"{str(path)!r} is not JSON: {exc}") from None
     return workload_from_dict(d, "workload")
+
+
+def measured_device(devices: set[str], device: str, host: str) -> str | None:
+    """Which measured device a simulation on ``device`` (a catalog name) takes: that one;
+    on ``cpu`` the host's CPU when it was measured, else any measured CPU."""
+    if device in devices:
+        return device
+    if device == "cpu":
+        cpus = sorted(d for d in devices if d.startswith("cpu"))
+        return host if host in cpus else (cpus[0] if cpus else None)
+    return None
 
 
 def measured_times(layer: Layer, device: str) -> dict[int, tuple[float, float]]:

@@ -96,16 +96,38 @@ def _compute_specs(args: argparse.Namespace) -> list[Any]:
     return model_grid(model, tps, args.micro_batch or [1, 2, 4], seqs, dtype)
 
 
+def _graph_compute(args: argparse.Namespace) -> int:
+    """A workload graph's layers, whole step and optimizer step (profiler/graph)."""
+    from profiler.graph.profile import profile_workload
+
+    folder, w, rows = profile_workload(
+        args.model, args.batch or [4, 8], args.db, args.device, args.threads,
+        args.passes or 3, args.depth, args.seq_len[0] if args.seq_len
+        else None)
+    for r in rows:
+        gap = 100 * (r["layers_s"] + r["optimizer_s"] - r["step_s"]) / r["step_s"]
+        print(f"{w.name} batch {r['batch']}: step {r['step_s']:.4g} s measured; layers "
+              f"{r['layers_s']:.4g} s + AdamW {r['optimizer_s']:.4g} s ({gap:+.1f}%)")
+    print(f"wrote {folder / 'workloads' / (w.name + '.json')} (simulate --model it), "
+          f"{folder / 'graph_layers.csv'}, {folder / 'graph_steps.csv'}")
+    return 0
+
+
 def cmd_compute(args: argparse.Namespace) -> int:
     from profiler.busy import default_busy
     from profiler.compute import run_compute_profile
 
     _check_device(args.device)
+    if args.model and ":" in args.model:
+        return _graph_compute(args)
+    if args.batch or args.depth is not None:
+        raise SpecError("--batch/--depth", "profile a workload graph (--model "
+                        "torchvision:NAME, hf-encoder:..., builtin:... or FILE.py:FUNCTION)")
     specs = _compute_specs(args)
     busy = args.busy if args.busy is not None else (
         default_busy() if args.device == "cpu" else 0)
     folder, rows = run_compute_profile(specs, args.device, args.db, args.threads, args.force,
-                                       busy=busy, passes=args.passes)
+                                       busy=busy, passes=args.passes or 1)
     print(f"{folder}: {rows} shapes measured ({len(specs) - rows} already there)")
     return 0
 
@@ -302,8 +324,12 @@ def cmd_import_trace(args: argparse.Namespace) -> int:
 
 def _add_compute(psub: Any) -> None:
     c = psub.add_parser("compute", help="time layer building blocks (forward and backward)")
-    c.add_argument("--model", help="profile this model's shapes (zoo name or config.json); "
-                   "default: the device's preset grid")
+    c.add_argument("--model", help="profile this model's shapes (zoo name or config.json), "
+                   "or every layer of a workload graph (torchvision:NAME, hf-encoder:CONFIG, "
+                   "builtin:lstm-lm, FILE.py:FUNCTION); default: the device's preset grid")
+    c.add_argument("--batch", type=_int_list, help="workload graph: batch sizes (default 4,8)")
+    c.add_argument("--depth", type=int_at_least(1), help="workload graph: layers at this "
+                   "module depth (default: leaves)")
     c.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="default cpu")
     c.add_argument("--threads", type=int_at_least(1), default=1, help="CPU threads per "
                    "process (default 1, as one rank of a cpu:RANKS cluster)")
@@ -315,7 +341,7 @@ def _add_compute(psub: Any) -> None:
                    "up to the model's limit)")
     c.add_argument("--db", default=DEFAULT_DB, help=f"profile DB root (default {DEFAULT_DB}/)")
     c.add_argument("--force", action="store_true", help="re-measure shapes already in the DB")
-    c.add_argument("--passes", type=int_at_least(1), default=1, help="passes over all shapes; "
+    c.add_argument("--passes", type=int_at_least(1), help="passes over all shapes; "
                    "each keeps its median pass, the faster middle one for an even count "
                    "(default 1; 3 on a noisy machine)")
     c.add_argument("--busy", type=int_at_least(0), help="neighbour processes kept busy "
