@@ -167,3 +167,42 @@ def test_simulate_cli_on_a_workload(capsys):
         code, out, err = cli(capsys, "simulate", "--model", "resnet50", "--cluster",
                              "dgx-a100:1", "--plan", str(plan))
         assert_bad_input(code, out, err, "plan.tp")
+
+
+def test_graph_space_holds_every_dp_pp_plan_within_the_constraints():
+    from optimizer.constraints import Constraints
+    from optimizer.graph import graph_plans
+
+    w, cluster = load_any("vgg16"), load_cluster("dgx-a100:1")
+    plans = graph_plans(w, cluster, 64, "bf16", Constraints())
+    assert {(p.dp, p.pp) for p in plans} == {(8, 1), (4, 2), (2, 4), (1, 8)}
+    assert all(p.zero_stage < 3 for p in plans if p.pp > 1)
+    assert all(p.zero_stage == 0 for p in plans if p.dp == 1)
+    assert {p.schedule for p in plans if p.pp > 1} == {"1f1b", "gpipe"}
+    for p in plans:
+        check_graph_plan(w, p, cluster)
+    capped = graph_plans(w, cluster, 64, "bf16", Constraints(max_zero_stage=1,
+                                                              fixed=(("pp", 2),)))
+    assert capped and all(p.pp == 2 and p.zero_stage <= 1 for p in capped)
+    with pytest.raises(SpecError, match="--framework"):
+        graph_plans(w, cluster, 64, "bf16", Constraints(framework="megatron"))
+
+
+def test_optimize_a_workload_graph(capsys, tmp_path):
+    out = tmp_path / "run"
+    code, stdout, err = cli(capsys, "optimize", "--model", "resnet50", "--cluster",
+                            "dgx-a100:1", "--global-batch-size", "256", "--seq-len", "1",
+                            "--top", "3", "--json", "--out", str(out))
+    assert code == 0, err
+    import json
+
+    s = json.loads(stdout)
+    assert s["best_plan"]["tp"] == 1 and s["ranked"][0]["tier"] == "des"
+    assert len(s["ranked"]) == 3 and (out / "best_plan.json").is_file()
+    best = Plan.from_dict(s["best_plan"])
+    assert simulate(load_any("resnet50"), load_cluster("dgx-a100:1"), best, "des") \
+        .iteration_time_s == pytest.approx(s["best_iteration_s"])
+    code, _, err = cli(capsys, "optimize", "--model", "resnet50", "--cluster", "dgx-a100:1",
+                       "--global-batch-size", "256", "--seq-len", "1", "--max-memory-gib",
+                       "0.5")
+    assert code == 3 and "no feasible plan" in err

@@ -25,8 +25,10 @@ def run_optimize(model_ref: str, cluster_ref: Any, gbs: int, seq: int, top: int,
     from optimizer.report import format_report, summary, write_outputs
     from optimizer.search import optimize
     from optimizer.space import SearchSpace
-    from sim import ClusterSpec, load_cluster, load_model
+    from sim import ClusterSpec, load_cluster
     from sim.errors import NoFeasiblePlan
+    from sim.spec.workload import Workload
+    from sim.spec.zoo import load_any
     from trainsim.common import check_out_dir
     from trainsim.plots.search import plot_search
 
@@ -34,8 +36,10 @@ def run_optimize(model_ref: str, cluster_ref: Any, gbs: int, seq: int, top: int,
     for name, value in (("--top", top), ("--workers", workers)):
         if value is not None and value < 1:
             raise SpecError(name, f"must be >= 1, got {value}")
-    model = load_model(model_ref)
+    model = load_any(model_ref)
     cluster = cluster_ref if isinstance(cluster_ref, ClusterSpec) else load_cluster(cluster_ref)
+    if isinstance(model, Workload):
+        return _optimize_graph(model, cluster, gbs, top, out, as_json, constraints, dtype)
     space = SearchSpace(model, cluster, gbs, seq, dtype,
                         constraints=constraints or Constraints())
     try:
@@ -52,6 +56,31 @@ def run_optimize(model_ref: str, cluster_ref: Any, gbs: int, seq: int, top: int,
         out.mkdir(parents=True, exist_ok=True)
         files = write_outputs(rep, s, out, _extras(rep, megatron, space, out) if extras else {})
         files += plot_search(rep, out)
+        if not as_json:
+            print("wrote " + ", ".join(str(f) for f in files))
+    return 0
+
+
+def _optimize_graph(w: Any, cluster: Any, gbs: int, top: int, out: Path | None,
+                    as_json: bool, constraints: Any, dtype: str) -> int:
+    """A workload graph's search (optimizer.graph): data and pipeline parallelism."""
+    from optimizer.constraints import Constraints
+    from optimizer.graph import optimize_graph
+    from optimizer.report import format_report, summary, write_outputs
+    from sim.errors import NoFeasiblePlan
+    from trainsim.plots.search import plot_search
+
+    k = constraints or Constraints()
+    try:
+        rep = optimize_graph(w, cluster, gbs, top, dtype, k)
+    except NoFeasiblePlan as exc:
+        print(f"trainsim: no feasible plan: {exc}", file=sys.stderr)
+        return EXIT_NO_PLAN
+    s = summary(rep, top, k)
+    print(json.dumps(s, indent=2) if as_json else format_report(s))
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        files = write_outputs(rep, s, out, {}) + plot_search(rep, out)
         if not as_json:
             print("wrote " + ", ".join(str(f) for f in files))
     return 0
