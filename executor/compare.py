@@ -25,6 +25,7 @@ from sim.spec.cluster import ClusterSpec
 from sim.spec.hardware import cpu_device_name
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan, validate
+from sim.spec.workload import Workload
 
 __all__ = ["compare", "calibrate", "calibration_target", "format_comparison",
            "check_measured"]
@@ -38,7 +39,7 @@ def _same(a: Any, b: Any) -> bool:
     return bool(json.loads(json.dumps(a)) == json.loads(json.dumps(b)))
 
 
-def check_measured(measured: Any, model: ModelSpec, plan: Plan) -> dict[str, Any]:
+def check_measured(measured: Any, model: ModelSpec | Workload, plan: Plan) -> dict[str, Any]:
     """An earlier ``trainsim execute --json`` result of this model and plan (else a
     SpecError naming ``--measured``)."""
     if not isinstance(measured, dict):
@@ -60,6 +61,36 @@ def _profile_db(cluster: ClusterSpec) -> ProfileDB | None:
         return None
     hint = cpu_device_name() if cluster.gpu.name == "cpu" else cluster.gpu.name
     return load_profile_db(cluster.profile, hint, cluster.compute_stat)
+
+
+def compare_graph(w: Workload, plan: Plan, cluster: ClusterSpec, fidelity: str = "analytic",
+                  measured: dict[str, Any] | None = None, **run: Any) -> dict[str, Any]:
+    """:func:`compare` for a workload graph: the pipeline split is first moved to where the
+    run can split (:func:`executor.graph_run.graph_split`), and both use it."""
+    import dataclasses
+
+    from executor.graph_run import graph_split
+    from sim.cost.graph import layer_times
+
+    if plan.pp > 1:
+        split = graph_split(w, plan, layer_times(w, cluster, plan))
+        plan = dataclasses.replace(plan, layers_per_stage=split)
+    if measured is None:
+        check_runnable(w, plan, run.get("nproc"))
+    else:
+        check_measured(measured, w, plan)
+    predicted = simulate(w, cluster, plan, fidelity=fidelity)
+    measured = execute(w, plan, **run) if measured is None else measured
+    t_pred, t_meas = predicted.iteration_time_s, measured["iteration_s"]
+    return {
+        "model": w.name, "cluster": cluster.name, "plan": plan.to_dict(),
+        "fidelity": fidelity, "profile": cluster.profile, "compute_stat": cluster.compute_stat,
+        "calibrated_by": None, "predicted_s": t_pred, "measured_s": t_meas,
+        "measured_min_s": measured["min_s"], "measured_max_s": measured["max_s"],
+        "error": (t_pred - t_meas) / t_meas, "predicted_peak_gib": predicted.peak_memory_gib,
+        "measured_peak_gib": max(measured["peak_bytes"]) / GIB, "loss": measured["loss"],
+        "tokens_per_s": measured["tokens_per_s"], "inventory": [], "inventory_match": None,
+        "extrapolated": predicted.extrapolated, "measured": measured}
 
 
 def compare(model: ModelSpec, plan: Plan, cluster: ClusterSpec, fidelity: str = "analytic",

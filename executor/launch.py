@@ -27,6 +27,7 @@ from executor.capabilities import unsupported
 from sim.errors import SpecError
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
+from sim.spec.workload import Workload
 
 __all__ = ["execute", "check_runnable", "ExecutionError", "summarize_ranks"]
 
@@ -35,8 +36,9 @@ class ExecutionError(RuntimeError):
     """A run that did not finish: one line saying which rank and why."""
 
 
-def _config(spec: ModelSpec, plan: Plan, **run: Any) -> dict[str, Any]:
-    return {"model": spec.to_dict(), "plan": plan.to_dict(), **run}
+def _config(spec: ModelSpec | Workload, plan: Plan, **run: Any) -> dict[str, Any]:
+    key = "workload" if isinstance(spec, Workload) else "model"  # the worker's two runners
+    return {key: spec.to_dict(), "plan": plan.to_dict(), **run}
 
 
 def _command(nproc: int, config: Path) -> list[str]:
@@ -170,11 +172,17 @@ def measured(summary: dict[str, Any], warmup: int) -> dict[str, float]:
             "tokens_per_s": summary["tokens_per_step"] / med}
 
 
-def check_runnable(spec: ModelSpec, plan: Plan, nproc: int | None = None) -> None:
+def check_runnable(spec: ModelSpec | Workload, plan: Plan, nproc: int | None = None) -> None:
     """Refuse, before anything is launched, a plan the worker would refuse after torchrun
-    started (:func:`executor.capabilities.unsupported`) or a rank count that is not the
-    plan's world size: a SpecError naming the field."""
-    why = unsupported(spec, plan)
+    started (:func:`executor.capabilities.unsupported`, for workload graphs
+    :func:`executor.graph_run.graph_unsupported`) or a rank count that is not the plan's
+    world size: a SpecError naming the field."""
+    if isinstance(spec, Workload):
+        from executor.graph_run import graph_unsupported
+
+        why = graph_unsupported(spec, plan)
+    else:
+        why = unsupported(spec, plan)
     if why is not None:
         raise SpecError(*why)
     if nproc is not None and nproc != plan.world_size:
@@ -182,7 +190,7 @@ def check_runnable(spec: ModelSpec, plan: Plan, nproc: int | None = None) -> Non
                         f"{plan.world_size}")
 
 
-def execute(spec: ModelSpec, plan: Plan, nproc: int | None = None, steps: int = 5,
+def execute(spec: ModelSpec | Workload, plan: Plan, nproc: int | None = None, steps: int = 5,
             warmup: int = 2, timeout_s: float = 60.0, device: str = "cpu", threads: int = 1,
             seed: int = 0, lr: float = 1e-3, fault: dict[str, Any] | None = None,
             workdir: Path | None = None) -> dict[str, Any]:

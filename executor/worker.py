@@ -195,7 +195,7 @@ class Runner:
         return out
 
 
-def record_step(runner: Runner, step: int, trace_path: Path) -> list[tuple[str, str, int, int]]:
+def record_step(runner: Any, step: int, trace_path: Path) -> list[tuple[str, str, int, int]]:
     """One more step under the torch profiler and the collective recorder: every
     collective it issued with its group (see :mod:`executor.collectives`)."""
     from torch.profiler import ProfilerActivity, profile
@@ -220,7 +220,12 @@ def _progress(out: Path, rank: int, stage: int, text: str) -> None:
 
 def run(cfg: dict[str, Any], out: Path, rank: int) -> dict[str, Any]:
     base_rss = _rss_bytes()
-    runner = Runner(cfg)
+    if "workload" in cfg:  # a workload graph (executor/graph_run.py)
+        from executor.graph_run import GraphRunner
+
+        runner: Any = GraphRunner(cfg)
+    else:
+        runner = Runner(cfg)
     fault = cfg.get("fault") or {}
     times, losses = [], []
     total = cfg["warmup"] + cfg["steps"]
@@ -272,7 +277,9 @@ def main(argv: list[str] | None = None) -> int:
         (out / f"rank{rank}.json").write_text(json.dumps(result))
         dist.destroy_process_group()
     except BaseException as exc:  # one line for the launcher, then a non-zero exit
-        (out / f"error{rank}.txt").write_text(f"{type(exc).__name__}: {exc}".splitlines()[0])
+        lines = [x.strip() for x in str(exc).splitlines() if x.strip()]
+        text = " / ".join(lines[:3]) if lines else "(no message)"  # one line
+        (out / f"error{rank}.txt").write_text(f"{type(exc).__name__}: {text[:400]}")
         raise
     return 0
 

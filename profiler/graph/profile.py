@@ -1,13 +1,15 @@
 """``trainsim profile compute --model torchvision:NAME|hf-encoder:...|builtin:...|FILE.py:FN``:
 every layer's forward and backward seconds on this device at each batch size, the whole
-training step beside them, and the AdamW step, into the profile DB.
+training step beside them, and its AdamW step, into the profile DB.
 
 Per batch size the layer measurement (:func:`profiler.graph.timing.measure_layers`, one
 step with the clock in its hooks) and the whole step without hooks alternate for
 ``rounds`` rounds, so both see the same machine; medians are kept. On CPU the process is
-pinned to its cores and runs ``threads`` threads. Writes ``graph_layers.csv`` and
-``graph_steps.csv`` in the device's folder (merged, newest wins) and the traced workload
-with its measured times as ``workloads/NAME.json`` there, which ``simulate --model`` reads.
+pinned to its cores and runs ``threads`` threads, beside ``busy`` neighbour processes (the
+other ranks of a ``cpu:RANKS`` run share the memory bandwidth: :mod:`profiler.busy`).
+Writes ``graph_layers.csv`` and ``graph_steps.csv`` in the device's folder (merged, newest
+wins) and the traced workload with its measured times as ``workloads/NAME.json`` there,
+which ``simulate --model`` reads.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import torch
 from profiler.db import device_dir, merge_rows, update_meta
 from profiler.device import device_name, environment
 from profiler.graph.sources import build
-from profiler.graph.timing import LayerTimes, measure_layers, measure_optimizer, measure_step
+from profiler.graph.timing import LayerTimes, measure_layers, measure_step
 from profiler.graph.trace import trace_module
 from sim.errors import SpecError
 from sim.io import atomic_write_text
@@ -71,7 +73,8 @@ def _pinned(device: str, threads: int) -> Iterator[None]:
 
 def _measure_batch(ref: str, batch: int, w: Workload, device: str, rounds: int,
                    seq_len: int | None, depth: int | None, tick: Any
-                   ) -> tuple[LayerTimes, float, Any]:
+                   ) -> tuple[LayerTimes, float, float]:
+    """Per layer times, the whole step and its AdamW part (medians over the rounds)."""
     module, example, _ = build(ref, batch, seq_len, device)
     names = [layer.name for layer in w.layers]
     layers, steps = [], []
@@ -81,12 +84,13 @@ def _measure_batch(ref: str, batch: int, w: Workload, device: str, rounds: int,
         tick()
     fwd = {n: statistics.median(fold(x.forward_s, names)[n] for x in layers) for n in names}
     bwd = {n: statistics.median(fold(x.backward_s, names)[n] for x in layers) for n in names}
-    return LayerTimes(fwd, bwd), statistics.median(steps), module
+    return (LayerTimes(fwd, bwd), statistics.median(s for s, _ in steps),
+            statistics.median(o for _, o in steps))
 
 
 def profile_workload(ref: str, batches: list[int], db: str | Path, device: str = "cpu",
                      threads: int = 1, rounds: int = 3, depth: int | None = None,
-                     seq_len: int | None = None, progress: bool = True
+                     seq_len: int | None = None, progress: bool = True, busy: int = 0
                      ) -> tuple[Path, Workload, list[dict[str, Any]]]:
     """Measure and store (see the module docstring); returns the device folder, the
     workload with its measured times, and one row per batch (step, sum of layers, AdamW)."""
@@ -95,7 +99,10 @@ def profile_workload(ref: str, batches: list[int], db: str | Path, device: str =
         raise SpecError("--batch", f"must be batch sizes >= 1, got {batches}")
     if rounds < 1:
         raise SpecError("--passes", f"must be >= 1, got {rounds}")
-    with _pinned(device, threads):
+    from profiler.busy import busy_neighbours
+
+    # the neighbours start first, so they do not inherit this process's pinned core
+    with busy_neighbours(busy if device == "cpu" else 0), _pinned(device, threads):
         return _profile(ref, batches, db, device, threads, rounds, depth, seq_len, progress)
 
 
@@ -108,24 +115,21 @@ def _profile(ref: str, batches: list[int], db: str | Path, device: str, threads:
     w = trace_module(meta_module, meta_example, name, ref, depth)
     label = device_name(device)
     measured: dict[str, list[Measured]] = {layer.name: [] for layer in w.layers}
-    rows, dtype = [], "fp32"
+    rows: list[dict[str, Any]] = []
+    dtype = "fp32"
     bar = tqdm(total=len(batches) * rounds, desc=f"profile {name}", unit="round",
                disable=not progress)
-    module = None
     for b in batches:
-        times, step, module = _measure_batch(ref, b, w, device, rounds, seq_len, depth,
-                                             lambda: bar.update(1))
+        times, step, opt = _measure_batch(ref, b, w, device, rounds, seq_len, depth,
+                                          lambda: bar.update(1))
         for n in measured:
             measured[n].append(Measured(label, b, max(times.forward_s[n], 1e-9),
                                         times.backward_s[n]))
         rows.append({"workload": name, "batch": b, "dtype": dtype, "threads": threads,
                      "step_s": step, "layers_s": sum(times.forward_s.values())
-                     + sum(times.backward_s.values())})
+                     + sum(times.backward_s.values()), "optimizer_s": opt})
     bar.close()
-    assert module is not None
-    optimizer = measure_optimizer(module, device)
-    for r in rows:
-        r["optimizer_s"] = optimizer
+    optimizer = float(statistics.median(float(r["optimizer_s"]) for r in rows))  # any batch
     layers = tuple(dataclasses.replace(x, measured=tuple(measured[x.name])) for x in w.layers)
     w = dataclasses.replace(w, layers=layers, optimizer_s=((label, optimizer),))
     folder = device_dir(db, label)

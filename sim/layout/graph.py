@@ -93,16 +93,17 @@ def _pack(cost: list[float], cap: float, stages: int) -> list[range]:
 
 
 def ddp_buckets(w: Workload, layers: range, e: float) -> list[tuple[float, int]]:
-    """DDP's buckets of a stage's gradients: (bytes, first layer index in the bucket),
-    filled in reverse registration order."""
+    """DDP's buckets of a stage's gradients: (bytes, first layer index in the bucket).
+    Tensors join in reverse registration order and a bucket closes once it holds at least
+    its cap (1 MiB the first, then 25 MiB), as ``compute_bucket_assignment_by_size``."""
     tensors = [(n * e, i) for i in layers for n in w.layers[i].param_tensors]
     out: list[tuple[float, int]] = []
     size, first, cap = 0.0, -1, FIRST_BUCKET_BYTES
     for nbytes, i in reversed(tensors):
-        if size and size + nbytes > cap:
+        size, first = size + nbytes, i
+        if size >= cap:
             out.append((size, first))
             size, cap = 0.0, BUCKET_BYTES
-        size, first = size + nbytes, i
     if size:
         out.append((size, first))
     return out

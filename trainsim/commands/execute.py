@@ -4,6 +4,7 @@ simulator."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from typing import Any
 
@@ -12,10 +13,14 @@ __all__ = ["add_execute_parsers"]
 
 def _model(args: argparse.Namespace) -> Any:
     from executor.model import scale_model
-    from sim import load_model
+    from sim.errors import SpecError
+    from sim.spec.workload import Workload
+    from sim.spec.zoo import load_any
 
-    model = load_model(args.model)
+    model = load_any(args.model)
     if args.scale_layers or args.scale_hidden:
+        if isinstance(model, Workload):
+            raise SpecError("--scale-layers/--scale-hidden", "scale transformer models only")
         model = scale_model(model, args.scale_layers, args.scale_hidden)
     return model
 
@@ -42,12 +47,23 @@ def _failed(exc: Exception) -> int:
 
 
 def cmd_execute(args: argparse.Namespace) -> int:
+    from executor.graph_run import graph_split
     from executor.launch import ExecutionError, execute
     from sim import load_plan
     from sim.spec.plan import validate
+    from sim.spec.workload import Workload
 
     model, plan = _model(args), load_plan(args.plan)
-    validate(plan, model)
+    if isinstance(model, Workload):
+        if plan.pp > 1 and plan.layers_per_stage is None:  # where the run can split
+            from sim import load_cluster
+            from sim.cost.graph import layer_times
+
+            cpu = load_cluster(f"cpu:{plan.world_size}")
+            plan = dataclasses.replace(plan, layers_per_stage=graph_split(
+                model, plan, layer_times(model, cpu, plan)))
+    else:
+        validate(plan, model)
     try:
         result = execute(model, plan, **_run_kwargs(args))
     except ExecutionError as exc:
@@ -98,9 +114,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise SpecError("--calibration-out", "only with --calibrate")
     if args.calibrate:  # a bad target is refused before the run, not after
         calibration_target(cluster, args.calibration_out)
+    from executor.compare import compare_graph
+    from sim.spec.workload import Workload
+
+    run = compare_graph if isinstance(model, Workload) else compare
     try:
-        result = compare(model, plan, cluster, args.fidelity, _measured(args.measured),
-                         **_run_kwargs(args))
+        result = run(model, plan, cluster, args.fidelity, _measured(args.measured),
+                     **_run_kwargs(args))
     except ExecutionError as exc:
         return _failed(exc)
     if args.calibrate:

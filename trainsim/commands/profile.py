@@ -98,12 +98,14 @@ def _compute_specs(args: argparse.Namespace) -> list[Any]:
 
 def _graph_compute(args: argparse.Namespace) -> int:
     """A workload graph's layers, whole step and optimizer step (profiler/graph)."""
+    from profiler.busy import default_busy
     from profiler.graph.profile import profile_workload
 
+    busy = args.busy if args.busy is not None else (
+        default_busy() if args.device == "cpu" else 0)
     folder, w, rows = profile_workload(
         args.model, args.batch or [4, 8], args.db, args.device, args.threads,
-        args.passes or 3, args.depth, args.seq_len[0] if args.seq_len
-        else None)
+        args.passes or 3, args.depth, args.seq_len[0] if args.seq_len else None, busy=busy)
     for r in rows:
         gap = 100 * (r["layers_s"] + r["optimizer_s"] - r["step_s"]) / r["step_s"]
         print(f"{w.name} batch {r['batch']}: step {r['step_s']:.4g} s measured; layers "
