@@ -1,6 +1,7 @@
 """Workload graphs run for real: the traced module (rebuilt from its ``source`` with the same
 seed on every rank) under the plan's data and pipeline parallelism, with torch's own APIs —
-DDP (ZeRO-0), DDP with ``ZeroRedundancyOptimizer`` (ZeRO-1), FSDP2 ``fully_shard`` on each
+DDP (ZeRO-0), DDP with ``ZeroRedundancyOptimizer`` (ZeRO-1), both under bf16 autocast for a
+bf16 plan, FSDP2 ``fully_shard`` (bf16 through its mixed-precision policy) on each
 top-level child and the root (ZeRO-2: kept gathered between forward and backward; ZeRO-3:
 resharded), and ``torch.distributed.pipelining`` (split where each later stage's first layer
 begins; GPipe or 1F1B). Ranks are laid out ``(pp, dp)`` with data parallelism innermost,
@@ -42,6 +43,8 @@ def graph_unsupported(w: Workload, plan: Plan) -> tuple[str, str] | None:
         return "plan.zero_stage", "the executor runs FSDP (ZeRO-2/3) without a pipeline"
     if plan.dtype not in ("fp32", "bf16"):
         return "plan.dtype", f"{plan.dtype} is not run by the executor (fp32 or bf16)"
+    if plan.dtype == "bf16" and plan.pp > 1:
+        return "plan.dtype", "bf16 pipelines are not run by the executor yet (fp32)"
     if plan.recompute != "none":
         return "plan.recompute", "full is not run by the executor for workload graphs yet"
     if not w.source:
@@ -112,6 +115,12 @@ def _owned_inputs(_m: nn.Module, args: Any) -> Any:
     gets copies (the gradient still reaches the received tensors)."""
     return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) and t.is_leaf
                     and t.requires_grad else t, args)
+
+
+def autocast(device: str, dtype: str) -> Any:
+    from profiler.graph.timing import autocast as profiler_autocast
+
+    return profiler_autocast(device, dtype)
 
 
 class GraphRunner:
@@ -211,8 +220,10 @@ class GraphRunner:
             sync = getattr(self.model, "no_sync", None)
             ctx = sync() if sync is not None and i < n - 1 else contextlib.nullcontext()
             with ctx:
-                out = self.model(**self.example) if isinstance(self.example, dict) \
-                    else self.model(self.example)
+                with autocast(self.device.type, "bf16" if self.plan.dtype == "bf16"
+                              and self.plan.zero_stage < 2 else "fp32"):  # FSDP: its policy
+                    out = self.model(**self.example) if isinstance(self.example, dict) \
+                        else self.model(self.example)
                 loss = loss_of(out) / n
                 loss.backward()
             total += float(loss.detach())

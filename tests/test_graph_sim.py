@@ -33,11 +33,11 @@ MB = 2**20
 
 
 def _toy(bwd=(1e-3, 1e-3, 1e-3)) -> Workload:
-    """Three layers with measured times on the H100 at batch 4; 8 MiB of fp32 parameters
+    """Three layers with measured bf16 times on the H100 at batch 4; 8 MiB of fp32 parameters
     each (2 Mi elements), 1 MiB of activations across each cut per sample."""
     layers = tuple(Layer(f"l{i}", "Linear", (2 * MB,), forward_flops=1.0, backward_flops=2.0,
                          boundary_bytes=MB, saved_bytes=2 * MB, output_bytes=MB,
-                         measured=(Measured(DEVICE, 4, 5e-4, b),))
+                         measured=(Measured(DEVICE, 4, 5e-4, b, "bf16"),))
                    for i, b in enumerate(bwd))
     return Workload("toy", layers)
 
@@ -206,3 +206,12 @@ def test_optimize_a_workload_graph(capsys, tmp_path):
                        "--global-batch-size", "256", "--seq-len", "1", "--max-memory-gib",
                        "0.5")
     assert code == 3 and "no feasible plan" in err
+
+
+def test_measured_times_serve_only_their_dtype():
+    """Times measured in bf16 do not stand for an fp32 plan (nor the other way round)."""
+    w = _toy()
+    bf16 = simulate(w, H1, Plan(32, 1, 4, dp=8))
+    fp32 = simulate(w, H1, Plan(32, 1, 4, dp=8, dtype="fp32"))
+    assert bf16.breakdown["compute"] == pytest.approx(3 * 5e-4 + 3e-3)
+    assert fp32.breakdown["compute"] < 1e-3  # the roofline: a few FLOPs and bytes per layer

@@ -72,15 +72,15 @@ def _pinned(device: str, threads: int) -> Iterator[None]:
 
 
 def _measure_batch(ref: str, batch: int, w: Workload, device: str, rounds: int,
-                   seq_len: int | None, depth: int | None, tick: Any
+                   seq_len: int | None, depth: int | None, tick: Any, dtype: str
                    ) -> tuple[LayerTimes, float, float]:
     """Per layer times, the whole step and its AdamW part (medians over the rounds)."""
     module, example, _ = build(ref, batch, seq_len, device)
     names = [layer.name for layer in w.layers]
     layers, steps = [], []
     for _ in range(rounds):
-        layers.append(measure_layers(module, example, depth, device, repeats=1))
-        steps.append(measure_step(module, example, device, repeats=1))
+        layers.append(measure_layers(module, example, depth, device, repeats=1, dtype=dtype))
+        steps.append(measure_step(module, example, device, repeats=1, dtype=dtype))
         tick()
     fwd = {n: statistics.median(fold(x.forward_s, names)[n] for x in layers) for n in names}
     bwd = {n: statistics.median(fold(x.backward_s, names)[n] for x in layers) for n in names}
@@ -90,8 +90,8 @@ def _measure_batch(ref: str, batch: int, w: Workload, device: str, rounds: int,
 
 def profile_workload(ref: str, batches: list[int], db: str | Path, device: str = "cpu",
                      threads: int = 1, rounds: int = 3, depth: int | None = None,
-                     seq_len: int | None = None, progress: bool = True, busy: int = 0
-                     ) -> tuple[Path, Workload, list[dict[str, Any]]]:
+                     seq_len: int | None = None, progress: bool = True, busy: int = 0,
+                     dtype: str = "fp32") -> tuple[Path, Workload, list[dict[str, Any]]]:
     """Measure and store (see the module docstring); returns the device folder, the
     workload with its measured times, and one row per batch (step, sum of layers, AdamW)."""
 
@@ -99,15 +99,19 @@ def profile_workload(ref: str, batches: list[int], db: str | Path, device: str =
         raise SpecError("--batch", f"must be batch sizes >= 1, got {batches}")
     if rounds < 1:
         raise SpecError("--passes", f"must be >= 1, got {rounds}")
+    if dtype not in ("fp32", "bf16"):
+        raise SpecError("--dtype", f"workload graphs are profiled in fp32 or bf16 (autocast), "
+                        f"got {dtype}")
     from profiler.busy import busy_neighbours
 
     # the neighbours start first, so they do not inherit this process's pinned core
     with busy_neighbours(busy if device == "cpu" else 0), _pinned(device, threads):
-        return _profile(ref, batches, db, device, threads, rounds, depth, seq_len, progress)
+        return _profile(ref, batches, db, device, threads, rounds, depth, seq_len, progress,
+                        dtype)
 
 
 def _profile(ref: str, batches: list[int], db: str | Path, device: str, threads: int,
-             rounds: int, depth: int | None, seq_len: int | None, progress: bool
+             rounds: int, depth: int | None, seq_len: int | None, progress: bool, dtype: str
              ) -> tuple[Path, Workload, list[dict[str, Any]]]:
     from tqdm import tqdm
 
@@ -116,15 +120,14 @@ def _profile(ref: str, batches: list[int], db: str | Path, device: str, threads:
     label = device_name(device)
     measured: dict[str, list[Measured]] = {layer.name: [] for layer in w.layers}
     rows: list[dict[str, Any]] = []
-    dtype = "fp32"
     bar = tqdm(total=len(batches) * rounds, desc=f"profile {name}", unit="round",
                disable=not progress)
     for b in batches:
         times, step, opt = _measure_batch(ref, b, w, device, rounds, seq_len, depth,
-                                          lambda: bar.update(1))
+                                          lambda: bar.update(1), dtype)
         for n in measured:
             measured[n].append(Measured(label, b, max(times.forward_s[n], 1e-9),
-                                        times.backward_s[n]))
+                                        times.backward_s[n], dtype))
         rows.append({"workload": name, "batch": b, "dtype": dtype, "threads": threads,
                      "step_s": step, "layers_s": sum(times.forward_s.values())
                      + sum(times.backward_s.values()), "optimizer_s": opt})

@@ -29,7 +29,7 @@ from torch.utils._pytree import tree_leaves
 
 from profiler.graph.trace import _call, _Stack, scalar_of
 
-__all__ = ["LayerTimes", "measure_layers", "measure_step"]
+__all__ = ["LayerTimes", "measure_layers", "measure_step", "autocast"]
 
 
 @dataclass(frozen=True)
@@ -97,14 +97,24 @@ class _Hooks:
             h.remove()
 
 
-def _one(module: nn.Module, example: Any, depth: int | None, device: str
+def autocast(device: str, dtype: str) -> Any:
+    """bf16 training as the frameworks run it (autocast, fp32 weights); fp32: nothing."""
+    import contextlib
+
+    if dtype == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device, dtype=torch.bfloat16)
+
+
+def _one(module: nn.Module, example: Any, depth: int | None, device: str, dtype: str = "fp32"
          ) -> tuple[dict[str, float], dict[str, float]]:
     stack = _Stack(module, depth)
     fwd, bwd = _Clock(device), _Clock(device)
     hooks = _Hooks(module, stack, fwd, bwd)
     try:
         fwd.switch(None)
-        out = _call(module, example)
+        with autocast(device, dtype):
+            out = _call(module, example)
         fwd.switch(None)
         loss = scalar_of(out)
         bwd.switch(None)
@@ -118,19 +128,20 @@ def _one(module: nn.Module, example: Any, depth: int | None, device: str
 
 
 def measure_layers(module: nn.Module, example: Any, depth: int | None = None,
-                   device: str = "cpu", repeats: int = 5, warmup: int = 1) -> LayerTimes:
+                   device: str = "cpu", repeats: int = 5, warmup: int = 1,
+                   dtype: str = "fp32") -> LayerTimes:
     """Median forward and backward seconds of every layer over ``repeats`` steps."""
     module.train()
     for _ in range(warmup):
-        _one(module, example, depth, device)
-    runs = [_one(module, example, depth, device) for _ in range(repeats)]
+        _one(module, example, depth, device, dtype)
+    runs = [_one(module, example, depth, device, dtype) for _ in range(repeats)]
     names = {k for f, b in runs for k in (*f, *b)}
     return LayerTimes({k: statistics.median(f.get(k, 0.0) for f, _ in runs) for k in names},
                       {k: statistics.median(b.get(k, 0.0) for _, b in runs) for k in names})
 
 
 def measure_step(module: nn.Module, example: Any, device: str = "cpu", repeats: int = 5,
-                 warmup: int = 1) -> tuple[float, float]:
+                 warmup: int = 1, dtype: str = "fp32") -> tuple[float, float]:
     """Median seconds of a whole training step (forward, loss, backward, AdamW; no hooks),
     and of its AdamW part: the optimizer step measured where it runs, after a backward
     pass has just written fresh gradients (alone, on warm gradients, it runs up to a third
@@ -143,7 +154,9 @@ def measure_step(module: nn.Module, example: Any, device: str = "cpu", repeats: 
         sync()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        scalar_of(_call(module, example)).backward()
+        with autocast(device, dtype):
+            out = _call(module, example)
+        scalar_of(out).backward()
         sync()
         t1 = time.perf_counter()
         opt.step()

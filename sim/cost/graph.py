@@ -1,7 +1,8 @@
 """Seconds of each layer of a workload graph on one micro-batch: the layer's measured times
-on this device (``trainsim profile compute``), interpolated in the batch, when the workload
-holds them; else the hardware catalog's roofline — ``max(FLOPs / GEMM rate, bytes / memory
-rate)`` forward, the backward pass's FLOPs and twice the bytes backward."""
+on this device in the plan's dtype (``trainsim profile compute``), interpolated in the
+batch, when the workload holds them; else the hardware catalog's roofline —
+``max(FLOPs / GEMM rate, bytes / memory rate)`` forward, the backward pass's FLOPs and twice
+the bytes backward."""
 
 from __future__ import annotations
 
@@ -17,10 +18,10 @@ from sim.spec.workload import Layer, Workload, measured_device, measured_times
 __all__ = ["layer_times", "optimizer_time"]
 
 
-def _measured(layer: Layer, device: str, b: int) -> tuple[float, float] | None:
+def _measured(layer: Layer, device: str, b: int, dtype: str) -> tuple[float, float] | None:
     """Measured (forward, backward) seconds at batch ``b``: exact, else linear between the
     nearest measured batches, else proportional to the nearest one."""
-    at = measured_times(layer, device)
+    at = measured_times(layer, device, dtype)
     if not at:
         return None
     if b in at:
@@ -40,11 +41,11 @@ def layer_times(w: Workload, cluster: ClusterSpec, plan: Plan) -> list[tuple[flo
     roof = roofline_for(cluster.gpu)
     rate, bw = roof.gemm_flops[plan.dtype], roof.mem_Bps
     b, s, e = plan.micro_batch_size, activation_scale(w, plan), DTYPE_BYTES[plan.dtype]
-    device = measured_device({m.device for x in w.layers for m in x.measured},
-                             cluster.gpu.name, cpu_device_name())
+    device = measured_device({m.device for x in w.layers for m in x.measured
+                              if m.dtype == plan.dtype}, cluster.gpu.name, cpu_device_name())
     out = []
     for layer in w.layers:
-        got = _measured(layer, device, b) if device is not None else None
+        got = _measured(layer, device, b, plan.dtype) if device is not None else None
         if got is None:
             moved = (layer.input_bytes + layer.output_bytes) * b * s
             weights = (layer.params + layer.frozen_params) * e

@@ -41,12 +41,14 @@ _DTYPES = ("fp32", "bf16", "fp16")
 
 @dataclass(frozen=True)
 class Measured:
-    """A measured time of one layer on one device at one batch size (``profile compute``)."""
+    """A measured time of one layer on one device at one batch size and training dtype
+    (``profile compute``; bf16 under autocast)."""
 
     device: str
     batch: int
     forward_s: float
     backward_s: float
+    dtype: str = "fp32"
 
 
 @dataclass(frozen=True)
@@ -251,6 +253,8 @@ def measured_device(devices: set[str], device: str, host: str) -> str | None:
     return None
 
 
-def measured_times(layer: Layer, device: str) -> dict[int, tuple[float, float]]:
-    """A layer's measured (forward_s, backward_s) on ``device``, by batch size."""
-    return {m.batch: (m.forward_s, m.backward_s) for m in layer.measured if m.device == device}
+def measured_times(layer: Layer, device: str, dtype: str = "fp32"
+                   ) -> dict[int, tuple[float, float]]:
+    """A layer's measured (forward_s, backward_s) on ``device`` in ``dtype``, by batch."""
+    return {m.batch: (m.forward_s, m.backward_s) for m in layer.measured
+            if m.device == device and m.dtype == dtype}

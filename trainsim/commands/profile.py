@@ -105,7 +105,8 @@ def _graph_compute(args: argparse.Namespace) -> int:
         default_busy() if args.device == "cpu" else 0)
     folder, w, rows = profile_workload(
         args.model, args.batch or [4, 8], args.db, args.device, args.threads,
-        args.passes or 3, args.depth, args.seq_len[0] if args.seq_len else None, busy=busy)
+        args.passes or 3, args.depth, args.seq_len[0] if args.seq_len else None, busy=busy,
+        dtype=args.dtype or "fp32")
     for r in rows:
         gap = 100 * (r["layers_s"] + r["optimizer_s"] - r["step_s"]) / r["step_s"]
         print(f"{w.name} batch {r['batch']}: step {r['step_s']:.4g} s measured; layers "
