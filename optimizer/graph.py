@@ -1,7 +1,7 @@
 """The search for workload graphs (:class:`sim.spec.workload.Workload`): every plan of data
 and pipeline parallelism a graph runs — each ``dp x pp`` factorisation of the devices (pp up
 to the layer count), every micro-batch size dividing the replica's batch, ZeRO 0-3 (3 only
-without a pipeline; none without data parallelism), GPipe and 1F1B, no or full recompute —
+without a pipeline; none without data parallelism), GPipe and 1F1B —
 within the constraints; the memory filter and the analytic tier over all of them, the DES
 for the top K. Tensor, context and expert parallelism need a transformer spec.
 """
@@ -41,8 +41,8 @@ def graph_plans(w: Workload, cluster: ClusterSpec, gbs: int, dtype: str,
     if constraints.framework != "any":
         raise SpecError("--framework", "exports Megatron-LM, torchtitan and DeepSpeed plans of "
                         f"transformer models; {w.name} is a workload graph")
-    bad = [k for k, _ in constraints.fixed if k in ("tp", "cp", "ep", "vpp")]
-    if any(v != 1 for k, v in constraints.fixed if k in bad):
+    bad = [k for k, v in constraints.fixed if k in ("tp", "cp", "ep", "vpp") and v != 1]
+    if bad:
         raise SpecError("--fix", f"{bad[0]} must be 1 for a workload graph (data and pipeline "
                         "parallelism only)")
     out = []
@@ -55,11 +55,10 @@ def graph_plans(w: Workload, cluster: ClusterSpec, gbs: int, dtype: str,
                 if zero and dp == 1:
                     continue
                 for schedule in ("1f1b", "gpipe") if pp > 1 else ("1f1b",):
-                    for recompute in ("none", "full"):
-                        plan = Plan(gbs, 1, mb, dp=dp, pp=pp, zero_stage=zero,
-                                    schedule=schedule, recompute=recompute, dtype=dtype)
-                        if all(getattr(plan, k) == v for k, v in constraints.fixed):
-                            out.append(plan)
+                    plan = Plan(gbs, 1, mb, dp=dp, pp=pp, zero_stage=zero,
+                                schedule=schedule, dtype=dtype)
+                    if all(getattr(plan, k) == v for k, v in constraints.fixed):
+                        out.append(plan)
     return out
 
 

@@ -17,6 +17,12 @@ from sim.spec.model import ModelSpec
 
 __all__ = ["preset_grid", "model_grid", "PRESETS", "Preset"]
 
+# The Adam step is timed on at most this many parameters (2**28: about 5 GB of parameter,
+# gradient and two moments in fp32); it streams memory linearly in their count, and the
+# profiled cost model scales a larger rank's step from it. A 70B model's whole shard would
+# not fit beside its own optimizer state (an H200 ran out of memory at Llama 3 8B, tp 1).
+MAX_OPTIMIZER_NUMEL = 2**28
+
 _ELEMENTWISE = ("rmsnorm", "layernorm", "residual", "dropout", "gelu", "swiglu", "rope")
 
 @dataclass(frozen=True)
@@ -108,7 +114,8 @@ def model_grid(m: ModelSpec, tps: list[int], micro_batches: list[int], seq_lens:
                        m.head_size))
         out |= {OpSpec(op, "", dtype, grid, a, b) for op, a, b in _pointwise(m, t, tp)}
         out.add(OpSpec("embedding", "", dtype, grid, t, m.hidden_size, m.vocab_size))
-        out.add(OpSpec("optimizer", "adam", "fp32", grid, param_count(m) // tp))
+        out.add(OpSpec("optimizer", "adam", "fp32", grid,
+                       min(param_count(m) // tp, MAX_OPTIMIZER_NUMEL)))
         out.add(OpSpec("layer", layer_variant(m, s), dtype, grid, t, m.hidden_size, tp))
     return sorted(out, key=lambda s: s.key)
 

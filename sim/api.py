@@ -108,7 +108,7 @@ def _des(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel, re
 def _graph(w: Workload, cluster: ClusterSpec, plan: Plan, fidelity: str,
            faults: Faults | None) -> Result:
     from sim.analytic.graph import graph_iteration
-    from sim.cost.graph import layer_times
+    from sim.cost.graph import layer_times, measured_note
     from sim.layout.graph import check_graph_plan, graph_memory
 
     if faults is not None and not faults.empty:
@@ -129,6 +129,9 @@ def _graph(w: Workload, cluster: ClusterSpec, plan: Plan, fidelity: str,
     flops = (w.forward_flops_per_sample + w.backward_flops_per_sample) * plan.global_batch_size
     recomputed = w.forward_flops_per_sample * plan.global_batch_size \
         if plan.recompute == "full" else 0.0
+    if not t.iteration_s > 0:
+        raise SpecError("workload", f"{w.name} has no FLOPs, bytes or parameters: nothing to "
+                        "time")
     per_gpu = t.iteration_s * cluster.world_size * 1e12
     samples = plan.global_batch_size / t.iteration_s
     return Result(
@@ -140,7 +143,8 @@ def _graph(w: Workload, cluster: ClusterSpec, plan: Plan, fidelity: str,
         bubble_fraction=t.breakdown["bubble"] / t.pipeline_s if t.pipeline_s else 0.0,
         num_microbatches=plan.num_microbatches, breakdown=t.breakdown,
         communication=t.communication, memory_gib=[{"total": g} for g in ranks],
-        warnings=_warnings(plan, peak, capacity), samples_per_s=samples)
+        warnings=_warnings(plan, peak, capacity) + [n for n in [measured_note(w, cluster, plan)]
+                                                    if n], samples_per_s=samples)
 
 
 def _result(model: ModelSpec, cluster: ClusterSpec, plan: Plan, fidelity: str, t: Timing,

@@ -60,10 +60,11 @@ def test_ddp_buckets_follow_reverse_registration_order():
 
 def test_gradient_all_reduce_hides_behind_backward_by_hand():
     """dp 8, one micro-batch: the last layer's bucket starts after its backward (1 ms), the
-    other when the backward pass is done (3 ms): it is all exposed, the first hidden."""
+    other when the backward pass is done (3 ms): it is all exposed, the first hidden. bf16
+    under autocast keeps fp32 gradients: 8 MiB per tensor."""
     w, plan = _toy(), Plan(32, 1, 4, dp=8)
     r = simulate(w, H1, plan)
-    first, second = _coll(plan, "all_reduce", 4 * MB), _coll(plan, "all_reduce", 8 * MB)
+    first, second = _coll(plan, "all_reduce", 8 * MB), _coll(plan, "all_reduce", 16 * MB)
     end = max(1e-3 + first, 3e-3) + second
     assert r.breakdown["compute"] == pytest.approx(3 * 5e-4 + 3e-3)
     assert r.breakdown["dp"] == pytest.approx(end - 3e-3) == pytest.approx(second)
@@ -74,8 +75,9 @@ def test_gradient_all_reduce_hides_behind_backward_by_hand():
 def test_without_overlap_every_bucket_is_exposed():
     w, plan = _toy(), Plan(32, 1, 4, dp=8, overlap_grad_reduce=False)
     r = simulate(w, H1, plan)
-    assert r.breakdown["dp"] == pytest.approx(_coll(plan, "all_reduce", 4 * MB)
-                                              + _coll(plan, "all_reduce", 8 * MB))
+    assert r.breakdown["dp"] == pytest.approx(_coll(plan, "all_reduce", 8 * MB)
+                                              + _coll(plan, "all_reduce", 16 * MB))
+    assert simulate(w, H1, plan, "des").iteration_time_s == pytest.approx(r.iteration_time_s)
 
 
 def test_pipeline_of_two_stages_by_hand():
@@ -116,7 +118,10 @@ def test_memory_by_hand():
 @pytest.mark.parametrize("changes, field", [
     ({"tp": 2, "dp": 4}, "plan.tp"), ({"vpp": 2, "pp": 2, "dp": 4,
                                         "schedule": "interleaved-1f1b"}, "plan.vpp"),
-    ({"recompute": "selective"}, "plan.recompute"), ({"dtype": "fp8"}, "plan.dtype"),
+    ({"recompute": "selective"}, "plan.recompute"), ({"recompute": "full"}, "plan.recompute"),
+    ({"dtype": "fp8"}, "plan.dtype"), ({"seq_len": 512}, "plan.seq_len"),
+    ({"attention": "standard"}, "plan.attention"),
+    ({"collectives": (("tp", "ring"),)}, "plan.collectives"),
     ({"pp": 2, "dp": 4, "layers_per_stage": (1, 1)}, "plan.layers_per_stage"),
 ])
 def test_graph_plans_refuse_what_a_graph_cannot_run(changes, field):
@@ -215,3 +220,25 @@ def test_measured_times_serve_only_their_dtype():
     fp32 = simulate(w, H1, Plan(32, 1, 4, dp=8, dtype="fp32"))
     assert bf16.breakdown["compute"] == pytest.approx(3 * 5e-4 + 3e-3)
     assert fp32.breakdown["compute"] < 1e-3  # the roofline: a few FLOPs and bytes per layer
+
+
+@pytest.mark.parametrize("plan", [Plan(64, 1, 8, dp=2, pp=4), Plan(16, 1, 8, dp=1, pp=8),
+                                  Plan(256, 1, 8, dp=8, overlap_grad_reduce=False)])
+def test_tiers_agree_with_heavy_late_stages_and_without_overlap(plan):
+    """VGG-16's parameters sit in its last layers: the last micro-batch's backward reaches
+    those stages first, so their reduction and step start early (both tiers)."""
+    w, cluster = load_any("vgg16"), load_cluster("dgx-a100:1")
+    a, d = (simulate(w, cluster, plan, f).iteration_time_s for f in ("analytic", "des"))
+    assert a == pytest.approx(d, rel=0.05)
+
+
+def test_a_plan_in_another_dtype_than_measured_says_so():
+    w = _toy()  # measured in bf16
+    r = simulate(w, H1, Plan(32, 1, 4, dp=8, dtype="fp32"))
+    assert any("measured on this device in bf16 only" in x for x in r.warnings)
+    assert not simulate(w, H1, Plan(32, 1, 4, dp=8)).warnings
+
+
+def test_a_workload_with_nothing_to_time_is_an_error():
+    with pytest.raises(SpecError, match="nothing to time"):
+        simulate(Workload("empty", (Layer("a", "Identity"),)), H1, Plan(32, 1, 4, dp=8))

@@ -203,3 +203,34 @@ def test_profile_a_workload_and_simulate_from_it(capsys, tmp_path):
     assert r.iteration_time_s == pytest.approx(layers + w.optimizer_s[0][1])
     assert "lstm-lm batch 2: step" in out
     assert (path.parent.parent / "graph_steps.csv").is_file()
+
+
+def test_shipped_encoder_presets_rebuild_from_their_source():
+    from executor.graph_run import build_from_workload
+
+    module, example = build_from_workload(load_any("bert-base"), 1, "meta")
+    assert sum(p.numel() for p in module.parameters()) == load_any("bert-base").param_count
+    assert example["input_ids"].shape == (1, 128)
+
+
+def test_a_users_function_takes_the_batch_or_refuses_another(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("b.py").write_text("import torch\nfrom torch import nn\n\ndef make(batch):\n"
+                            "    return nn.Linear(8, 4), torch.randn(batch, 8)\n")
+    Path("fixed.py").write_text(USER["good.py"])
+    assert build("b.py:make", 16)[1].shape == (16, 8)
+    assert build("fixed.py:make", None)[1].shape == (2, 8)
+    with pytest.raises(SpecError, match="takes no batch argument"):
+        build("fixed.py:make", 16)
+
+
+@pytest.mark.parametrize("bad, field", [({"batch": "2"}, "batch"), ({"batch": True}, "batch"),
+                                        ({"forward_s": "1"}, "forward_s"),
+                                        ({"forward_s": float("inf")}, "forward_s"),
+                                        ({"device": 3}, "device"), ({"dtype": "fp99"}, "dtype")])
+def test_bad_measured_entries_are_one_line(bad, field):
+    w = load_any("lstm-lm").to_dict()
+    m = {"device": "cpu", "batch": 2, "forward_s": 1.0, "backward_s": 1.0} | bad
+    w["layers"][0]["measured"] = [m]
+    with pytest.raises(SpecError, match=field):
+        workload_from_dict(w)

@@ -7,8 +7,9 @@
   ``seq_len`` token ids;
 * ``builtin:lstm-lm`` — a 2-layer LSTM language model (Zaremba et al.'s medium model:
   vocabulary 10,000, 650 units, 35 steps);
-* ``FILE.py:FUNCTION`` — a user's function returning ``(module, example_input)``; dimension 0
-  of the example's first tensor is the batch. The function runs under ``torch.device("meta")``
+* ``FILE.py:FUNCTION`` — a user's function returning ``(module, example_input)``, called with
+  the batch size when it takes an argument; dimension 0 of the example's first tensor is
+  the batch. The function runs under ``torch.device("meta")``
   and what it returns is moved to the meta device.
 
 Every failure a user can cause is a one-line :class:`SpecError` naming ``--model``.
@@ -21,11 +22,13 @@ import importlib.util
 import json
 import sys
 from collections.abc import Callable
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_leaves
 
 from sim.errors import SpecError
 
@@ -81,9 +84,17 @@ def _torchvision(name: str, batch: int) -> tuple[nn.Module, Any]:
     return tv.models.get_model(name, weights=None, **kwargs), torch.randn(batch, 3, size, size)
 
 
-def _hf_encoder(path: str, batch: int, seq_len: int | None) -> tuple[nn.Module, Any]:
+def _config_path(path: str) -> Path:
+    """A config file, its folder, or the name of one shipped with trainsim (the presets'
+    sources: ``hf-encoder:bert-base-uncased.json``)."""
     p = Path(path)
     p = p / "config.json" if p.is_dir() else p
+    shipped = Path(str(resources.files("profiler").joinpath("graph", "configs", p.name)))
+    return shipped if not p.exists() and p.parent == Path(".") and shipped.is_file() else p
+
+
+def _hf_encoder(path: str, batch: int, seq_len: int | None) -> tuple[nn.Module, Any]:
+    p = _config_path(path)
     try:
         cfg = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -101,9 +112,13 @@ def _hf_encoder(path: str, batch: int, seq_len: int | None) -> tuple[nn.Module, 
     except ImportError:
         raise SpecError("--model", "hf-encoder needs transformers: pip install "
                         "'trainsim[trace]'") from None
-    config = transformers.AutoConfig.for_model(**cfg)
-    config.attn_implementation = "sdpa"
-    model = transformers.AutoModelForMaskedLM.from_config(config)
+    try:
+        config = transformers.AutoConfig.for_model(**cfg)
+        config.attn_implementation = "sdpa"
+        model = transformers.AutoModelForMaskedLM.from_config(config)
+    except Exception as exc:  # transformers' own validation of the config's values
+        raise SpecError("--model", f"hf-encoder: transformers cannot build {str(p)!r}: "
+                        f"{type(exc).__name__}: {_first_line(exc)}") from None
     seq = seq_len or 128
     if seq > config.max_position_embeddings:
         raise SpecError("--seq-len", f"must be at most the encoder's max_position_embeddings "
@@ -111,7 +126,7 @@ def _hf_encoder(path: str, batch: int, seq_len: int | None) -> tuple[nn.Module, 
     return model, {"input_ids": torch.randint(0, config.vocab_size, (batch, seq))}
 
 
-def _user_function(file: str, function: str) -> Callable[[], Any]:
+def _user_function(file: str, function: str) -> Callable[..., Any]:
     path = Path(file)
     if not path.is_file():
         raise SpecError("--model", f"no file {file!r} (FILE.py:FUNCTION)")
@@ -138,17 +153,28 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [""])[0][:200]
 
 
-def _user(ref: str) -> tuple[nn.Module, Any]:
+def _user(ref: str, batch: int | None) -> tuple[nn.Module, Any]:
+    """``FUNCTION(batch)`` when it takes an argument, else ``FUNCTION()`` (whose example's
+    batch is then the only one: another ``batch`` is refused)."""
+    import inspect
+
     file, _, function = ref.rpartition(":")
     fn = _user_function(file, function)
+    takes_batch = bool(inspect.signature(fn).parameters)
     try:
-        made = fn()
-    except Exception as exc:
+        made = fn(batch or 2) if takes_batch else fn()
+    except (Exception, SystemExit) as exc:
         raise SpecError("--model", f"{function}() raised {type(exc).__name__}: "
                         f"{_first_line(exc)}") from None
     if not (isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], nn.Module)):
         raise SpecError("--model", f"{function}() must return (torch.nn.Module, example_input), "
                         f"got {type(made).__name__}")
+    if not takes_batch and batch is not None:
+        first = next((t for t in tree_leaves(made[1]) if isinstance(t, torch.Tensor)), None)
+        if first is not None and first.dim() and int(first.shape[0]) != batch:
+            raise SpecError("--batch", f"{function}() takes no batch argument and its example "
+                            f"has batch {int(first.shape[0])}, not {batch}: give it a batch "
+                            "parameter to build other batches")
     return made
 
 
@@ -163,7 +189,7 @@ def _to_meta(module: nn.Module, example: Any) -> tuple[nn.Module, Any]:
     return _to(module, example, "meta")
 
 
-def build(ref: str, batch: int = 2, seq_len: int | None = None, device: str = "meta"
+def build(ref: str, batch: int | None = 2, seq_len: int | None = None, device: str = "meta"
           ) -> tuple[nn.Module, Any, str]:
     """(module, example input, name) on ``device`` (meta: shapes only, for tracing; cpu or
     cuda: initialised weights, for measuring) for a ``--model`` reference."""
@@ -171,15 +197,17 @@ def build(ref: str, batch: int = 2, seq_len: int | None = None, device: str = "m
     if not sep or not rest:
         raise SpecError("--model", f"must be torchvision:NAME, hf-encoder:CONFIG, builtin:NAME "
                         f"or FILE.py:FUNCTION, got {ref!r}")
-    if batch < 1:
+    if batch is not None and batch < 1:
         raise SpecError("--batch", f"must be >= 1, got {batch}")
+    batch_given, batch = batch, batch or 2  # a user's FILE.py:FN may fix its own batch
     with torch.device(device):
         if kind == "torchvision":
             module, example = _torchvision(rest, batch)
             name = rest
         elif kind == "hf-encoder":
             module, example = _hf_encoder(rest, batch, seq_len)
-            name = Path(rest).parent.name if Path(rest).name == "config.json" else Path(rest).stem
+            name = (Path(rest).resolve().parent.name if Path(rest).name == "config.json"
+                    else Path(rest).stem) or "encoder"
         elif kind == "builtin":
             if rest not in BUILTINS:
                 raise SpecError("--model", f"unknown builtin {rest!r} (known: "
@@ -187,7 +215,7 @@ def build(ref: str, batch: int = 2, seq_len: int | None = None, device: str = "m
             module, example = BUILTINS[rest](batch, seq_len)
             name = rest
         elif ref.rpartition(":")[0].endswith(".py"):
-            module, example = _user(ref)
+            module, example = _user(ref, batch_given)
             name = ref.rpartition(":")[2]
         else:
             raise SpecError("--model", f"must be torchvision:NAME, hf-encoder:CONFIG, "

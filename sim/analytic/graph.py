@@ -25,6 +25,7 @@ from sim.cost.graph import layer_times, optimizer_time
 from sim.layout.graph import (
     activation_scale,
     check_graph_plan,
+    comm_bytes,
     ddp_buckets,
     fsdp_units,
     graph_stages,
@@ -43,7 +44,7 @@ __all__ = ["graph_iteration"]
 @dataclass(frozen=True)
 class _Stage:
     layers: range
-    compute_s: float  # forward + backward (+ recomputed forward) of one micro-batch
+    compute_s: float  # forward + backward of one micro-batch
     backward: list[float]  # each layer's backward seconds
     p2p_s: float
     params: int
@@ -89,7 +90,6 @@ def _stages(w: Workload, plan: Plan, times: list[tuple[float, float]], coll: _Co
     for r, layers in enumerate(ranges):
         fwd = sum(times[i][0] for i in layers)
         compute = fwd + sum(times[i][1] for i in layers)
-        compute += fwd if plan.recompute == "full" else 0.0
         sends = [w.layers[layers.start - 1].boundary_bytes * s] if r > 0 else []
         sends += [w.layers[layers.stop - 1].boundary_bytes * s] if r < len(ranges) - 1 else []
         p2p = sum(2 * coll("pp", "send_recv", size) for size in sends)  # activation, gradient
@@ -102,7 +102,7 @@ def _dp(w: Workload, plan: Plan, st: _Stage, coll: _Coll) -> tuple[float, float,
     """(exposed per micro-batch, overlapped per micro-batch, exposed tail, overlapped tail)."""
     if plan.dp == 1:
         return 0.0, 0.0, 0.0, 0.0
-    e = 4.0 if plan.dtype == "fp32" else 2.0  # gradients and gathers in the training dtype
+    e = comm_bytes(plan)
     buckets = ddp_buckets(w, st.layers, e)
     if plan.zero_stage == 3:  # per unit: gathered for forward and backward, reduce-scattered
         per_unit = [2 * coll("dp", "all_gather", b) + coll("dp", "reduce_scatter", b)
@@ -137,13 +137,17 @@ def graph_iteration(w: Workload, cluster: ClusterSpec, plan: Plan, cost: CostMod
     fill = sum(st.p2p_s for st in stages) / 2  # each boundary counted by both its stages
     pipe = m * per_mb[slow] + sum(per_mb) - per_mb[slow] + fill
     tails = [d[2] + o for d, o in zip(dp, opt, strict=True)]
-    last = max(range(len(stages)), key=tails.__getitem__)
+    # the last micro-batch's backward runs from the last stage to the first: stage r is
+    # done that much before stage 0, and its own tail (reduction, step) starts then
+    ahead = [sum(sum(stages[j].backward) for j in range(r)) for r in range(len(stages))]
+    last = max(range(len(stages)), key=lambda r: tails[r] - ahead[r])
     b, t = stages[slow], dp[last]
     pp_s = fill + m * max(0.0, per_mb[slow] - b.compute_s - dp[slow][0])
     breakdown = {"compute": m * b.compute_s, "tp": 0.0, "cp": 0.0, "ep": 0.0,
-                 "pp": pp_s, "dp": m * dp[slow][0] + t[2], "optimizer": opt[last],
+                 "pp": pp_s, "dp": m * dp[slow][0] + max(0.0, t[2] - ahead[last]),
+                 "optimizer": opt[last] - max(0.0, ahead[last] - t[2]),
                  "bubble": pipe - m * b.compute_s - m * dp[slow][0] - pp_s}
     comm = {"pp": {"exposed_s": breakdown["pp"], "overlapped_s": 0.0},
             "dp": {"exposed_s": breakdown["dp"],
                    "overlapped_s": m * dp[slow][1] + t[3]}}
-    return Timing(pipe + tails[last], pipe, breakdown, comm)
+    return Timing(pipe + max(0.0, tails[last] - ahead[last]), pipe, breakdown, comm)

@@ -15,7 +15,7 @@ from sim.spec.hardware import DTYPE_BYTES, cpu_device_name
 from sim.spec.plan import Plan
 from sim.spec.workload import Layer, Workload, measured_device, measured_times
 
-__all__ = ["layer_times", "optimizer_time"]
+__all__ = ["layer_times", "optimizer_time", "measured_note"]
 
 
 def _measured(layer: Layer, device: str, b: int, dtype: str) -> tuple[float, float] | None:
@@ -63,3 +63,16 @@ def optimizer_time(w: Workload, cluster: ClusterSpec, params: float, cost: Any) 
     if device is None or not w.param_count:
         return cost.optimizer(params)
     return dict(w.optimizer_s)[device] * params / w.param_count
+
+
+def measured_note(w: Workload, cluster: ClusterSpec, plan: Plan) -> str | None:
+    """A warning when the workload was measured on this device, but not in the plan's dtype
+    or at all of its layers: those layers are timed by the roofline."""
+    host = cpu_device_name()
+    dtypes = {m.dtype for x in w.layers for m in x.measured
+              if measured_device({m.device}, cluster.gpu.name, host) is not None}
+    if not dtypes or plan.dtype in dtypes:
+        return None
+    return (f"{w.name} was measured on this device in {', '.join(sorted(dtypes))} only: this "
+            f"{plan.dtype} plan's layers are timed by the roofline (set the plan's dtype, or "
+            f"profile with --dtype {plan.dtype})")

@@ -25,7 +25,13 @@ import simpy
 
 from sim.cost.costmodel import CostModel
 from sim.cost.graph import layer_times, optimizer_time
-from sim.layout.graph import check_graph_plan, ddp_buckets, fsdp_units, graph_stages
+from sim.layout.graph import (
+    check_graph_plan,
+    comm_bytes,
+    ddp_buckets,
+    fsdp_units,
+    graph_stages,
+)
 from sim.layout.placement import groups_of, stage_devices
 from sim.layout.schedule import stage_ops
 from sim.network.alphabeta import default_algorithm, fabric_for
@@ -72,7 +78,7 @@ class _GraphStep:
                                                               self.topo.lat))
         self.times = layer_times(w, cluster, plan)
         self.ranges = graph_stages(w, plan, self.times)
-        self.e = 4.0 if plan.dtype == "fp32" else 2.0
+        self.e = comm_bytes(plan)
         self.msgs: dict[tuple[str, int, int], simpy.Event] = {}
         self.streams = [_Stream(self, r) for r in range(plan.pp)]
         self.compute_s = [0.0] * plan.pp
@@ -171,18 +177,18 @@ class _GraphStep:
         layers, p = self.ranges[stage], self.p
         if stage < p.pp - 1:
             yield from self.wait_msg(stage, ("B", mb, stage), acct)
-        if p.recompute == "full":
-            for i in layers:
-                yield from self.layer(stage, i, self.times[i][0], {}, acct)
         gathered = self.gathers(stage, backward=True)
         reduce_now = p.dp > 1 and (mb == p.num_microbatches - 1 or p.zero_stage >= 2)
         kind = "all_reduce" if p.zero_stage == 0 else "reduce_scatter"
         buckets = ddp_buckets(self.w, layers, self.e) if reduce_now and p.zero_stage < 3 else \
             [(size, u.start) for size, u in self.units(stage)] if reduce_now else []
+        overlap = p.overlap_grad_reduce
         for i in reversed(layers):
             yield from self.layer(stage, i, self.times[i][1], gathered, acct)
             issued += [self.streams[stage].issue(kind, size) for size, first in buckets
-                       if first == i]
+                       if first == i and overlap]
+        if not overlap:  # every bucket after the backward pass
+            issued += [self.streams[stage].issue(kind, size) for size, _ in buckets]
         if stage > 0:
             self.post(stage, stage - 1, ("B", mb, stage - 1), layers.start - 1)
 

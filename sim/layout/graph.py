@@ -17,7 +17,7 @@ from sim.spec.hardware import DTYPE_BYTES
 from sim.spec.plan import Plan, validate
 from sim.spec.workload import Workload
 
-__all__ = ["check_graph_plan", "activation_scale", "graph_stages", "ddp_buckets",
+__all__ = ["check_graph_plan", "activation_scale", "graph_stages", "ddp_buckets", "comm_bytes",
            "fsdp_units", "graph_memory", "FIRST_BUCKET_BYTES", "BUCKET_BYTES",
            "FSDP_UNIT_BYTES"]
 
@@ -38,9 +38,19 @@ def check_graph_plan(w: Workload, plan: Plan, cluster: ClusterSpec | None = None
     if plan.sequence_parallel:
         raise SpecError("plan.sequence_parallel", f"needs tensor parallelism, which a "
                         f"workload graph ({w.name}) does not run")
-    if plan.recompute == "selective":
-        raise SpecError("plan.recompute", "selective recomputes attention cores, which a "
-                        "workload graph does not name: use none or full")
+    if plan.recompute != "none":
+        raise SpecError("plan.recompute", f"{plan.recompute} is not modelled for workload "
+                        "graphs (which layers to checkpoint is the model code's choice): use none")
+    if plan.seq_len != 1:
+        raise SpecError("plan.seq_len", f"must be 1 for a workload graph: its sample "
+                        f"({w.sample}) fixes the input, got {plan.seq_len}")
+    if plan.attention != "flash":
+        raise SpecError("plan.attention", "names a transformer's attention kernel: leave it "
+                        "at its default for a workload graph")
+    other = sorted(g for g, a in plan.collectives if g not in ("dp", "pp") and a != "auto")
+    if other:
+        raise SpecError("plan.collectives", f"{other[0]}: a workload graph has only dp and pp "
+                        "groups")
     if plan.dtype == "fp8":
         raise SpecError("plan.dtype", "fp8 is not modelled for workload graphs (fp32, bf16, "
                         "fp16)")
@@ -92,6 +102,13 @@ def _pack(cost: list[float], cap: float, stages: int) -> list[range]:
     return out
 
 
+def comm_bytes(plan: Plan) -> float:
+    """Bytes per parameter element that data parallelism moves: bf16 training keeps fp32
+    weights and gradients under autocast (DDP reduces fp32), except where FSDP's
+    mixed-precision policy gathers and reduces in bf16 (ZeRO-2/3)."""
+    return 2.0 if plan.dtype in ("bf16", "fp16") and plan.zero_stage >= 2 else 4.0
+
+
 def ddp_buckets(w: Workload, layers: range, e: float) -> list[tuple[float, int]]:
     """DDP's buckets of a stage's gradients: (bytes, first layer index in the bucket).
     Tensors join in reverse registration order and a bucket closes once it holds at least
@@ -134,15 +151,13 @@ def graph_memory(w: Workload, cluster: ClusterSpec, plan: Plan,
     for r, layers in enumerate(graph_stages(w, plan, times)):
         params = sum(w.layers[i].params for i in layers)
         frozen = sum(w.layers[i].frozen_params for i in layers)
-        if plan.recompute == "full":  # each layer's input kept; one layer's saved at a time
-            kept = sum(w.layers[i].boundary_bytes for i in layers) + \
-                max(w.layers[i].saved_bytes for i in layers)
-        else:
-            kept = sum(w.layers[i].saved_bytes for i in layers)
+        kept = sum(w.layers[i].saved_bytes for i in layers)
         flight = plan.num_microbatches if plan.schedule == "gpipe" and plan.pp > 1 else \
             min(plan.num_microbatches, plan.pp - r)
         work = max(w.layers[i].output_bytes for i in layers) * s
+        gathered = max((b for b, _ in fsdp_units(w, layers, 4.0)), default=0.0) \
+            if plan.zero_stage == 3 and plan.dp > 1 else 0.0  # the unit being computed
         total = params * (w_b + g_b + o_b) + frozen * DTYPE_BYTES[plan.dtype] \
-            + kept * s * flight + work
+            + kept * s * flight + work + gathered
         out.append(total / GIB + cluster.gpu.reserved_gib)
     return out

@@ -217,7 +217,25 @@ def _layer(where: str, d: Any) -> Layer:
     except TypeError as exc:
         raise SpecError(f"{where}.measured", f"needs device, batch, forward_s, backward_s "
                         f"({exc})") from None
+    for m in kw["measured"]:
+        _check_measured(f"{where}.measured", m)
     return Layer(**kw)
+
+
+def _check_measured(where: str, m: Measured) -> None:
+    def number(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+    if not isinstance(m.device, str) or not m.device:
+        raise SpecError(f"{where}.device", f"must be a device name, got {m.device!r}")
+    if not isinstance(m.batch, int) or isinstance(m.batch, bool) or m.batch < 1:
+        raise SpecError(f"{where}.batch", f"must be an integer >= 1, got {m.batch!r}")
+    if not (number(m.forward_s) and number(m.backward_s)):
+        raise SpecError(f"{where}.forward_s", f"forward_s and backward_s must be finite "
+                        f"numbers, got {m.forward_s!r}, {m.backward_s!r}")
+    if m.dtype not in _DTYPES:
+        raise SpecError(f"{where}.dtype", f"must be one of {', '.join(_DTYPES)}, got "
+                        f"{m.dtype!r}")
 
 
 def is_workload_file(path: Path) -> bool:

@@ -57,9 +57,9 @@ def add_trace_parser(sub: Any) -> None:
     p.add_argument("--depth", type=int, metavar="N",
                    help="one layer per module at this depth of the module tree (default: "
                    "every leaf module)")
-    p.add_argument("--batch", type=int, default=2, metavar="B",
-                   help="batch of the traced input for built-in sources (default 2; the "
-                   "figures are per sample)")
+    p.add_argument("--batch", type=int, metavar="B",
+                   help="batch of the traced input (default 2, or the example's of a "
+                   "FILE.py:FUNCTION without a batch parameter; the figures are per sample)")
     p.add_argument("--seq-len", type=int, metavar="S",
                    help="tokens per sample for hf-encoder (default 128) and builtin:lstm-lm "
                    "(default 35)")
