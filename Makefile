@@ -22,10 +22,11 @@ $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
-# Tests also hand exports to DeepSpeed, megatron-core and torchtitan (the export-check extra)
-# and trace BERT and RoBERTa with transformers (the trace extra).
+# Tests also hand exports to DeepSpeed, megatron-core and torchtitan (the export-check extra),
+# trace BERT and RoBERTa with transformers (the trace extra) and run sweeps on a real local
+# Ray cluster (the sweep-ray extra).
 $(TEST_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet -e ".[dev,export-check,trace]"
+	$(BIN)/python -m pip install --quiet -e ".[dev,export-check,trace,sweep-ray]"
 	touch $(TEST_STAMP)
 
 install: $(STAMP)

@@ -51,6 +51,9 @@ def run_sweep(spec: SweepSpec, out: Path, workers: int | None = None,
               ray_address: str | None = None, progress: bool = True) -> SweepOutcome:
     """Run (or resume) ``spec`` into folder ``out``."""
     check_spec(spec)
+    if ray_address and ray_address != "local":
+        _import_ray()
+        _check_reachable(ray_address)  # before anything is written or shown
     points = grid_points(spec)
     path = out / POINTS_FILE
     done = _open_points(path, spec)
@@ -170,10 +173,14 @@ def _ray_points(spec: SweepSpec, todo: list[dict[str, Any]], workers: int | None
     started = not ray.is_initialized()
     if started:
         local = address == "local"
+        # TRAINSIM_* variables reach the workers of a cluster started before this driver
+        env = {k: v for k, v in os.environ.items() if k.startswith("TRAINSIM_")}
         ray.init(address=None if local else address, num_cpus=workers if local else None,
-                 include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+                 include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+                 runtime_env={"env_vars": env} if env else None)
     try:
-        remote = ray.remote(num_cpus=1)(_evaluate_remote)
+        # a point whose worker dies (killed, out of memory) runs again elsewhere
+        remote = ray.remote(num_cpus=1, max_retries=3)(_evaluate_remote)
         pending = [remote.remote(spec, p) for p in todo]
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)
@@ -183,7 +190,26 @@ def _ray_points(spec: SweepSpec, todo: list[dict[str, Any]], workers: int | None
             ray.shutdown()
 
 
+def _check_reachable(address: str) -> None:
+    """A ``HOST:PORT`` address must answer before Ray is asked (it retries for minutes)."""
+    import socket
+
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        return  # "auto" and other forms: Ray's own resolution
+    try:
+        socket.create_connection((host, int(port)), timeout=3).close()
+    except OSError as exc:
+        raise SpecError("--ray", f"no Ray cluster answers at {address} ({exc.strerror or exc}):"
+                        " start one with `ray start --head`, or use --ray local") from None
+
+
 def _evaluate_remote(spec: SweepSpec, params: dict[str, Any]) -> dict[str, Any]:
+    kill = os.environ.get("TRAINSIM_SWEEP_KILL_WORKER_ONCE")  # fault injection (tests)
+    if kill and not os.path.exists(kill):
+        with open(kill, "w") as f:
+            f.write(f"{os.getpid()}\n")
+        os._exit(1)  # this worker process dies mid-point
     return evaluate_point(spec, params)
 
 
