@@ -33,9 +33,11 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def cluster():
-    """A head node with 2 CPUs; every Ray process on the machine is stopped afterwards."""
+    """A head node with 2 CPUs; every Ray process on the machine is stopped afterwards.
+    Token authentication off: once any local ``ray.init()`` has written ~/.ray/auth_token,
+    a head started without this asks drivers for the token (seen with Ray 2.60)."""
     port = _free_port()
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0",
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled",
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     subprocess.run([RAY, "start", "--head", f"--port={port}", "--num-cpus=2",
                     "--include-dashboard=false", "--disable-usage-stats"], check=True,
