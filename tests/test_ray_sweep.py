@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -15,9 +14,9 @@ from pathlib import Path
 
 import pytest
 from helpers.cli import assert_bad_input, cli
-from test_sweep import SPEC, _wait_for_lines
+from test_sweep import SPEC, kill_resume_and_compare
 
-from optimizer.sweep.run import POINTS_FILE, read_points, run_sweep
+from optimizer.sweep.run import run_sweep
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
                                 reason="Ray is not installed (pip install 'trainsim[sweep-ray]')")
@@ -67,25 +66,7 @@ def test_a_killed_workers_point_runs_again(cluster, tmp_path, monkeypatch):
 
 
 def test_a_killed_driver_resumes_with_nothing_lost_or_twice(cluster, tmp_path):
-    args = [sys.executable, "-m", "trainsim", "sweep", "--model", "llama3-8b", "--cluster",
-            "dgx-h100:2", "--global-batch-size", "16", "--seq-len", "2048", "--fidelity", "des",
-            "--vary", "inter_node.nic_Gbps=100,200,400,800", "--vary", "tp=2,4,8",
-            "--no-progress", "--ray", cluster]
-    killed = tmp_path / "killed"
-    proc = subprocess.Popen([*args, "--out", str(killed)], cwd=ROOT, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _wait_for_lines(killed / POINTS_FILE, 3, proc, 120)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    before = read_points(killed / POINTS_FILE)[1]
-    subprocess.run([*args, "--out", str(killed)], cwd=ROOT, check=True, capture_output=True)
-    subprocess.run([*args[:-2], "--workers", "2", "--out", str(tmp_path / "whole")], cwd=ROOT,
-                   check=True, capture_output=True)
-    after = read_points(killed / POINTS_FILE)[1]
-    assert 2 <= len(before) < 12 and len(after) == 12
-    assert len({str(sorted(r["params"].items())) for r in after}) == 12  # none twice
-    assert (killed / "results.json").read_text() == (tmp_path / "whole" / "results.json"
-                                                     ).read_text()
+    kill_resume_and_compare(["--ray", cluster], tmp_path, 120)
 
 
 def test_an_address_with_no_cluster_is_one_line(capsys, tmp_path):

@@ -157,26 +157,38 @@ def _wait_for_lines(path: Path, n: int, proc: subprocess.Popen, timeout_s: float
         time.sleep(0.05)
 
 
-def test_killed_sweep_restarts_where_it_stopped(tmp_path):
-    """SIGKILL of the whole process group (parent and workers) after a few points."""
-    args = [sys.executable, "-m", "trainsim", "sweep", "--model", "llama3-8b", "--cluster",
-            "dgx-h100:2", "--global-batch-size", "16", "--seq-len", "2048", "--fidelity", "des",
-            "--vary", "inter_node.nic_Gbps=100,200,400,800", "--vary", "tp=2,4,8",
-            "--no-progress", "--workers", "2"]
+# 12 DES points: long enough to kill the sweep in the middle
+KILL_ARGS = [sys.executable, "-m", "trainsim", "sweep", "--model", "llama3-8b", "--cluster",
+             "dgx-h100:2", "--global-batch-size", "16", "--seq-len", "2048", "--fidelity",
+             "des", "--vary", "inter_node.nic_Gbps=100,200,400,800", "--vary", "tp=2,4,8",
+             "--no-progress"]
+
+
+def kill_resume_and_compare(where: list[str], tmp_path: Path, timeout_s: float) -> None:
+    """SIGKILL of the whole process group (driver and workers) after a few points, the same
+    command again, and an uninterrupted run on the local pool: the resumed sweep holds every
+    point once and writes the same results."""
     killed = tmp_path / "killed"
-    proc = subprocess.Popen([*args, "--out", str(killed)], cwd=ROOT, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _wait_for_lines(killed / POINTS_FILE, 3, proc, 60)
+    proc = subprocess.Popen([*KILL_ARGS, *where, "--out", str(killed)], cwd=ROOT,
+                            start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    _wait_for_lines(killed / POINTS_FILE, 3, proc, timeout_s)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     before = read_points(killed / POINTS_FILE)[1]
-    subprocess.run([*args, "--out", str(killed)], cwd=ROOT, check=True, capture_output=True)
-    subprocess.run([*args, "--out", str(tmp_path / "whole")], cwd=ROOT, check=True,
+    subprocess.run([*KILL_ARGS, *where, "--out", str(killed)], cwd=ROOT, check=True,
                    capture_output=True)
-    assert len(read_points(killed / POINTS_FILE)[1]) == 12
-    assert 2 <= len(before) < 12
+    subprocess.run([*KILL_ARGS, "--workers", "2", "--out", str(tmp_path / "whole")],
+                   cwd=ROOT, check=True, capture_output=True)
+    after = read_points(killed / POINTS_FILE)[1]
+    assert 2 <= len(before) < 12 and len(after) == 12
+    assert len({str(sorted(r["params"].items())) for r in after}) == 12  # none twice
     assert (killed / "results.json").read_text() == (tmp_path / "whole" / "results.json"
                                                      ).read_text()
+
+
+def test_killed_sweep_restarts_where_it_stopped(tmp_path):
+    kill_resume_and_compare(["--workers", "2"], tmp_path, 60)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("ray") is None,
