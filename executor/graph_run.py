@@ -23,6 +23,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves, tree_map
 
+from profiler.graph.timing import autocast
 from sim.errors import SpecError
 from sim.spec.plan import Plan
 from sim.spec.workload import Workload
@@ -115,12 +116,6 @@ def _owned_inputs(_m: nn.Module, args: Any) -> Any:
     gets copies (the gradient still reaches the received tensors)."""
     return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) and t.is_leaf
                     and t.requires_grad else t, args)
-
-
-def autocast(device: str, dtype: str) -> Any:
-    from profiler.graph.timing import autocast as profiler_autocast
-
-    return profiler_autocast(device, dtype)
 
 
 class GraphRunner:

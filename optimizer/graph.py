@@ -67,10 +67,11 @@ def _score(w: Workload, cluster: ClusterSpec, plans: list[Plan], limit_gib: floa
     cost = cost_model_for(cluster)
     out = []
     for plan in plans:
-        peak = max(graph_memory(w, cluster, plan, layer_times(w, cluster, plan)))
+        times = layer_times(w, cluster, plan)
+        peak = max(graph_memory(w, cluster, plan, times))
         if peak <= limit_gib:
-            out.append(Candidate(plan, graph_iteration(w, cluster, plan, cost).iteration_s,
-                                 peak))
+            out.append(Candidate(plan, graph_iteration(w, cluster, plan, cost, times)
+                                 .iteration_s, peak))
     return sorted(out, key=lambda c: (c.analytic_s, c.peak_gib))
 
 

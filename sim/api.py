@@ -113,18 +113,18 @@ def _graph(w: Workload, cluster: ClusterSpec, plan: Plan, fidelity: str,
 
     if faults is not None and not faults.empty:
         raise SpecError("--straggler/--fail-link", "are not modelled for workload graphs yet")
-    cost = cost_model_for(cluster)
+    check_graph_plan(w, plan, cluster)
+    cost, times = cost_model_for(cluster), layer_times(w, cluster, plan)
     if fidelity == "des":
         from sim.des.graph import graph_des
 
-        check_graph_plan(w, plan, cluster)
         if plan.num_microbatches > MAX_DES_MICROBATCHES:
             raise SpecError("plan.global_batch_size", f"{plan.num_microbatches:,} micro-batches "
                             f"per replica: the des tier takes at most {MAX_DES_MICROBATCHES:,}")
         t = graph_des(w, cluster, plan, cost)
     else:
-        t = graph_iteration(w, cluster, plan, cost)
-    ranks = graph_memory(w, cluster, plan, layer_times(w, cluster, plan))
+        t = graph_iteration(w, cluster, plan, cost, times)
+    ranks = graph_memory(w, cluster, plan, times)
     peak, capacity = max(ranks), cluster.gpu.memory_gib
     flops = (w.forward_flops_per_sample + w.backward_flops_per_sample) * plan.global_batch_size
     recomputed = w.forward_flops_per_sample * plan.global_batch_size \

@@ -120,10 +120,12 @@ def _dp(w: Workload, plan: Plan, st: _Stage, coll: _Coll) -> tuple[float, float,
     return 0.0, 0.0, exposed + gather, hidden
 
 
-def graph_iteration(w: Workload, cluster: ClusterSpec, plan: Plan, cost: CostModel) -> Timing:
-    """One training iteration of a workload graph (see the module docstring)."""
+def graph_iteration(w: Workload, cluster: ClusterSpec, plan: Plan, cost: CostModel,
+                    times: list[tuple[float, float]] | None = None) -> Timing:
+    """One training iteration of a workload graph (see the module docstring); ``times``:
+    the layers' :func:`~sim.cost.graph.layer_times`, when the caller has them already."""
     check_graph_plan(w, plan, cluster)
-    times = layer_times(w, cluster, plan)
+    times = times if times is not None else layer_times(w, cluster, plan)
     coll = _Coll(cluster, plan, cost)
     stages = _stages(w, plan, times, coll)
     dp = [_dp(w, plan, st, coll) for st in stages]

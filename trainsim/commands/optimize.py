@@ -22,7 +22,7 @@ def run_optimize(model_ref: str, cluster_ref: Any, gbs: int, seq: int, top: int,
     """``cluster_ref`` is a preset, a TOML file, or a ClusterSpec (an edited scenario).
     ``out`` is created only once the search has found a plan."""
     from optimizer.constraints import Constraints
-    from optimizer.report import format_report, summary, write_outputs
+    from optimizer.report import summary
     from optimizer.search import optimize
     from optimizer.space import SearchSpace
     from sim import ClusterSpec, load_cluster
@@ -30,7 +30,6 @@ def run_optimize(model_ref: str, cluster_ref: Any, gbs: int, seq: int, top: int,
     from sim.spec.workload import Workload
     from sim.spec.zoo import load_any
     from trainsim.common import check_out_dir
-    from trainsim.plots.search import plot_search
 
     check_out_dir(out, "--out")  # a bad --out fails before the search, creating nothing
     for name, value in (("--top", top), ("--workers", workers)):
@@ -51,11 +50,20 @@ def run_optimize(model_ref: str, cluster_ref: Any, gbs: int, seq: int, top: int,
         return EXIT_NO_PLAN
     s = summary(rep, top, space.constraints, megatron,
                 _calibrated_best(rep, space, top, workers, not as_json) if extras else None)
+    return _report(rep, s, out, as_json,
+                   lambda: _extras(rep, megatron, space, out) if extras and out else {})
+
+
+def _report(rep: Any, s: dict[str, Any], out: Path | None, as_json: bool,
+            extras: Any) -> int:
+    """Print the summary; with ``out``, write it, the ``extras()`` files and the plots."""
+    from optimizer.report import format_report, write_outputs
+    from trainsim.plots.search import plot_search
+
     print(json.dumps(s, indent=2) if as_json else format_report(s))
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        files = write_outputs(rep, s, out, _extras(rep, megatron, space, out) if extras else {})
-        files += plot_search(rep, out)
+        files = write_outputs(rep, s, out, extras()) + plot_search(rep, out)
         if not as_json:
             print("wrote " + ", ".join(str(f) for f in files))
     return 0
@@ -66,9 +74,8 @@ def _optimize_graph(w: Any, cluster: Any, gbs: int, top: int, out: Path | None,
     """A workload graph's search (optimizer.graph): data and pipeline parallelism."""
     from optimizer.constraints import Constraints
     from optimizer.graph import optimize_graph
-    from optimizer.report import format_report, summary, write_outputs
+    from optimizer.report import summary
     from sim.errors import NoFeasiblePlan
-    from trainsim.plots.search import plot_search
 
     k = constraints or Constraints()
     try:
@@ -76,14 +83,7 @@ def _optimize_graph(w: Any, cluster: Any, gbs: int, top: int, out: Path | None,
     except NoFeasiblePlan as exc:
         print(f"trainsim: no feasible plan: {exc}", file=sys.stderr)
         return EXIT_NO_PLAN
-    s = summary(rep, top, k)
-    print(json.dumps(s, indent=2) if as_json else format_report(s))
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        files = write_outputs(rep, s, out, {}) + plot_search(rep, out)
-        if not as_json:
-            print("wrote " + ", ".join(str(f) for f in files))
-    return 0
+    return _report(rep, summary(rep, top, k), out, as_json, dict)
 
 
 def _megatron_best(rep: Any, space: Any, top: int, workers: int | None,
