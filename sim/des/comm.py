@@ -14,6 +14,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+import numpy as np
 import simpy
 
 from sim.des.context import Context, Proc, Unit
@@ -31,7 +32,7 @@ class Collectives:
     def __init__(self, x: Context) -> None:
         self.x = x
         self._meetings: dict[tuple, list[Any]] = {}
-        self._memo: dict[tuple, tuple[float, list[tuple[int, float, float]]]] = {}
+        self._memo: dict[tuple, tuple[float, np.ndarray, np.ndarray, np.ndarray]] = {}
         self._measured_cache: dict[tuple, float | None] = {}
         self._copies: dict[tuple, list[list[int]]] = {}
         self._group_cache: dict[tuple[str, int], list[int]] = {}
@@ -119,13 +120,11 @@ class Collectives:
             env.process(CommEngine(env, x.topo, net).run(coll, algorithm, devices, size,
                                                          copies))
             env.run()
-            used = [int(i) for i in (net.stats.bytes > 0).nonzero()[0]]
-            self._memo[key] = (env.now, [(i, float(net.stats.bytes[i]),
-                                          float(net.stats.busy_s[i])) for i in used])
-        seconds, links = self._memo[key]
-        for i, b, busy in links:
-            x.net.stats.bytes[i] += times * b
-            x.net.stats.busy_s[i] += times * busy
+            used = (net.stats.bytes > 0).nonzero()[0]
+            self._memo[key] = (env.now, used, net.stats.bytes[used], net.stats.busy_s[used])
+        seconds, used, moved, busy = self._memo[key]
+        x.net.stats.bytes[used] += times * moved
+        x.net.stats.busy_s[used] += times * busy
         return seconds
 
     def _run(self, kind: str, coll: str, algorithm: str, devices: list[int], size: float,

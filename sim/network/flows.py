@@ -1,21 +1,24 @@
 """Flow-level network in SimPy: transfers share every link max-min fairly.
 
 A flow is ``bytes`` over a routed path of link ids. It waits for the path's latency, then
-joins the active set; whenever a flow joins or leaves, every active flow is re-rated by
+joins the active set; whenever flows join or leave, every active flow is re-rated by
 progressive filling (weighted max-min), and the network wakes up at the next completion.
+Changes are batched: every flow that joins or ends at one simulated time is applied by one
+re-rating, run after all the other events of that time (:class:`_Flush`; a collective's
+flows start together, so this is one re-rating per phase, not one per flow), which changes
+no time: no simulated time passes between the changes and the re-rating.
 
 ``weights`` let one simulated flow stand for several identical ones: a flow with weight
 ``w`` on a link uses ``w x rate`` of it (the symmetric copies it represents, or, below 1, a
 flow the link serves faster, as in-switch reduction). Per-link bytes (weighted) and busy
 time are recorded. The arithmetic is vectorised with numpy over the active (flow, link)
-pairs, so a flow that stands for thousands of links costs one array, not a loop.
-"""
+pairs and the flows' remaining bytes, so a flow that stands for thousands of links costs one
+array, not a loop."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import simpy
@@ -99,6 +102,16 @@ class _LinkStats:
     busy_s: np.ndarray
 
 
+class _Flush(simpy.Event):
+    """An event processed after every other event already due at the current time (SimPy
+    orders a time's events by priority: URGENT 0, NORMAL 1; this is 2)."""
+
+    def __init__(self, env: simpy.Environment) -> None:
+        super().__init__(env)
+        self._ok, self._value = True, None
+        env.schedule(self, 2)
+
+
 class Network:
     """Active flows of one simulation over a topology's links."""
 
@@ -107,10 +120,17 @@ class Network:
         self.cap = np.asarray(cap, dtype=np.float64)
         self.flows: list[Flow] = []
         self.stats = _LinkStats(np.zeros(len(cap)), np.zeros(len(cap)))
+        self.rerates = 0  # re-ratings run (for benchmarks)
         self._pairs: _Pairs | None = None
         self._rates = np.zeros(0)
+        self._left = np.zeros(0)  # remaining bytes, aligned with self.flows
+        self._link_Bps = np.zeros(0)  # bytes/s on each of self._pairs.uniq
+        self._joining: list[Flow] = []
+        self._rebuild = False  # paths changed (a re-route)
         self._last = 0.0
         self._wake: simpy.Event | None = None
+        self._flush: simpy.Event | None = None
+        self._woke = False
         self.detour: Callable[[Flow], None] | None = None  # re-routes a flow in place
 
     def transfer(self, links: Sequence[int] | np.ndarray, size_bytes: float,
@@ -124,59 +144,89 @@ class Network:
             done.succeed()
             return done
         lat = sum(self.lat[i] for i in links) if latency_s is None else latency_s
-        self.env.process(self._start(Flow(links, w, float(size_bytes), done), lat))
+        flow = Flow(links, w, float(size_bytes), done)
+        self.env.timeout(lat).callbacks.append(lambda _e: self._join(flow))
         return done
 
-    def _start(self, flow: Flow, latency_s: float) -> Generator[simpy.Event, Any, None]:
-        yield self.env.timeout(latency_s)
-        self._advance()
+    def _join(self, flow: Flow) -> None:
         if self.detour is not None:
             self.detour(flow)
-        self.flows.append(flow)
-        self._rerate()
+        self._joining.append(flow)
+        self._request()
 
     def reroute(self, detour: Callable[[Flow], None]) -> None:
         """From now on ``detour`` re-routes every flow (those in flight now, and each new
         one as it joins); the flows are re-rated on their new paths."""
         self._advance()
         self.detour = detour
-        for f in self.flows:
+        for f in self.flows + self._joining:
             detour(f)
-        self._rerate()
+        self._rebuild = True
+        self._request()
+
+    def _request(self) -> None:
+        """Re-rate once every event of this time has run."""
+        if self._flush is None:
+            self._flush = _Flush(self.env)
+            self._flush.callbacks.append(self._rerate)
 
     def _advance(self) -> None:
         dt = self.env.now - self._last
         self._last = self.env.now
         if dt <= 0 or self._pairs is None:
             return
-        p = self._pairs
-        for f, r in zip(p.flows, self._rates, strict=True):
-            f.remaining -= r * dt
-        np.add.at(self.stats.bytes, p.links, p.w * self._rates[p.owner] * dt)
-        self.stats.busy_s[p.uniq] += dt
+        self._left -= self._rates * dt
+        self.stats.bytes[self._pairs.uniq] += self._link_Bps * dt
+        self.stats.busy_s[self._pairs.uniq] += dt
 
-    def _rerate(self) -> None:
-        finished = [f for f in self.flows if f.remaining <= _EPS * max(1.0, f.rate)]
-        for f in finished:
-            self.flows.remove(f)
-            assert f.done is not None
-            f.done.succeed()
+    def _rerate(self, _event: simpy.Event) -> None:
+        self._flush = None
+        self._advance()
+        if self._woke:  # absorb rounding so the earliest flow(s) finish now
+            self._woke = False
+            with np.errstate(divide="ignore", invalid="ignore"):
+                soon = (self._rates > 0) & (
+                    self._left / self._rates <= 1e-15 + 1e-9 * self.env.now)
+            self._left[soon] = 0.0
+        changed = self._rebuild or bool(self._joining)
+        if self.flows:
+            over = self._left <= _EPS * np.maximum(1.0, self._rates)
+            if over.any():
+                changed = True
+                keep = []
+                for f, ended in zip(self.flows, over.tolist(), strict=True):
+                    if ended:
+                        assert f.done is not None
+                        f.done.succeed()
+                    else:
+                        keep.append(f)
+                self.flows = keep
+                self._left = self._left[~over]
+        if self._joining:
+            self.flows += self._joining
+            self._left = np.concatenate([self._left, [f.remaining for f in self._joining]])
+            self._joining = []
+        self._rebuild = False
         if not self.flows:
-            self._pairs = None
+            self._pairs, self._wake = None, None
             return
-        self._pairs = _Pairs.of(self.flows)
-        self._rates = _fill(self._pairs, self.cap)
-        for f, r in zip(self.flows, self._rates, strict=True):
-            f.rate = float(r)
-        wait = min(f.remaining / f.rate for f in self.flows)
+        if changed:
+            self._rates_for_flows()
+        wait = float(np.min(self._left / self._rates))
         self._wake = self.env.timeout(max(wait, 0.0))
         self._wake.callbacks.append(self._on_wake)
+
+    def _rates_for_flows(self) -> None:
+        self.rerates += 1
+        p = self._pairs = _Pairs.of(self.flows)
+        self._rates = _fill(p, self.cap)
+        self._link_Bps = np.bincount(p.inv, weights=p.w * self._rates[p.owner],
+                                     minlength=len(p.uniq))
+        for f, r in zip(self.flows, self._rates.tolist(), strict=True):
+            f.rate = r
 
     def _on_wake(self, event: simpy.Event) -> None:
         if event is not self._wake:
             return  # superseded by a later re-rating
-        self._advance()
-        for f in self.flows:  # absorb rounding so the earliest flow(s) finish now
-            if f.rate > 0 and f.remaining / f.rate <= 1e-15 + 1e-9 * self.env.now:
-                f.remaining = 0.0
-        self._rerate()
+        self._woke = True
+        self._request()
