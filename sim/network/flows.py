@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import simpy
+from simpy.events import EventPriority
 
 __all__ = ["Network", "Flow", "max_min_rates"]
 
@@ -109,7 +110,7 @@ class _Flush(simpy.Event):
     def __init__(self, env: simpy.Environment) -> None:
         super().__init__(env)
         self._ok, self._value = True, None
-        env.schedule(self, 2)
+        env.schedule(self, EventPriority(2))
 
 
 class Network:
@@ -124,7 +125,7 @@ class Network:
         self._pairs: _Pairs | None = None
         self._rates = np.zeros(0)
         self._left = np.zeros(0)  # remaining bytes, aligned with self.flows
-        self._link_Bps = np.zeros(0)  # bytes/s on each of self._pairs.uniq
+        self._link_Bps: np.ndarray = np.zeros(0)  # bytes/s on each of self._pairs.uniq
         self._joining: list[Flow] = []
         self._rebuild = False  # paths changed (a re-route)
         self._last = 0.0
@@ -221,7 +222,7 @@ class Network:
         p = self._pairs = _Pairs.of(self.flows)
         self._rates = _fill(p, self.cap)
         self._link_Bps = np.bincount(p.inv, weights=p.w * self._rates[p.owner],
-                                     minlength=len(p.uniq))
+                                     minlength=len(p.uniq)).astype(np.float64)
         for f, r in zip(self.flows, self._rates.tolist(), strict=True):
             f.rate = r
 
