@@ -56,7 +56,7 @@ def simulate(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan,
 def _with_faults(model: ModelSpec, cluster: ClusterSpec, plan: Plan, fidelity: str,
                  cost: CostModel, faults: Faults, reduce: bool, trace: str | None) -> Result:
     """Stragglers in both tiers (the analytic one per stage, at its slowest rank), slowed
-    and failed links in the DES, which then runs unreduced."""
+    and failed links in the DES (reduced by symmetry classes, :mod:`sim.des.symmetry`)."""
     import dataclasses
 
     from sim.network.failures import fault_inputs

@@ -96,7 +96,8 @@ def test_stage_scale_is_the_slowest_rank_of_each_stage():
 def test_slow_node_adds_its_compute_share():
     """pp = 1, dp = 16: the step waits for the slow replica. The analytic tier adds half of
     compute + optimizer exactly; the DES a little less (the slow replica's longer backward
-    hides more of its gradient reduction) and runs unreduced, saying why."""
+    hides more of its gradient reduction), reduced to two symmetry classes (the slow node's
+    eight replicas and the rest)."""
     model, cluster = load_model("llama3-8b"), load_cluster("dgx-a100:2")
     slow = faults_from_options(["node:1=1.5"])
     for fidelity in ("analytic", "des"):
@@ -108,7 +109,7 @@ def test_slow_node_adds_its_compute_share():
             assert added == pytest.approx(share, rel=1e-9)
         else:
             assert 0.8 * share < added <= share * (1 + 1e-9)
-            assert "not_reduced_because" in hit.simulation
+            assert hit.simulation["classes"] == 2 and hit.simulation["units"] == 2
     assert hit.simulation["faults"]["slowest_gpu_scale"] == 1.5
 
 
@@ -167,19 +168,21 @@ def test_failed_nic_on_a_fat_tree_reroutes():
                                                                              rel=1e-12)
 
 
-def test_failures_run_unreduced_even_when_asked_to_reduce():
-    """Re-routed flows are no copies of each other: simulate_des runs the step in full (a
-    reduced run ignored the detour of gpu0's traffic and gave the healthy time)."""
+def test_a_failed_nic_is_its_replicas_own_class():
+    """gpu0's NIC fails: gpu0's replica is a class of its own, re-routed flows are re-routed
+    member by member, and the reduced step equals the unreduced one (an earlier reduced
+    run ignored the detour of gpu0's traffic and gave the healthy time)."""
     cluster = load_cluster("dgx-a100:2")
     plan = Plan(global_batch_size=16, seq_len=256, dp=16)
     f = fault_inputs(faults_from_options(failures=["nic0.0@0"]), cluster, plan, "des", True)
-    assert not f.reduce
+    assert f.reduce
     args = (load_model("tiny"), cluster, plan, cost_model_for(cluster))
     asked = simulate_des(*args, reduce=True, perturbation=f.perturbation)
     full = simulate_des(*args, reduce=False, perturbation=f.perturbation)
-    assert not asked.simulation["reduced"] and "failed link" in asked.simulation[
-        "not_reduced_because"]
-    assert asked.iteration_s == full.iteration_s > simulate_des(*args).iteration_s
+    assert asked.simulation["reduced"] and asked.simulation["classes"] < 16
+    assert "not_reduced_because" not in asked.simulation
+    assert asked.iteration_s == pytest.approx(full.iteration_s, rel=1e-9)
+    assert full.iteration_s > simulate_des(*args).iteration_s
 
 
 def test_failed_only_path_cannot_complete():

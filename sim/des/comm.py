@@ -37,6 +37,7 @@ class Collectives:
         self._copies: dict[tuple, list[list[int]]] = {}
         self._group_cache: dict[tuple[str, int], list[int]] = {}
         self.exclusive = self._exclusive_kinds()
+        self.detour_nodes: set[int] = set()  # nodes whose links re-routed flows may cross
         # What one rank issues, per data-parallel replica and stage:
         # (replica, stage, group, collective) -> [count, bytes]. Reduced, replica 0 stands
         # for every replica.
@@ -62,6 +63,13 @@ class Collectives:
                 out.add(k)
         return out
 
+    def memoised(self, kind: str, devices: list[int]) -> bool:
+        """Whether this group's collective is simulated once per shape: an exclusive kind,
+        on no node that re-routed flows may cross."""
+        return kind in self.exclusive and not (
+            self.detour_nodes and any(self.x.topo.node_of(d) in self.detour_nodes
+                                      for d in devices))
+
     # Groups ---------------------------------------------------------------------------------
     def _group(self, kind: str, unit: Unit, t: int) -> list[int]:
         """Devices of the ``kind`` group of the unit's ``t``-th TP rank (cached)."""
@@ -73,17 +81,24 @@ class Collectives:
             self._group_cache[key] = [x.dev(r) for r in ranks]
         return self._group_cache[key]
 
+    def mix(self, devices: list[int]) -> frozenset[int]:
+        """The symmetry classes of a group's devices."""
+        return frozenset(self.x.dev_class[d] for d in devices)
+
     def all_copies(self, kind: str, stage: int, devices: list[int]) -> list[list[int]]:
-        """Groups of ``kind`` on the stage that the reduced simulation does not run itself:
-        for TP the other units' groups; for the other kinds, those of the same TP index
-        (each unit runs the groups of all its TP ranks)."""
+        """Groups of ``kind`` on the stage that run at the same time as ``devices``' (of the
+        same TP index, and with the same mix of symmetry classes); the group that runs them
+        is the first. For TP: the groups of the units of the class."""
         x = self.x
         tp_index = x.tp_index.get(devices[0], 0)
-        key = (kind, stage, tp_index)
+        mix = self.mix(devices)
+        key = (kind, stage, tp_index, mix)
         if key not in self._copies:
             groups = groups_of(x.p, kind, {"pp": stage})
-            self._copies[key] = [[x.dev(r) for r in g] for g in groups
-                                 if kind == "tp" or x.tp_coord(g[0]) == tp_index]
+            self._copies[key] = [
+                devs for devs in ([x.dev(r) for r in g] for g in groups
+                                  if kind == "tp" or x.tp_coord(g[0]) == tp_index)
+                if self.mix(devs) == mix]
         return self._copies[key]
 
     def groups(self, unit: Unit, kind: str) -> list[list[int]]:
@@ -118,7 +133,7 @@ class Collectives:
             env = simpy.Environment()
             net = Network(env, x.topo.cap, x.topo.lat)
             env.process(CommEngine(env, x.topo, net).run(coll, algorithm, devices, size,
-                                                         copies))
+                                                         copies, x.dev_class.__getitem__))
             env.run()
             used = (net.stats.bytes > 0).nonzero()[0]
             self._memo[key] = (env.now, used, net.stats.bytes[used], net.stats.busy_s[used])
@@ -128,14 +143,14 @@ class Collectives:
         return seconds
 
     def _run(self, kind: str, coll: str, algorithm: str, devices: list[int], size: float,
-             stage: int) -> simpy.Event:
+             copies: list[list[int]] | None) -> simpy.Event:
         x = self.x
-        copies = self.all_copies(kind, stage, devices) if x.reduce else None
-        if kind in self.exclusive:
+        if self.memoised(kind, devices):
             seconds = self.memo_time(kind, coll, algorithm, devices, size, copies)
             measured = self.measured(kind, coll, size)
             return x.env.timeout(seconds if measured is None else measured)
-        return x.env.process(x.engine.run(coll, algorithm, devices, size, copies))
+        return x.env.process(x.engine.run(coll, algorithm, devices, size, copies,
+                                          x.dev_class.__getitem__))
 
     def measured(self, kind: str, coll: str, size: float) -> float | None:
         """The profile's time for a collective whose links carry nothing else (measured
@@ -156,10 +171,18 @@ class Collectives:
             return x.env.timeout(0)
         self.note(unit, kind, coll, size)
         algorithm = self.algorithm(kind, coll, size)
-        members = 1 if x.reduce or kind == "tp" else self.group_size(kind)
-        done = [self.meeting((kind, coll, tuple(g), tag), members,
-                             partial(self._run, kind, coll, algorithm, g, size, unit.stage))[1]
-                for g in self.groups(unit, kind)]
+        done = []
+        key: tuple
+        for g in self.groups(unit, kind):
+            if x.reduce:  # the classes of the group meet; its first copy runs them all
+                copies = self.all_copies(kind, unit.stage, g)
+                group, members = copies[0], 1 if kind == "tp" else len(self.mix(g))
+                key = (kind, coll, unit.stage, x.tp_index[g[0]], self.mix(g), tag)
+            else:
+                copies, group, members = None, g, 1 if kind == "tp" else self.group_size(kind)
+                key = (kind, coll, tuple(g), tag)
+            done.append(self.meeting(key, members, partial(
+                self._run, kind, coll, algorithm, group, size, copies))[1])
         return simpy.AllOf(x.env, done)
 
     def meeting(self, key: tuple, members: int, start: Callable[[], simpy.Event]

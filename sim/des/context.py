@@ -3,8 +3,8 @@ network, the units with their accounts, where each rank sits, and the accounting
 (wait, compute, log) every part times its work with.
 
 A *unit* is one tensor-parallel group at one pipeline stage (its ranks run in lock step).
-With reduction (default) there is one unit per stage standing for every data-parallel and
-context-parallel replica of it.
+With reduction (default) there is one unit per stage and symmetry class, standing for every
+data-parallel and context-parallel replica of the class (:mod:`sim.des.symmetry`).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import simpy
 
 from sim.cost import compute as cm
 from sim.cost.costmodel import CostModel
+from sim.des.symmetry import Classes
 from sim.layout.placement import rank_coords
 from sim.layout.stages import virtual_stage_moe
 from sim.network.engine import CommEngine
@@ -63,17 +64,26 @@ class Acct:
 
 
 class Context:
-    """One step's shared state. ``engine`` (its environment and network) is shared when
-    several jobs run on one fabric (:mod:`sim.des.multijob`); ``devices`` maps the plan's
-    devices to the cluster's (the job's slice of a larger cluster)."""
+    """One step's shared state. ``reduce``: the replicas' symmetry classes, or True for one
+    class (a symmetric step), False for every replica its own. ``engine`` (its environment
+    and network) is shared when several jobs run on one fabric (:mod:`sim.des.multijob`);
+    ``devices`` maps the plan's devices to the cluster's (the job's slice of a larger
+    cluster)."""
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel,
-                 topo: Topology, reduce: bool, record: bool,
+                 topo: Topology, reduce: bool | Classes, record: bool,
                  compute_scale: Sequence[float] | None = None,
                  engine: CommEngine | None = None, devices: Sequence[int] | None = None
                  ) -> None:
         self.m, self.c, self.p, self.cost, self.topo = model, cluster, plan, cost, topo
-        self.reduce, self.record, self.devices = reduce, record, devices
+        self.record, self.devices = record, devices
+        if isinstance(reduce, Classes):
+            # one replica in all: reduced as before (its flows aggregated, and checked)
+            self.classes = reduce
+            self.reduce = len(reduce.members) == 1 or not reduce.singletons
+        else:
+            self.classes = Classes.one(plan) if reduce else Classes.each(plan)
+            self.reduce = reduce
         env = engine.env if engine else CountingEnv()
         assert isinstance(env, CountingEnv)  # a shared one counts events too
         self.env = env
@@ -93,6 +103,7 @@ class Context:
         self.core = {u: simpy.Resource(self.env, 1) for u in self.units} \
             if cluster.comm_overlap == 0 else None
         self.tp_index = {self.dev(r): self.tp_coord(r) for r in range(plan.world_size)}
+        self.dev_class = self._device_classes()
 
     # Layout -------------------------------------------------------------------------------
     def dev(self, rank: int) -> int:
@@ -108,9 +119,17 @@ class Context:
         return Unit(stage, dp, cp, self.rank0(stage, dp, cp))
 
     def _units(self) -> list[Unit]:
-        p = self.p
-        dps, cps = (range(1), range(1)) if self.reduce else (range(p.dp), range(p.cp))
-        return [self.unit_at(s, d, c) for s in range(p.pp) for d in dps for c in cps]
+        return [self.unit_at(s, d, c) for s in range(self.p.pp) for d, c in self.classes.reps]
+
+    def _device_classes(self) -> dict[int, int]:
+        """Each device's symmetry class (that of its replica)."""
+        sz, st, ep = self.sizes, self.strides, self.p.ep
+        of = self.classes.of
+        return {self.dev(r): of[(r // st["dp"] % sz["dp"] * ep + r // st["ep"] % sz["ep"],
+                                 r // st["cp"] % sz["cp"])] for r in range(self.p.world_size)}
+
+    def klass(self, u: Unit) -> int:
+        return self.classes.of[(u.dp, u.cp)]
 
     def _unit_scale(self, u: Unit, compute_scale: Sequence[float] | None) -> float:
         """A TP group runs in lock step: its compute takes its slowest device's time."""

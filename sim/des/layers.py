@@ -78,7 +78,7 @@ class Layers:
         never qualify: the data-parallel group holds the expert-parallel ranks, so EP links
         always carry other traffic too)."""
         x, p, comm = self.x, self.x.p, self.comm
-        solo_tp = p.tp == 1 or "tp" in comm.exclusive
+        solo_tp = p.tp == 1 or comm.memoised("tp", x.tp_devices(u.rank0))
         if p.cp > 1 or p.zero_stage == 3 or p.ep > 1 or not solo_tp:
             return None
         passes = (2 if p.recompute == "full" else 1) if backward else 1

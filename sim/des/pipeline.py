@@ -25,7 +25,7 @@ class Pipeline:
 
     def __init__(self, x: Context, comm: Collectives) -> None:
         self.x, self.comm = x, comm
-        self._p2p_copies: dict[tuple[int, int], list[list[int]]] = {}
+        self._p2p_copies: dict[tuple[int, int, int], list[list[int]]] = {}
 
     def exchange(self, u: Unit, msgs: Exchange) -> Proc:
         """One of Megatron-LM's blocking batched point-to-point calls: each transfer starts
@@ -75,12 +75,13 @@ class Pipeline:
         return out
 
     def _boundary_copies(self, a: Unit, b: Unit) -> list[list[int]]:
-        key = (a.stage, b.stage)
+        """The same boundary in every replica of ``a``'s symmetry class."""
+        x = self.x
+        key = (a.stage, b.stage, x.klass(a))
         if key not in self._p2p_copies:
-            x, p = self.x, self.x.p
             self._p2p_copies[key] = [
                 self._pairs(x.unit_at(a.stage, d, c), x.unit_at(b.stage, d, c))
-                for d in range(p.dp) for c in range(p.cp)]
+                for d, c in x.classes.members[x.klass(a)]]
         return self._p2p_copies[key]
 
     def _transfer(self, u: Unit, v: Unit, msg: Msg) -> Proc:
@@ -88,7 +89,8 @@ class Pipeline:
         sent_at = x.env.now
         size = x.tp_bytes() / x.p.tp
         copies = self._boundary_copies(u, v) if x.reduce else None
-        yield x.env.process(x.engine.run("p2p", "ring", self._pairs(u, v), size, copies))
+        yield x.env.process(x.engine.run("p2p", "ring", self._pairs(u, v), size, copies,
+                                         x.dev_class.__getitem__))
         if x.record:
             x.timeline.append({"unit": u, "device": x.dev(u.rank0), "stream": "send",
                                "name": f"send {msg[0]}{msg[1]}", "start": sent_at,
@@ -108,8 +110,8 @@ class Pipeline:
         meetings = []
         for t in range(p.tp):
             pair = self._embedding_pair(u.dp, u.cp, t)
-            copies = [self._embedding_pair(d, c, t) for d in range(p.dp)
-                      for c in range(p.cp)] if x.reduce else None
+            copies = [self._embedding_pair(d, c, t)
+                      for d, c in x.classes.members[x.klass(u)]] if x.reduce else None
             meetings.append(self.comm.meeting(
                 ("emb", tuple(pair)), 2, partial(self._all_reduce, algorithm, pair, size,
                                                  copies)))
@@ -125,7 +127,8 @@ class Pipeline:
     def _all_reduce(self, algorithm: str, devices: list[int], size: float,
                     copies: list[list[int]] | None) -> simpy.Process:
         x = self.x
-        return x.env.process(x.engine.run("all_reduce", algorithm, devices, size, copies))
+        return x.env.process(x.engine.run("all_reduce", algorithm, devices, size, copies,
+                                          x.dev_class.__getitem__))
 
     def _embedding_pair(self, dp: int, cp: int, t: int) -> list[int]:
         """Devices of the ``t``-th TP rank of the first and of the last stage."""

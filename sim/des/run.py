@@ -9,11 +9,14 @@ weights (:mod:`sim.des.data_parallel`); the first and last stage all-reduce the 
 embedding's gradient; the optimizer step ends it. Every collective goes through
 :mod:`sim.des.comm`.
 
-Reduction (default): one unit per stage; every collective's flows stand for those of the
-groups of its kind that run at the same time on that stage, and a collective whose links
-nothing else uses is simulated once per shape and then replayed as a delay.
-``reduce=False`` simulates every unit and every flow; on symmetric cases both give the same
-iteration time.
+Reduction (default): one unit per stage and symmetry class of the data-parallel replicas
+(:mod:`sim.des.symmetry`: one class on a healthy cluster; a straggler's replica, the
+replicas that share its collective groups, a failed NIC's replica become their own); every
+collective's flows stand for those of the groups of its kind and class mix that run at the
+same time on that stage, and a collective whose links nothing else uses is simulated once
+per shape and then replayed as a delay. The network checks that every aggregate flow's
+members would run at its rate unreduced; where one would not, the step is run again
+unreduced and says why. ``reduce=False`` simulates every unit and every flow.
 """
 
 from __future__ import annotations
@@ -31,12 +34,14 @@ from sim.des.context import CATEGORIES, Acct, Context, CountingEnv, Proc, Unit
 from sim.des.data_parallel import DataParallel
 from sim.des.layers import Layers
 from sim.des.pipeline import Pipeline
+from sim.des.symmetry import Classes, Replica, refine
 from sim.layout.memory import rank_params
 from sim.layout.placement import rank_coords
 from sim.layout.schedule import Exchange, stage_program
 from sim.layout.stages import StageLayers, pipeline_rank_layers
 from sim.network.engine import CommEngine
 from sim.network.failures import CannotComplete, install_failures
+from sim.network.flows import AsymmetricFlows
 from sim.network.links import link_table
 from sim.network.perturbation import NO_PERTURBATION, LinkFailure, Perturbation
 from sim.network.topology import Topology, build_topology
@@ -53,7 +58,7 @@ class Step:
     """One simulated iteration, composed of its parts over one shared context."""
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel,
-                 topo: Topology, reduce: bool, record: bool,
+                 topo: Topology, reduce: bool | Classes, record: bool,
                  compute_scale: Sequence[float] | None = None,
                  engine: CommEngine | None = None, devices: Sequence[int] | None = None
                  ) -> None:
@@ -129,18 +134,59 @@ def reducible(plan: Plan, compute_scale: Sequence[float] | None,
     return True
 
 
-def _why_full(plan: Plan, link_failures: bool) -> str:
-    if link_failures:  # re-routed flows are not copies of one another
-        return "a failed link breaks the symmetry of the data-parallel replicas"
-    if len(set(plan.replica_microbatches)) > 1:
-        return "data-parallel replicas run different numbers of micro-batches"
-    return "ranks of one pipeline stage run at different speeds"
+def symmetry_classes(plan: Plan, topo: Topology, perturbation: Perturbation,
+                     base: Topology) -> Classes:
+    """The replicas' symmetry classes under ``perturbation``: given each replica its units'
+    compute scales and micro-batches, and (as its own class) any replica with a device on a
+    node at a slowed or failing link's end (``base``: the unperturbed topology); refined by
+    :func:`sim.des.symmetry.refine`."""
+    sizes, strides = rank_coords(plan)
+    scale = perturbation.compute_scale
+    pl = plan.placement
+    dev = (lambda r: r) if isinstance(pl, str) else pl.__getitem__
+    touched = _touched_devices(topo, perturbation, base)
+
+    def given(q: Replica) -> tuple:
+        units = [s * strides["pp"] + q[1] * strides["cp"] + (q[0] % plan.ep) * strides["ep"]
+                 + (q[0] // plan.ep) * strides["dp"] for s in range(plan.pp)]
+        devices = [[dev(r0 + t * strides["tp"]) for t in range(sizes["tp"])] for r0 in units]
+        own = q if any(d in touched for ds in devices for d in ds) else None
+        speed = tuple(max(scale[d] for d in ds) for ds in devices) if scale else ()
+        return speed, plan.replica_microbatches[q[0]], own
+    return refine(plan, given)
+
+
+def _touched_devices(topo: Topology, perturbation: Perturbation, base: Topology) -> set[int]:
+    """Devices of every node at a slowed or failing link's ends (its GPUs, switch, NICs or
+    router): re-routed traffic crosses the node's other links too."""
+    lids = {i for f in perturbation.link_failures for i in f.link_ids}
+    if perturbation.topology is not None:
+        lids |= {i for i, (a, b) in enumerate(zip(topo.cap, base.cap, strict=True)) if a != b}
+    g = topo.cluster.gpus_per_node
+    return {n * g + k for n in _nodes_at(topo, lids) for k in range(g)}
+
+
+def failure_nodes(topo: Topology, failures: Sequence[LinkFailure]) -> set[int]:
+    """Nodes at the ends of failing links."""
+    return _nodes_at(topo, {i for f in failures for i in f.link_ids})
+
+
+def _nodes_at(topo: Topology, lids: set[int]) -> set[int]:
+    out = set()
+    for v in (v for i in lids for v in topo.links[i]):
+        if isinstance(v, int):
+            out.add(topo.node_of(v))
+        elif v[0] in ("nic", "sw", "rt"):  # type: ignore[index]
+            out.add(v[1])  # type: ignore[index]
+    return out
 
 
 def _run_with_failures(step: Step, failures: Sequence[LinkFailure]) -> Timing | None:
     """Run the step with links failing; the Timing of a step that cannot complete."""
     x = step.x
-    step.comm.exclusive = set()  # re-routed flows may cross any link: nothing is memoised
+    # Re-routed flows cross the links of the nodes at a failed link's ends (a failed NIC's
+    # traffic goes over its node's switch to another NIC): nothing there is memoised.
+    step.comm.detour_nodes = failure_nodes(x.topo, failures)
     install_failures(x.env, x.net, x.topo, failures)
     try:
         x.env.run()
@@ -189,30 +235,47 @@ def simulate_des(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostM
     ``top_links`` busiest links are reported (``None``: every used link).
     ``perturbation`` (:class:`~sim.network.perturbation.Perturbation`): its compute scale
     multiplies every compute duration of each device (index = device; 1.2 is 20% slower):
-    stragglers, or other GPU types relative to the cost model's. Reduction needs every rank
-    of a stage to have the same scale; where they differ the simulation runs in full and
-    says so. Its topology replaces the cluster's (slowed links), and its link failures fail
-    links mid-step (the step then runs unreduced): when a flow has no path left the step
-    cannot complete, and the Timing says so with an infinite iteration time."""
-    scale, failures = perturbation.compute_scale, perturbation.link_failures
-    _check_scale(scale, cluster)
-    pl = plan.placement
-    full_needed = reduce and (bool(failures) or not reducible(
-        plan, scale, None if isinstance(pl, str) else (lambda r: pl[r])))
-    step = Step(model, cluster, plan, cost, perturbation.topology or build_topology(cluster),
-                reduce and not full_needed, record, scale)
+    stragglers, or other GPU types relative to the cost model's. Its topology replaces the
+    cluster's (slowed links), and its link failures fail links mid-step: when a flow has no
+    path left the step cannot complete, and the Timing says so with an infinite iteration
+    time. With ``reduce`` one representative per symmetry class is simulated (see the
+    module), else every unit."""
+    _check_scale(perturbation.compute_scale, cluster)
+    base = build_topology(cluster)
+    topo = perturbation.topology or base
+    if reduce:
+        classes = symmetry_classes(plan, topo, perturbation, base)
+        why = None if not classes.singletons or len(classes.members) == 1 else \
+            "no two data-parallel replicas are alike (compute speed, micro-batches, links " \
+            "or collective partners)"
+        try:
+            return _simulate(model, cluster, plan, cost, classes, record, perturbation, topo,
+                             top_links, why)
+        except AsymmetricFlows as exc:
+            why = f"the reduction is not exact here: {exc}"
+            return _simulate(model, cluster, plan, cost, False, record, perturbation, topo,
+                             top_links, why)
+    return _simulate(model, cluster, plan, cost, False, record, perturbation, topo, top_links,
+                     None)
+
+
+def _simulate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel,
+              classes: Classes | bool, record: bool, perturbation: Perturbation,
+              topo: Topology, top_links: int | None, why_full: str | None) -> Timing:
+    step = Step(model, cluster, plan, cost, topo, classes, record,
+                perturbation.compute_scale)
     x = step.x
     stages = pipeline_rank_layers(plan, model)
     procs = [x.env.process(step.unit(u, stages[u.stage])) for u in x.units]
-    stalled = _run(step, procs, failures)
+    stalled = _run(step, procs, perturbation.link_failures)
     if stalled is not None:
         return stalled
     critical = max(x.units, key=lambda u: (x.acct[u].end, -u.stage))
     a = x.acct[critical]
     info: dict[str, Any] = {"reduced": x.reduce, "units": len(x.units),
-                            "events": x.env.processed}
-    if full_needed:
-        info["not_reduced_because"] = _why_full(plan, bool(failures))
+                            "classes": len(x.classes.members), "events": x.env.processed}
+    if why_full is not None:
+        info["not_reduced_because"] = why_full
     return Timing(a.end, a.pipeline_end, dict(a.spent), _communication(a),
                   _links(x, a.end, top_links), info, x.timeline)
 
@@ -225,6 +288,7 @@ def issued_collectives(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost:
     conventions they must agree)."""
     step = Step(model, cluster, plan, cost, build_topology(cluster), reducible(plan, None),
                 False)
+    step.x.net.check = False  # an account of what is issued, not a time
     stages = pipeline_rank_layers(plan, model)
     procs = [step.x.env.process(step.unit(u, stages[u.stage])) for u in step.units]
     _run(step, procs, ())

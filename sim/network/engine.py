@@ -1,18 +1,22 @@
 """Running collectives on the flow network, with or without symmetry reduction.
 
-Reduced: the flows of a phase that carry the same bytes — in the group and in every
-concurrent copy of it (the same collective on the other groups of its kind on the stage) —
-become one aggregate flow over the union of their paths, with weight on each link the
-number of those flows crossing it. Its rate is what each of them gets, limited by the most
-loaded link of any, and any other traffic on any of those links competes with it; a phase
-ends with its slowest flow, so giving all of them the slowest rate changes nothing on a
-symmetric network. Full: every flow of the group itself, weight 1 (the copies are run by
-their own processes).
+Reduced: the flows of a phase that carry the same bytes between the same symmetry classes
+(``klass``, :mod:`sim.des.symmetry`) over paths of the same latency — in the group and in
+every concurrent copy of it (the same collective on the other groups of its kind and class
+mix on the stage) — become one aggregate flow over the union of their paths, with weight on
+each link the number of those flows crossing it. Its rate is what each of them gets,
+limited by the most loaded link of any, and any other traffic on any of those links
+competes with it; a phase ends with its slowest flow. The aggregate keeps its members'
+paths, and the network checks at every re-rating that each member would run at that rate
+unreduced (:func:`sim.network.flows.check_aggregates`); copies whose phases take other
+hop latencies or slowest links than the group's cannot be aggregated at all
+(:class:`~sim.network.flows.AsymmetricFlows`). Full: every flow of the group itself,
+weight 1 (the copies are run by their own processes).
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any
 
 import numpy as np
@@ -20,13 +24,16 @@ import simpy
 
 from sim.network.algorithms import expand
 from sim.network.collectives import CHUNK_BYTES, FlowSpec, Phase
-from sim.network.flows import Network
+from sim.network.flows import AsymmetricFlows, Members, Network
 from sim.network.topology import Topology
 
 __all__ = ["CommEngine"]
 
 Path = tuple[int, ...]
-Shape = tuple[np.ndarray, np.ndarray, float, int]  # links, weights, latency, flow index
+Shape = tuple[np.ndarray, np.ndarray, float, int, Members | None]  # links, weights, latency,
+# flow index, members
+Klass = Callable[[int], int]  # a device's symmetry class
+COUPLED = frozenset({"all_reduce", "all_gather", "reduce_scatter", "broadcast"})
 
 
 class CommEngine:
@@ -43,56 +50,60 @@ class CommEngine:
             return (self.topo.lid(("sw", self.topo.node_of(d)), d),)
         return self.topo.route(d, devices[f.dst])
 
-    def _aggregate(self, copies: list[list[int]], flows: list[FlowSpec]
-                   ) -> tuple[np.ndarray, np.ndarray]:
-        """Union of the paths of ``flows`` in every copy, weighted by flows per link."""
-        count: dict[int, int] = {}
-        for devices in copies:
-            for f in flows:
-                for link in self.path(devices, f):
-                    count[link] = count.get(link, 0) + 1
-        links = sorted(count)
-        f = flows[0]
-        scale = self.nvls_weight(copies[0][f.src]) if f.to_switch or f.from_switch else 1.0
-        return np.asarray(links), np.asarray([scale * count[link] for link in links])
-
     def nvls_weight(self, device: int) -> float:
         """Weight of an in-switch reduction flow: the switch serves it ``nvls_eff /
         comm_eff`` times faster than a plain transfer (of the device's own GPU type)."""
         g = self.topo.cluster.gpu_of(device)
         return g.comm_eff / g.nvls_eff if g.nvls_eff else 1.0
 
-    def _flows(self, devices: list[int], phase: Phase, copies: list[list[int]] | None,
-               key: tuple) -> list[Shape]:
-        """(path, weights, latency, index of the flow whose bytes it carries) of the flows
-        to simulate for one phase."""
-        return self._full(devices, phase) if copies is None else \
-            self._reduced(devices, phase, copies)
-
-    def _full(self, devices: list[int], phase: Phase) -> list[Shape]:
-        out = []
-        for i, f in enumerate(phase.flows):
-            p = self.path(devices, f)
-            w = self.nvls_weight(devices[f.src]) if f.to_switch or f.from_switch else 1.0
-            out.append((np.asarray(p), np.full(len(p), w), self.topo.path_latency(p), i))
+    def _shapes(self, kind: str, phase: Phase, copies: list[list[int]], klass: Klass,
+                reduced: bool) -> list[Shape]:
+        """The flows of one phase on ``copies`` (one group unreduced). A reduction's flows
+        move in lock step (rings and trees are pipelines: no rank sends faster than it
+        receives), so those of one size and kind are one coupled flow per collective; with
+        ``reduced`` one aggregate of all the copies' (each copy must take the same hop
+        latency). Point-to-point and all-to-all flows are independent: unreduced each is
+        its own flow, reduced one aggregate per flow of the group and (classes at both ends,
+        path latency) of its copies."""
+        coupled = kind in COUPLED
+        groups: dict[tuple, tuple[int, list[tuple[int, ...]], list[int], list[float]]] = {}
+        for c, devices in enumerate(copies):
+            for i, f in enumerate(phase.flows):
+                path = self.path(devices, f)
+                switch = f.to_switch or f.from_switch
+                scale = self.nvls_weight(devices[f.src]) if switch else 1.0
+                lat = self.topo.path_latency(path)
+                key: tuple = (f.size_bytes, switch, scale)
+                if not coupled:
+                    key += (i, klass(devices[f.src]), -1 if switch else klass(devices[f.dst]),
+                            lat)
+                entry = groups.setdefault(key, (i, [], [], []))
+                entry[1].append(path)
+                entry[2].append(c)
+                entry[3].append(lat)
+        out: list[Shape] = []
+        for key, (i, paths, copy, lats) in groups.items():
+            lat = max(lats)
+            if coupled and len(copies) > 1:
+                first = [max(x for x, cc in zip(lats, copy, strict=True) if cc == c)
+                         for c in range(len(copies))]
+                if len(set(first)) > 1:
+                    raise AsymmetricFlows(f"{kind} groups {copies[0]} and others start a phase "
+                                          "after different latencies")
+            members = Members(paths, np.asarray(copy), key[2], coupled=coupled, check=reduced)
+            links, weights = members.union()
+            out.append((links, weights, lat, i, members))
         return out
 
-    def _reduced(self, devices: list[int], phase: Phase, copies: list[list[int]]
-                 ) -> list[Shape]:
-        """One aggregate per class of flows (same share of the buffer, same kind)."""
-        classes: dict[tuple[float, bool], list[int]] = {}
-        for i, f in enumerate(phase.flows):
-            classes.setdefault((f.size_bytes, f.to_switch or f.from_switch), []).append(i)
-        out = []
-        for members in classes.values():
-            flows = [phase.flows[i] for i in members]
-            p, w = self._aggregate(copies, flows)
-            lat = max(self.topo.path_latency(self.path(devices, f)) for f in flows)
-            out.append((p, w, lat, members[0]))
-        return out
+    def _shape(self, devices: list[int], phase: Phase) -> tuple[float, float]:
+        """(hop latency, slowest link) of one group's phase."""
+        paths = [self.path(devices, f) for f in phase.flows]
+        return (max(self.topo.path_latency(p) for p in paths),
+                min(self.topo.cap[link] for p in paths for link in p))
 
     def _plan(self, kind: str, algorithm: str, devices: list[int],
-              copies: list[list[int]] | None) -> list[tuple[Phase, list[Shape], float, float]]:
+              copies: list[list[int]] | None, klass: Klass | None
+              ) -> list[tuple[Phase, list[Shape], float, float]]:
         """Per phase of a unit-size collective: the phase, its flow shapes, the hop latency
         and the slowest link; cached per group (sizes scale linearly)."""
         key = (kind, algorithm, tuple(devices), id(copies))
@@ -102,25 +113,32 @@ class CommEngine:
             for i, d in enumerate(devices):
                 nodes.setdefault(self.topo.node_of(d), []).append(i)
             plan = []
-            for i, phase in enumerate(expand(kind, algorithm, len(devices), 1.0,
-                                             list(nodes.values()))):
-                shapes = self._flows(devices, phase, copies, key + (i,))
-                paths = [self.path(devices, f) for f in phase.flows]
-                hop = max(self.topo.path_latency(p) for p in paths)
-                slowest = min(self.topo.cap[link] for p in paths for link in p)
+            for phase in expand(kind, algorithm, len(devices), 1.0, list(nodes.values())):
+                hop, slowest = self._shape(devices, phase)
+                for other in copies or ():
+                    if self._shape(other, phase) != (hop, slowest):
+                        raise AsymmetricFlows(
+                            f"{kind} groups {devices} and {other} run the same phase over "
+                            "paths of different latency or capacity")
+                shapes = self._shapes(kind, phase, copies or [devices], klass or (lambda d: 0),
+                                      copies is not None)
                 plan.append((phase, shapes, hop, slowest))
             self._plans[key] = plan
         return self._plans[key]
 
     def run(self, kind: str, algorithm: str, devices: list[int], size_bytes: float,
-            copies: list[list[int]] | None = None) -> Generator[Any, Any, None]:
-        """Process: the collective on ``devices`` (in group order)."""
+            copies: list[list[int]] | None = None, klass: Klass | None = None
+            ) -> Generator[Any, Any, None]:
+        """Process: the collective on ``devices`` (in group order); with ``copies`` (the
+        concurrent groups it stands for, ``devices``' own among them) reduced, its flows
+        classed by ``klass`` (each device's symmetry class; default: one class)."""
         if len(devices) == 1 or size_bytes <= 0:
             return
-        for phase, shapes, hop, slowest in self._plan(kind, algorithm, devices, copies):
+        for phase, shapes, hop, slowest in self._plan(kind, algorithm, devices, copies,
+                                                       klass):
             yield simpy.AllOf(self.env, [
-                self.net.transfer(p, phase.flows[i].size_bytes * size_bytes, w, lat)
-                for p, w, lat, i in shapes])
+                self.net.transfer(p, phase.flows[i].size_bytes * size_bytes, w, lat, members)
+                for p, w, lat, i, members in shapes])
             fill = phase.fill_steps * min(phase.largest * size_bytes, CHUNK_BYTES)
             extra = (phase.steps - 1) * hop + fill / slowest
             if extra > 0:

@@ -35,7 +35,7 @@ import simpy
 
 from sim.errors import SpecError
 from sim.layout.placement import rank_coords
-from sim.network.flows import Flow, Network
+from sim.network.flows import Flow, Members, Network
 from sim.network.perturbation import LinkFailure, Perturbation
 from sim.network.topology import Topology, build_topology, vertex_name
 from sim.spec.cluster import ClusterSpec
@@ -199,15 +199,30 @@ class Detour:
         return self._paths[key]
 
     def __call__(self, flow: Flow) -> None:
-        """Re-route ``flow`` in place if it crosses a failed link."""
-        hit = [int(i) for i in flow.lid if int(i) in self.failed]
-        if not hit:
+        """Re-route ``flow`` in place if it crosses a failed link (an aggregate: each of its
+        members that does)."""
+        m = flow.members
+        if m is not None:  # shared with the collective's cached plan: replaced, not edited
+            if not self.failed.intersection(flow.lid.tolist()):
+                return
+            flow.members = Members([self._around(p) for p in m.paths], m.copy, m.scale,
+                                   m.coupled, m.check)
+            links, weights = flow.members.union()
+            flow.links, flow.lid, flow.w = links, links, weights
             return
-        src, dst = self.topo.links[int(flow.lid[0])][0], self.topo.links[int(flow.lid[-1])][1]
-        lids = self.path(src, dst, hit[0])
-        flow.links = lids
-        flow.lid = np.asarray(lids, dtype=np.int64)
-        flow.w = np.full(len(lids), float(flow.w[0]))
+        lids = self._around(tuple(int(i) for i in flow.lid))
+        if lids != tuple(flow.links):
+            flow.links = lids
+            flow.lid = np.asarray(lids, dtype=np.int64)
+            flow.w = np.full(len(lids), float(flow.w[0]))
+
+    def _around(self, path: tuple[int, ...]) -> tuple[int, ...]:
+        """``path``, or a shortest one around the failed links if it crosses one."""
+        hit = [i for i in path if i in self.failed]
+        if not hit:
+            return path
+        src, dst = self.topo.links[path[0]][0], self.topo.links[path[-1]][1]
+        return self.path(src, dst, hit[0])
 
 
 def install_failures(env: simpy.Environment, net: Network, topo: Topology,
@@ -231,7 +246,7 @@ def _fail_at(env: simpy.Environment, net: Network, detour: Detour, time_s: float
 @dataclass(frozen=True)
 class FaultInputs:
     """``faults`` resolved for one simulation: the analytic tier's per-stage scale, the
-    DES's :class:`Perturbation`, whether it may reduce, notes for the result's warnings and
+    DES's :class:`Perturbation`, whether to reduce (as asked), notes for the result's warnings and
     a summary for its ``simulation`` dict."""
 
     stage_scale: list[float] | None
@@ -257,10 +272,6 @@ def fault_inputs(faults: Faults, cluster: ClusterSpec, plan: Plan, fidelity: str
     if fidelity != "des" and links:
         notes.append("the analytic tier ignores link slow-downs and failures "
                      "(use --fidelity des)")
-    if fidelity == "des" and links and reduce:
-        info["not_reduced_because"] = "a slowed or failed link breaks the symmetry of the " \
-            "data-parallel replicas"
     perturbation = Perturbation(perturbed_topology(topo, r.link_scale),
                                 None if scale is None else tuple(scale), tuple(r.failures))
-    return FaultInputs(stage_scales(plan, scale, dev), perturbation, reduce and not links,
-                       notes, info)
+    return FaultInputs(stage_scales(plan, scale, dev), perturbation, reduce, notes, info)

@@ -24,9 +24,44 @@ import numpy as np
 import simpy
 from simpy.events import EventPriority
 
-__all__ = ["Network", "Flow", "max_min_rates"]
+__all__ = ["Network", "Flow", "Members", "AsymmetricFlows", "max_min_rates",
+           "check_aggregates"]
 
 _EPS = 1e-12
+
+
+class AsymmetricFlows(RuntimeError):
+    """An aggregate flow's members would not all run at its rate: the reduction is not
+    exact here (the step is run again unreduced)."""
+
+
+@dataclass
+class Members:
+    """The flows an aggregate stands for: each member's path, the copy of the collective
+    (or transfer) it belongs to, and one member's weight on a link (``scale``).
+    ``coupled``: the members of one copy move in lock step (a ring), so the copy is one
+    flow; ``check``: a reduction's aggregate, checked (:func:`check_aggregates`)."""
+
+    paths: list[tuple[int, ...]]
+    copy: np.ndarray
+    scale: float = 1.0
+    coupled: bool = False
+    check: bool = True
+    flat: np.ndarray = field(init=False, repr=False)  # every member's links, concatenated
+    member_of: np.ndarray = field(init=False, repr=False)  # -> member index
+
+    def __post_init__(self) -> None:
+        self.index()
+
+    def index(self) -> None:
+        self.flat = np.concatenate([np.asarray(p, dtype=np.int64) for p in self.paths])
+        self.member_of = np.repeat(np.arange(len(self.paths)), [len(p) for p in self.paths])
+
+    def union(self) -> tuple[np.ndarray, np.ndarray]:
+        """(links, weights) of the aggregate: every link any member crosses, weighted by
+        the members crossing it."""
+        links, count = np.unique(self.flat, return_counts=True)
+        return links, self.scale * count
 
 
 @dataclass(eq=False)
@@ -36,6 +71,7 @@ class Flow:
     remaining: float
     done: simpy.Event | None
     rate: float = 0.0
+    members: Members | None = None  # what an aggregate flow stands for
     lid: np.ndarray = field(init=False, repr=False)
     w: np.ndarray = field(init=False, repr=False)
 
@@ -97,6 +133,42 @@ def max_min_rates(flows: Sequence[Flow], cap: Sequence[float]) -> None:
         f.rate = float(r)
 
 
+def check_aggregates(p: _Pairs, rates: np.ndarray, cap: np.ndarray, now: float) -> None:
+    """Raise :class:`AsymmetricFlows` unless every aggregate's members would get its rate
+    unreduced. Max-min rates are unique, and the unreduced flows at the aggregates' rates
+    carry the same load on every link, so they are the unreduced allocation if every
+    unreduced flow has a bottleneck: a full link on which no flow runs faster. A coupled
+    aggregate's unreduced flows are its copies (each in lock step): each copy needs a
+    member so held. An independent member without one would run faster alone; that changes
+    nothing when its links carry only its aggregate and its copy has a member held at the
+    rate (the copy ends with its slowest flow), and otherwise the reduction is not exact."""
+    capu = cap[p.uniq]
+    load = np.bincount(p.inv, weights=p.w * rates[p.owner], minlength=len(p.uniq))
+    full = load >= capu * (1 - 1e-9)
+    fastest = np.zeros(len(p.uniq))
+    np.maximum.at(fastest, p.inv, rates[p.owner])
+    flows_on = np.bincount(p.inv, minlength=len(p.uniq))
+    for i, f in enumerate(p.flows):
+        m = f.members
+        if m is None or not m.check or len(m.paths) < 2:
+            continue
+        at = np.searchsorted(p.uniq, m.flat)
+        neck = full[at] & (fastest[at] <= rates[i] * (1 + 1e-9))
+        held = np.bincount(m.member_of, weights=neck, minlength=len(m.paths)) > 0
+        if held.all():
+            continue
+        copy_held = np.bincount(m.copy, weights=held) > 0
+        if m.coupled and copy_held.all():
+            continue
+        shared = np.bincount(m.member_of, weights=flows_on[at] > 1, minlength=len(m.paths))
+        ok = held | ((shared == 0) & copy_held[m.copy])
+        if not ok.all():
+            bad = int(np.flatnonzero(~ok)[0])
+            raise AsymmetricFlows(
+                f"at {now:.6g} s a flow standing for {len(m.paths)} would run faster on "
+                f"member {bad}'s path (links {list(m.paths[bad])}) than the others")
+
+
 @dataclass
 class _LinkStats:
     bytes: np.ndarray
@@ -122,6 +194,7 @@ class Network:
         self.flows: list[Flow] = []
         self.stats = _LinkStats(np.zeros(len(cap)), np.zeros(len(cap)))
         self.rerates = 0  # re-ratings run (for benchmarks)
+        self.check = True  # check aggregate flows (:func:`check_aggregates`)
         self._pairs: _Pairs | None = None
         self._rates = np.zeros(0)
         self._left = np.zeros(0)  # remaining bytes, aligned with self.flows
@@ -136,16 +209,18 @@ class Network:
 
     def transfer(self, links: Sequence[int] | np.ndarray, size_bytes: float,
                  weights: Sequence[float] | np.ndarray | None = None,
-                 latency_s: float | None = None) -> simpy.Event:
+                 latency_s: float | None = None, members: Members | None = None
+                 ) -> simpy.Event:
         """An event that succeeds when ``size_bytes`` have crossed ``links``, after the
-        path's latency (default: the sum over ``links``)."""
+        path's latency (default: the sum over ``links``); ``members``: the flows an
+        aggregate stands for (checked at every re-rating, :func:`check_aggregates`)."""
         done = self.env.event()
         w = (1.0,) * len(links) if weights is None else weights
         if len(links) == 0 or size_bytes <= 0:
             done.succeed()
             return done
         lat = sum(self.lat[i] for i in links) if latency_s is None else latency_s
-        flow = Flow(links, w, float(size_bytes), done)
+        flow = Flow(links, w, float(size_bytes), done, members=members)
         self.env.timeout(lat).callbacks.append(lambda _e: self._join(flow))
         return done
 
@@ -221,6 +296,8 @@ class Network:
         self.rerates += 1
         p = self._pairs = _Pairs.of(self.flows)
         self._rates = _fill(p, self.cap)
+        if self.check and any(f.members is not None for f in self.flows):
+            check_aggregates(p, self._rates, self.cap, self.env.now)
         self._link_Bps = np.bincount(p.inv, weights=p.w * self._rates[p.owner],
                                      minlength=len(p.uniq)).astype(np.float64)
         for f, r in zip(self.flows, self._rates.tolist(), strict=True):
