@@ -196,14 +196,22 @@ MIN_GAIN = 1e-3  # a move must beat the plan it starts from by 0.1%
 
 
 def _local_search(space: SearchSpace, best: Candidate, seen: set[str], workers: int,
-                  rounds: int = 6) -> tuple[Candidate, list[Candidate], int, list[str]]:
+                  progress: bool, deadline: float | None, rounds: int = 6
+                  ) -> tuple[Candidate, list[Candidate], int, list[str]]:
     """Greedy: evaluate the bottleneck moves of the best plan; take the best improvement of
-    at least MIN_GAIN, until none. Returns the best, the accepted moves, how many plans the
-    DES evaluated, and a log."""
+    at least MIN_GAIN, until none or past ``deadline`` (``time.perf_counter()``). Returns the
+    best, the accepted moves, how many plans the DES evaluated, and a log."""
+    from tqdm import tqdm
+
     log: list[str] = []
     tried: list[Candidate] = []
     evaluated = 0
-    for _ in range(rounds):
+    bar = tqdm(total=rounds, desc="local moves", unit="round", disable=not progress)
+    for r in range(rounds):
+        if deadline is not None and time.perf_counter() > deadline:
+            log.append(f"stopped by --max-wall-s before round {r + 1}: best so far reported")
+            break
+        bar.update()
         moves = [(n, p) for n, p in _neighbours(space, best) if _plan_key(p) not in seen]
         seen.update(_plan_key(p) for _, p in moves)
         scored = pool_map(score, [[p for _, p in moves]], 1, space.model, space.cluster)
@@ -220,6 +228,7 @@ def _local_search(space: SearchSpace, best: Candidate, seen: set[str], workers: 
         log.append(f"{better.origin[6:]}: {best.best_s:.4g} s -> {better.best_s:.4g} s")
         tried.append(better)
         best = better
+    bar.close()
     return best, tried, evaluated, log
 
 
@@ -270,9 +279,11 @@ def _shortlist(space: SearchSpace, feasible: list[Candidate], top_k: int
 
 def optimize(model: ModelSpec, cluster: ClusterSpec, global_batch_size: int, seq_len: int,
              top_k: int = 8, workers: int | None = None, progress: bool = True,
-             dtype: str = "bf16", space: SearchSpace | None = None) -> SearchReport:
+             dtype: str = "bf16", space: SearchSpace | None = None,
+             deadline: float | None = None) -> SearchReport:
     """Find the fastest plans; raises NoFeasiblePlan (CLI exit 3) when none fits. ``space``
-    overrides the default space (other fixed implementation choices, constraints)."""
+    overrides the default space (other fixed implementation choices, constraints); past
+    ``deadline`` (``time.perf_counter()``) the local moves stop, saying so in the log."""
     from tqdm import tqdm
 
     t0 = time.perf_counter()
@@ -301,7 +312,8 @@ def optimize(model: ModelSpec, cluster: ClusterSpec, global_batch_size: int, seq
                              f"within {', '.join(space.constraints.describe())}")
     best = min(admitted, key=lambda c: (c.best_s, _plan_key(c.plan)))
     best, tried, moved, log = _local_search(space, best,
-                                            {_plan_key(c.plan) for c in shortlist}, workers)
+                                            {_plan_key(c.plan) for c in shortlist}, workers,
+                                            progress, deadline)
     ranked = sorted((c for c in shortlist + tried if _admitted(space, c)),
                     key=lambda c: (c.best_s, _plan_key(c.plan)))
     homogeneous, balanced, extra = _balance(space, ranked, feasible, workers) \

@@ -21,6 +21,7 @@ from sim.spec.plan import Plan, validate
 from sim.spec.workload import Workload
 
 if TYPE_CHECKING:
+    from sim.des.watch import Watch
     from sim.spec.faults import Faults
 
 __all__ = ["simulate", "FIDELITIES"]
@@ -30,9 +31,11 @@ FIDELITIES = ("analytic", "des")
 
 def simulate(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan,
              fidelity: str = "analytic", *, reduce: bool = True, trace: str | None = None,
-             faults: Faults | None = None) -> Result:
+             faults: Faults | None = None, watch: Watch | None = None) -> Result:
     """Predict one training iteration of ``model`` on ``cluster`` under ``plan``. The DES
-    tier can run without symmetry reduction (``reduce=False``) and write a Chrome trace.
+    tier can run without symmetry reduction (``reduce=False``) and write a Chrome trace;
+    ``watch`` (:class:`sim.des.watch.Watch`) shows its progress and may stop it at a
+    wall-clock limit (raising :class:`sim.des.watch.WallLimit`).
     ``faults``: stragglers and link failures (:mod:`sim.spec.faults`). A workload graph
     (:class:`sim.spec.workload.Workload`) runs in the analytic tier (:mod:`sim.analytic.graph`)."""
     if fidelity not in FIDELITIES:
@@ -46,15 +49,16 @@ def simulate(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan,
                         f"{MAX_DES_MICROBATCHES:,} (the analytic tier takes any)")
     cost = cost_model_for(cluster)
     if faults is not None and not faults.empty:
-        return _with_faults(model, cluster, plan, fidelity, cost, faults, reduce, trace)
+        return _with_faults(model, cluster, plan, fidelity, cost, faults, reduce, trace, watch)
     scales = gpu_compute_scales(model, cluster, plan)  # GPU types other than the cost model's
-    timing = _des(model, cluster, plan, cost, reduce, trace, NO_PERTURBATION.with_scale(scales)) \
-        if fidelity == "des" else _analytic(model, cluster, plan, cost, scales)
+    timing = _des(model, cluster, plan, cost, reduce, trace, NO_PERTURBATION.with_scale(scales),
+                  watch) if fidelity == "des" else _analytic(model, cluster, plan, cost, scales)
     return _result(model, cluster, plan, fidelity, timing, cost)
 
 
 def _with_faults(model: ModelSpec, cluster: ClusterSpec, plan: Plan, fidelity: str,
-                 cost: CostModel, faults: Faults, reduce: bool, trace: str | None) -> Result:
+                 cost: CostModel, faults: Faults, reduce: bool, trace: str | None,
+                 watch: Watch | None) -> Result:
     """Stragglers in both tiers (the analytic one per stage, at its slowest rank), slowed
     and failed links in the DES (reduced by symmetry classes, :mod:`sim.des.symmetry`)."""
     import dataclasses
@@ -66,7 +70,7 @@ def _with_faults(model: ModelSpec, cluster: ClusterSpec, plan: Plan, fidelity: s
     scales = combine_scales(gpu_scales, f.perturbation.compute_scale)  # stragglers x GPU type
     if fidelity == "des":
         timing = _des(model, cluster, plan, cost, f.reduce, trace,
-                      f.perturbation.with_scale(scales))
+                      f.perturbation.with_scale(scales), watch)
     elif gpu_scales is not None or plan.micro_batches_per_replica is not None:
         timing = _analytic(model, cluster, plan, cost, scales)
     else:
@@ -88,15 +92,19 @@ def _analytic(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostMode
 
 
 def _des(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel, reduce: bool,
-         trace: str | None, perturbation: Perturbation) -> Timing:
+         trace: str | None, perturbation: Perturbation, watch: Watch | None = None) -> Timing:
     """The DES tier (imported here: simulating analytically never loads SimPy)."""
     import time
 
     from sim.des.run import simulate_des
 
     t0 = time.perf_counter()
+    if watch is not None and watch.estimate_s is None:  # what progress is measured against
+        scale = perturbation.compute_scale
+        watch.estimate_s = _analytic(model, cluster, plan, cost,
+                                     None if scale is None else list(scale)).iteration_s
     out = simulate_des(model, cluster, plan, cost, reduce=reduce, record=trace is not None,
-                       perturbation=perturbation)
+                       perturbation=perturbation, watch=watch)
     out.simulation["wall_s"] = time.perf_counter() - t0
     if trace:
         from sim.des.trace import write_chrome_trace

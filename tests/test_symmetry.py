@@ -68,6 +68,11 @@ CASES = [
 ]
 
 
+# Cases where no two replicas are alike (every replica its own class: unreduced)
+ALL_DIFFERENT = {"lognormal-gpus", "node-dist", "slow-gpu-link", "failed-nic-pp",
+                 "interleaved-slow-gpu", "mixed-gpus-dp", "uneven-microbatches"}
+
+
 def _cluster(name):
     if name.startswith("rail:"):
         return _rail(load_cluster(name[5:]))
@@ -87,9 +92,11 @@ def _run(model, cluster, plan, stragglers, dists, failures, reduce):
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_reduced_equals_unreduced(case):
-    _, model, cluster, plan, stragglers, dists, failures = case
+    name, model, cluster, plan, stragglers, dists, failures = case
     m, c = load_model(model), _cluster(cluster)
     reduced = _run(m, c, plan, stragglers, dists, failures, True)
+    assert reduced.simulation["reduced"] == (name not in ALL_DIFFERENT)
+    assert "exact" not in reduced.simulation.get("not_reduced_because", "")
     full = _run(m, c, plan, stragglers, dists, failures, False)
     assert reduced.iteration_s == pytest.approx(full.iteration_s, rel=1e-6)
     got = {row["link"]: row["bytes"] for row in reduced.links}

@@ -18,7 +18,7 @@ from trainsim.commands.demo import add_demo_parser
 from trainsim.commands.plan import add_plan_parser
 from trainsim.commands.plots import add_plot_group
 from trainsim.commands.simulate import add_simulate_parser
-from trainsim.common import CLUSTER_HELP, MODEL_HELP, Parser, fail
+from trainsim.common import CLUSTER_HELP, EXIT_WALL_LIMIT, MODEL_HELP, Parser, fail
 
 __all__ = ["build_parser", "main"]
 
@@ -68,6 +68,7 @@ def _run_errors() -> tuple[type[BaseException], ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from sim.des.watch import WallLimit
     from sim.errors import SpecError
 
     args = build_parser().parse_args(argv)
@@ -75,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args))
     except SpecError as exc:
         return fail(str(exc))
+    except WallLimit as exc:
+        print(f"trainsim: {exc}", file=sys.stderr)
+        return EXIT_WALL_LIMIT
     except _run_errors() as exc:
         print(f"trainsim: error: {exc}", file=sys.stderr)
         return 1

@@ -9,11 +9,13 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-__all__ = ["EXIT_BAD_INPUT", "EXIT_NO_PLAN", "Parser", "fail", "write_run", "MODEL_HELP",
-           "CLUSTER_HELP", "check_out_dir"]
+__all__ = ["EXIT_BAD_INPUT", "EXIT_NO_PLAN", "EXIT_WALL_LIMIT", "Parser", "fail", "write_run",
+           "MODEL_HELP", "CLUSTER_HELP", "check_out_dir", "add_watch_options", "max_wall_s",
+           "DesProgress", "progress_after_s"]
 
 EXIT_BAD_INPUT = 2
 EXIT_NO_PLAN = 3
+EXIT_WALL_LIMIT = 4  # a run stopped at --max-wall-s (it says how far it got)
 MODEL_HELP = "zoo name (trainsim models), Hugging Face config.json (or its folder), or TOML"
 CLUSTER_HELP = "preset (dgx-a100:N, dgx-h100:N, hgx-h200:N, cpu:RANKS) or a TOML file"
 
@@ -63,3 +65,52 @@ def write_run(out: Path, result: Any, model: Any, cluster: Any, plan: Any,
         out / "inputs.json": json.dumps(inputs, indent=2) + "\n",
         out / "result.json": json.dumps(result.to_dict(), indent=2) + "\n",
         out / "summary.txt": format_result(result, plan, faults) + "\n"})
+
+
+def add_watch_options(p: argparse.ArgumentParser, what: str) -> None:
+    """``--max-wall-s`` and ``--no-progress``; ``what`` the limit stops."""
+    p.add_argument("--max-wall-s", type=float, metavar="SECONDS",
+                   help=f"stop {what} after this much wall time and say what was learned "
+                   "(a DES step stopped this way exits with code 4)")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar (shown on stderr once a DES run takes 3 s)")
+
+
+def max_wall_s(args: argparse.Namespace) -> float | None:
+    """``--max-wall-s``, checked: a positive, finite number of seconds."""
+    import math
+
+    from sim.errors import SpecError
+
+    limit = args.max_wall_s
+    if limit is not None and not (math.isfinite(limit) and limit > 0):
+        raise SpecError("--max-wall-s", f"must be a positive number of seconds, got {limit:g}")
+    return limit
+
+
+def progress_after_s() -> float:
+    """Wall seconds before a DES run shows progress: 3, or ``TRAINSIM_PROGRESS_AFTER_S``."""
+    import os
+
+    return float(os.environ.get("TRAINSIM_PROGRESS_AFTER_S", "3"))
+
+
+class DesProgress:
+    """A DES run's progress bar on stderr (events simulated / estimated), made on its first
+    report (:class:`sim.des.watch.Watch` reports once a run has taken 3 s)."""
+
+    def __init__(self) -> None:
+        self.bar: Any = None
+
+    def __call__(self, events: int, estimated: int) -> None:
+        if self.bar is None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=estimated, initial=events, desc="des", unit="event",
+                            file=sys.stderr)
+        self.bar.total = estimated
+        self.bar.update(events - self.bar.n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

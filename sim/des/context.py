@@ -18,6 +18,7 @@ import simpy
 from sim.cost import compute as cm
 from sim.cost.costmodel import CostModel
 from sim.des.symmetry import Classes
+from sim.des.watch import EVERY
 from sim.layout.placement import rank_coords
 from sim.layout.stages import virtual_stage_moe
 from sim.network.engine import CommEngine
@@ -34,12 +35,16 @@ Proc = Generator[Any, Any, Any]
 
 
 class CountingEnv(simpy.Environment):
-    """A SimPy environment that counts the events it processes."""
+    """A SimPy environment that counts the events it processes, and every ``EVERY`` of them
+    calls ``watch(events, now)`` (:mod:`sim.des.watch`: progress, a wall-clock limit)."""
 
     processed = 0
+    watch: Callable[[int, float], None] | None = None
 
     def step(self) -> None:
         self.processed += 1
+        if self.watch is not None and not self.processed % EVERY:
+            self.watch(self.processed, self.now)
         super().step()
 
 

@@ -35,6 +35,7 @@ from sim.des.data_parallel import DataParallel
 from sim.des.layers import Layers
 from sim.des.pipeline import Pipeline
 from sim.des.symmetry import Classes, Replica, refine
+from sim.des.watch import Watch
 from sim.layout.memory import rank_params
 from sim.layout.placement import rank_coords
 from sim.layout.schedule import Exchange, stage_program
@@ -230,7 +231,7 @@ def _run(step: Step, procs: list[simpy.Process], failures: Sequence[LinkFailure]
 def simulate_des(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel,
                  reduce: bool = True, record: bool = False,
                  perturbation: Perturbation = NO_PERTURBATION,
-                 top_links: int | None = 10) -> Timing:
+                 top_links: int | None = 10, watch: Watch | None = None) -> Timing:
     """Simulate one iteration; ``record`` keeps the per-unit timeline (for traces);
     ``top_links`` busiest links are reported (``None``: every used link).
     ``perturbation`` (:class:`~sim.network.perturbation.Perturbation`): its compute scale
@@ -239,7 +240,8 @@ def simulate_des(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostM
     cluster's (slowed links), and its link failures fail links mid-step: when a flow has no
     path left the step cannot complete, and the Timing says so with an infinite iteration
     time. With ``reduce`` one representative per symmetry class is simulated (see the
-    module), else every unit."""
+    module), else every unit. ``watch`` (:class:`~sim.des.watch.Watch`) sees the run's
+    progress and may stop it (:class:`~sim.des.watch.WallLimit`)."""
     _check_scale(perturbation.compute_scale, cluster)
     base = build_topology(cluster)
     topo = perturbation.topology or base
@@ -250,21 +252,23 @@ def simulate_des(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostM
             "or collective partners)"
         try:
             return _simulate(model, cluster, plan, cost, classes, record, perturbation, topo,
-                             top_links, why)
+                             top_links, why, watch)
         except AsymmetricFlows as exc:
             why = f"the reduction is not exact here: {exc}"
             return _simulate(model, cluster, plan, cost, False, record, perturbation, topo,
-                             top_links, why)
+                             top_links, why, watch)
     return _simulate(model, cluster, plan, cost, False, record, perturbation, topo, top_links,
-                     None)
+                     None, watch)
 
 
 def _simulate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel,
               classes: Classes | bool, record: bool, perturbation: Perturbation,
-              topo: Topology, top_links: int | None, why_full: str | None) -> Timing:
+              topo: Topology, top_links: int | None, why_full: str | None,
+              watch: Watch | None) -> Timing:
     step = Step(model, cluster, plan, cost, topo, classes, record,
                 perturbation.compute_scale)
     x = step.x
+    x.env.watch = watch
     stages = pipeline_rank_layers(plan, model)
     procs = [x.env.process(step.unit(u, stages[u.stage])) for u in x.units]
     stalled = _run(step, procs, perturbation.link_failures)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.errors import SpecError
-from trainsim.common import EXIT_NO_PLAN
+from trainsim.common import EXIT_NO_PLAN, add_watch_options
 
 __all__ = ["add_optimize_parsers", "run_optimize", "constraints_of",
            "add_constraint_options"]
@@ -18,9 +18,13 @@ __all__ = ["add_optimize_parsers", "run_optimize", "constraints_of",
 
 def run_optimize(model_ref: str, cluster_ref: Any, gbs: int, seq: int, top: int,
                  out: Path | None, as_json: bool, workers: int | None,
-                 extras: bool = True, constraints: Any = None, dtype: str = "bf16") -> int:
+                 extras: bool = True, constraints: Any = None, dtype: str = "bf16",
+                 max_wall_s: float | None = None, progress: bool = True) -> int:
     """``cluster_ref`` is a preset, a TOML file, or a ClusterSpec (an edited scenario).
-    ``out`` is created only once the search has found a plan."""
+    ``out`` is created only once the search has found a plan. After ``max_wall_s`` the local
+    moves of every search stop (the report says so)."""
+    import time
+
     from optimizer.constraints import Constraints
     from optimizer.report import summary
     from optimizer.search import optimize
@@ -41,15 +45,18 @@ def run_optimize(model_ref: str, cluster_ref: Any, gbs: int, seq: int, top: int,
         return _optimize_graph(model, cluster, gbs, top, out, as_json, constraints, dtype)
     space = SearchSpace(model, cluster, gbs, seq, dtype,
                         constraints=constraints or Constraints())
+    show = progress and not as_json
+    deadline = None if max_wall_s is None else time.perf_counter() + max_wall_s
     try:
         rep = optimize(model, cluster, gbs, seq, top_k=top, workers=workers,
-                       progress=not as_json, space=space)
-        megatron = _megatron_best(rep, space, top, workers, not as_json) if extras else None
+                       progress=show, space=space, deadline=deadline)
+        megatron = _megatron_best(rep, space, top, workers, show, deadline) if extras \
+            else None
     except NoFeasiblePlan as exc:
         print(f"trainsim: no feasible plan: {exc}", file=sys.stderr)
         return EXIT_NO_PLAN
     s = summary(rep, top, space.constraints, megatron,
-                _calibrated_best(rep, space, top, workers, not as_json) if extras else None)
+                _calibrated_best(rep, space, top, workers, show, deadline) if extras else None)
     return _report(rep, s, out, as_json,
                    lambda: _extras(rep, megatron, space, out) if extras and out else {})
 
@@ -87,7 +94,7 @@ def _optimize_graph(w: Any, cluster: Any, gbs: int, top: int, out: Path | None,
 
 
 def _megatron_best(rep: Any, space: Any, top: int, workers: int | None,
-                   progress: bool = False) -> Any:
+                   progress: bool = False, deadline: float | None = None) -> Any:
     """The fastest plan Megatron-LM can run: the overall best when Megatron-LM expresses it,
     else a search of its own over the plans Megatron-LM expresses (not a filter of this
     search's top K). None when a framework was already asked for."""
@@ -106,12 +113,12 @@ def _megatron_best(rep: Any, space: Any, top: int, workers: int | None,
               "expresses", file=sys.stderr)
     sub = optimize(space.model, space.cluster, space.global_batch_size, space.seq_len,
                    top_k=top, workers=workers, progress=progress,
-                   space=dataclasses.replace(space, constraints=k))
+                   space=dataclasses.replace(space, constraints=k), deadline=deadline)
     return sub.best
 
 
 def _calibrated_best(rep: Any, space: Any, top: int, workers: int | None,
-                     progress: bool = False) -> Any:
+                     progress: bool = False, deadline: float | None = None) -> Any:
     """When the best plan uses ZeRO-3, whose cost model is not calibrated, the fastest plan
     without it (a search of its own, under the same constraints); else None."""
     import dataclasses
@@ -128,7 +135,8 @@ def _calibrated_best(rep: Any, space: Any, top: int, workers: int | None,
     try:
         return optimize(space.model, space.cluster, space.global_batch_size, space.seq_len,
                         top_k=top, workers=workers, progress=progress,
-                        space=dataclasses.replace(space, constraints=k)).best
+                        space=dataclasses.replace(space, constraints=k),
+                        deadline=deadline).best
     except NoFeasiblePlan:  # only ZeRO-3 fits: nothing calibrated to offer
         return None
 
@@ -183,9 +191,12 @@ def add_constraint_options(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_optimize(args: argparse.Namespace) -> int:
+    from trainsim.common import max_wall_s
+
     return run_optimize(args.model, args.cluster, args.global_batch_size, args.seq_len,
                         args.top, Path(args.out) if args.out else None, args.json, args.workers,
-                        constraints=constraints_of(args), dtype=args.dtype)
+                        constraints=constraints_of(args), dtype=args.dtype,
+                        max_wall_s=max_wall_s(args), progress=not args.no_progress)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -234,6 +245,8 @@ def add_optimize_parsers(sub: Any, model_help: str, cluster_help: str) -> None:
                    "report.json, plots, the best plan's trace and launch files (--framework's "
                    "for the best plan; by default the Megatron-LM arguments of the fastest "
                    "plan Megatron-LM can run); created only when a plan is found")
+    add_watch_options(p, "the local moves (the analytic tier and the DES shortlist always "
+                      "complete)")
     p.set_defaults(func=cmd_optimize)
     e = sub.add_parser("export", help="launch arguments or config for a framework")
     e.add_argument("--plan", required=True, help="plan JSON")

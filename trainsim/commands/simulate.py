@@ -7,13 +7,22 @@ import json
 from pathlib import Path
 from typing import Any
 
-from trainsim.common import CLUSTER_HELP, MODEL_HELP, write_run
+from trainsim.common import (
+    CLUSTER_HELP,
+    MODEL_HELP,
+    DesProgress,
+    add_watch_options,
+    max_wall_s,
+    progress_after_s,
+    write_run,
+)
 
 __all__ = ["cmd_simulate", "add_simulate_parser"]
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from sim import SpecError, load_cluster, load_plan, simulate
+    from sim.des.watch import Watch
     from sim.spec.zoo import load_any
     from trainsim.commands.faults import faults_of
     from trainsim.commands.profile import with_profile_options
@@ -22,11 +31,20 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     model, cluster = load_any(args.model), load_cluster(args.cluster)
     cluster = with_profile_options(cluster, args)
     plan = load_plan(args.plan)
-    if args.fidelity != "des" and (args.trace or args.no_reduce):
-        raise SpecError("--trace/--no-reduce", "need --fidelity des")
+    limit = max_wall_s(args)
+    if args.fidelity != "des" and (args.trace or args.no_reduce or limit):
+        raise SpecError("--trace/--no-reduce/--max-wall-s", "need --fidelity des")
     faults = faults_of(args)
-    result = simulate(model, cluster, plan, fidelity=args.fidelity, reduce=not args.no_reduce,
-                      trace=args.trace, faults=faults)
+    progress = None if args.no_progress else DesProgress()
+    watch = Watch(max_wall_s=limit, progress=progress, show_after_s=progress_after_s()) \
+        if args.fidelity == "des" else None
+    try:
+        result = simulate(model, cluster, plan, fidelity=args.fidelity,
+                          reduce=not args.no_reduce, trace=args.trace, faults=faults,
+                          watch=watch)
+    finally:
+        if progress is not None:
+            progress.close()
     if args.out:
         write_run(Path(args.out), result, model, cluster, plan, faults)
     print(json.dumps(result.to_dict(), indent=2) if args.json
@@ -49,10 +67,11 @@ def add_simulate_parser(sub: Any) -> None:
     p.add_argument("--trace", metavar="FILE", help="des: write a Chrome trace JSON "
                    "(pid = node, tid = device stream; open in Perfetto)")
     p.add_argument("--no-reduce", action="store_true", help="des: simulate every rank and "
-                   "flow instead of one representative per symmetric set (slow)")
+                   "flow instead of one representative per symmetry class of replicas")
     add_profile_options(p, "profile DB to time operations from (overrides the cluster's; "
                         "a DB root or one device folder)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--out", metavar="DIR", help="also write inputs.json, result.json and "
                    "summary.txt to this run folder")
+    add_watch_options(p, "a des run")
     p.set_defaults(func=cmd_simulate)
