@@ -135,17 +135,16 @@ def reducible(plan: Plan, compute_scale: Sequence[float] | None,
     return True
 
 
-def symmetry_classes(plan: Plan, topo: Topology, perturbation: Perturbation,
-                     base: Topology) -> Classes:
+def symmetry_classes(plan: Plan, topo: Topology, perturbation: Perturbation) -> Classes:
     """The replicas' symmetry classes under ``perturbation``: given each replica its units'
     compute scales and micro-batches, and (as its own class) any replica with a device on a
-    node at a slowed or failing link's end (``base``: the unperturbed topology); refined by
+    node at a slowed (``topo.slowed``) or failing link's end; refined by
     :func:`sim.des.symmetry.refine`."""
     sizes, strides = rank_coords(plan)
     scale = perturbation.compute_scale
     pl = plan.placement
     dev = (lambda r: r) if isinstance(pl, str) else pl.__getitem__
-    touched = _touched_devices(topo, perturbation, base)
+    touched = _touched_devices(topo, perturbation)
 
     def given(q: Replica) -> tuple:
         units = [s * strides["pp"] + q[1] * strides["cp"] + (q[0] % plan.ep) * strides["ep"]
@@ -157,12 +156,10 @@ def symmetry_classes(plan: Plan, topo: Topology, perturbation: Perturbation,
     return refine(plan, given)
 
 
-def _touched_devices(topo: Topology, perturbation: Perturbation, base: Topology) -> set[int]:
+def _touched_devices(topo: Topology, perturbation: Perturbation) -> set[int]:
     """Devices of every node at a slowed or failing link's ends (its GPUs, switch, NICs or
     router): re-routed traffic crosses the node's other links too."""
-    lids = {i for f in perturbation.link_failures for i in f.link_ids}
-    if perturbation.topology is not None:
-        lids |= {i for i, (a, b) in enumerate(zip(topo.cap, base.cap, strict=True)) if a != b}
+    lids = {i for f in perturbation.link_failures for i in f.link_ids} | set(topo.slowed)
     g = topo.cluster.gpus_per_node
     return {n * g + k for n in _nodes_at(topo, lids) for k in range(g)}
 
@@ -243,10 +240,9 @@ def simulate_des(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostM
     module), else every unit. ``watch`` (:class:`~sim.des.watch.Watch`) sees the run's
     progress and may stop it (:class:`~sim.des.watch.WallLimit`)."""
     _check_scale(perturbation.compute_scale, cluster)
-    base = build_topology(cluster)
-    topo = perturbation.topology or base
+    topo = perturbation.topology or build_topology(cluster)
     if reduce:
-        classes = symmetry_classes(plan, topo, perturbation, base)
+        classes = symmetry_classes(plan, topo, perturbation)
         why = None if not classes.singletons or len(classes.members) == 1 else \
             "no two data-parallel replicas are alike (compute speed, micro-batches, links " \
             "or collective partners)"

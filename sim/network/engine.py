@@ -57,7 +57,7 @@ class CommEngine:
         return g.comm_eff / g.nvls_eff if g.nvls_eff else 1.0
 
     def _shapes(self, kind: str, phase: Phase, copies: list[list[int]], klass: Klass,
-                reduced: bool) -> list[Shape]:
+                reduced: bool) -> tuple[list[Shape], list[tuple[float, float]]]:
         """The flows of one phase on ``copies`` (one group unreduced). A reduction's flows
         move in lock step (rings and trees are pipelines: no rank sends faster than it
         receives), so those of one size and kind are one coupled flow per collective; with
@@ -67,12 +67,16 @@ class CommEngine:
         path latency) of its copies."""
         coupled = kind in COUPLED
         groups: dict[tuple, tuple[int, list[tuple[int, ...]], list[int], list[float]]] = {}
+        each = []
         for c, devices in enumerate(copies):
+            hop, slowest = 0.0, float("inf")
             for i, f in enumerate(phase.flows):
                 path = self.path(devices, f)
+                lat = self.topo.path_latency(path)
+                hop = max(hop, lat)
+                slowest = min(slowest, min(self.topo.cap[link] for link in path))
                 switch = f.to_switch or f.from_switch
                 scale = self.nvls_weight(devices[f.src]) if switch else 1.0
-                lat = self.topo.path_latency(path)
                 key: tuple = (f.size_bytes, switch, scale)
                 if not coupled:
                     key += (i, klass(devices[f.src]), -1 if switch else klass(devices[f.dst]),
@@ -81,6 +85,7 @@ class CommEngine:
                 entry[1].append(path)
                 entry[2].append(c)
                 entry[3].append(lat)
+            each.append((hop, slowest))
         out: list[Shape] = []
         for key, (i, paths, copy, lats) in groups.items():
             lat = max(lats)
@@ -93,7 +98,7 @@ class CommEngine:
             members = Members(paths, np.asarray(copy), key[2], coupled=coupled, check=reduced)
             links, weights = members.union()
             out.append((links, weights, lat, i, members))
-        return out
+        return out, each
 
     def _shape(self, devices: list[int], phase: Phase) -> tuple[float, float]:
         """(hop latency, slowest link) of one group's phase."""
@@ -115,13 +120,11 @@ class CommEngine:
             plan = []
             for phase in expand(kind, algorithm, len(devices), 1.0, list(nodes.values())):
                 hop, slowest = self._shape(devices, phase)
-                for other in copies or ():
-                    if self._shape(other, phase) != (hop, slowest):
-                        raise AsymmetricFlows(
-                            f"{kind} groups {devices} and {other} run the same phase over "
-                            "paths of different latency or capacity")
-                shapes = self._shapes(kind, phase, copies or [devices], klass or (lambda d: 0),
-                                      copies is not None)
+                shapes, each = self._shapes(kind, phase, copies or [devices],
+                                            klass or (lambda d: 0), copies is not None)
+                if any(x != (hop, slowest) for x in each):
+                    raise AsymmetricFlows(f"{kind} groups {devices} and others run the same "
+                                          "phase over paths of different latency or capacity")
                 plan.append((phase, shapes, hop, slowest))
             self._plans[key] = plan
         return self._plans[key]

@@ -164,7 +164,8 @@ def perturbed_topology(topo: Topology, link_scale: dict[int, float]) -> Topology
     if not link_scale:
         return topo
     cap = [c / link_scale.get(i, 1.0) for i, c in enumerate(topo.cap)]
-    return dataclasses.replace(topo, cap=cap, _routes={}, _router_paths={})
+    return dataclasses.replace(topo, cap=cap, _routes={}, _router_paths={},
+                               slowed=dict(link_scale))
 
 
 # Failures in the DES ------------------------------------------------------------------------

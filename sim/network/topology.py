@@ -61,6 +61,7 @@ class Topology:
     lat: list[float] = field(default_factory=list)  # lid -> seconds
     _routes: dict[tuple[int, int], tuple[int, ...]] = field(default_factory=dict)
     _router_paths: dict[tuple[int, int], list[list[int]]] = field(default_factory=dict)
+    slowed: dict[int, float] = field(default_factory=dict)  # lid -> capacity divisor applied
 
     def add_link(self, u: Vertex, v: Vertex, cap_Bps: float, lat_s: float) -> None:
         for a, b in ((u, v), (v, u)):
