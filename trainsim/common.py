@@ -90,9 +90,20 @@ def max_wall_s(args: argparse.Namespace) -> float | None:
 
 def progress_after_s() -> float:
     """Wall seconds before a DES run shows progress: 3, or ``TRAINSIM_PROGRESS_AFTER_S``."""
+    import math
     import os
 
-    return float(os.environ.get("TRAINSIM_PROGRESS_AFTER_S", "3"))
+    from sim.errors import SpecError
+
+    text = os.environ.get("TRAINSIM_PROGRESS_AFTER_S", "3")
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise SpecError("TRAINSIM_PROGRESS_AFTER_S", f"must be a number of seconds >= 0, "
+                        f"got {text!r}")
+    return value
 
 
 class DesProgress:

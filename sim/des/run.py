@@ -179,15 +179,30 @@ def _nodes_at(topo: Topology, lids: set[int]) -> set[int]:
     return out
 
 
-def _run_with_failures(step: Step, failures: Sequence[LinkFailure]) -> Timing | None:
+def _until_done(x: Context, procs: list[simpy.Process]) -> None:
+    """Run until every unit has finished (a link failing after the step changes nothing)."""
+    try:
+        x.env.run(until=simpy.AllOf(x.env, procs))
+    except RuntimeError as exc:  # the queue ran dry first: a deadlock, reported by _run
+        if "No scheduled events left" not in str(exc):
+            raise
+
+
+def _run_with_failures(step: Step, failures: Sequence[LinkFailure],
+                       procs: list[simpy.Process]) -> Timing | None:
     """Run the step with links failing; the Timing of a step that cannot complete."""
     x = step.x
     # Re-routed flows cross the links of the nodes at a failed link's ends (a failed NIC's
-    # traffic goes over its node's switch to another NIC): nothing there is memoised.
-    step.comm.detour_nodes = failure_nodes(x.topo, failures)
-    install_failures(x.env, x.net, x.topo, failures)
+    # traffic goes over its node's switch to another NIC): nothing there is memoised, and a
+    # reduced step falls back if a detour crosses any other node. Unreduced, nothing is.
+    nodes = failure_nodes(x.topo, failures)
+    if x.reduce:
+        step.comm.detour_nodes = nodes
+    else:
+        step.comm.exclusive = set()
+    install_failures(x.env, x.net, x.topo, failures, nodes if x.reduce else None)
     try:
-        x.env.run()
+        _until_done(x, procs)
     except CannotComplete as exc:
         info = {"reduced": x.reduce, "units": len(x.units), "events": x.env.processed,
                 "completed": False,
@@ -212,11 +227,11 @@ def _run(step: Step, procs: list[simpy.Process], failures: Sequence[LinkFailure]
     """Run the step to its end; the Timing of a step that cannot complete, else None."""
     x = step.x
     if failures:
-        stalled = _run_with_failures(step, failures)
+        stalled = _run_with_failures(step, failures, procs)
         if stalled is not None:
             return stalled
     else:
-        x.env.run()
+        _until_done(x, procs)
     stuck = [u for u, proc in zip(x.units, procs, strict=True) if proc.is_alive]
     if stuck:  # an internal error, never a time: every unit must finish its step
         raise RuntimeError(f"discrete-event step deadlocked at {x.env.now:.6g} s with "
@@ -251,6 +266,8 @@ def simulate_des(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostM
                              top_links, why, watch)
         except AsymmetricFlows as exc:
             why = f"the reduction is not exact here: {exc}"
+            if watch is not None:
+                watch.rerun(exc.events)
             return _simulate(model, cluster, plan, cost, False, record, perturbation, topo,
                              top_links, why, watch)
     return _simulate(model, cluster, plan, cost, False, record, perturbation, topo, top_links,
@@ -265,6 +282,16 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostMode
                 perturbation.compute_scale)
     x = step.x
     x.env.watch = watch
+    try:
+        return _simulated(step, model, plan, perturbation, top_links, why_full)
+    except AsymmetricFlows as exc:
+        exc.events = x.env.processed
+        raise
+
+
+def _simulated(step: Step, model: ModelSpec, plan: Plan, perturbation: Perturbation,
+               top_links: int | None, why_full: str | None) -> Timing:
+    x = step.x
     stages = pipeline_rank_layers(plan, model)
     procs = [x.env.process(step.unit(u, stages[u.stage])) for u in x.units]
     stalled = _run(step, procs, perturbation.link_failures)

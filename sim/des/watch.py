@@ -43,14 +43,20 @@ class Watch:
     estimate_s: float | None = None
     show_after_s: float = 3.0
     started: float = field(default_factory=time.perf_counter)
+    done: int = 0  # events of earlier runs of this step (a reduced run that fell back)
 
     def __call__(self, events: int, now: float) -> None:
         wall = time.perf_counter() - self.started
         if self.max_wall_s is not None and wall > self.max_wall_s:
-            raise WallLimit({"wall_s": wall, "max_wall_s": self.max_wall_s, "events": events,
-                             "simulated_s": now, "estimate_s": self.estimate_s})
+            raise WallLimit({"wall_s": wall, "max_wall_s": self.max_wall_s,
+                             "events": self.done + events, "simulated_s": now,
+                             "estimate_s": self.estimate_s})
         if self.progress is not None and wall >= self.show_after_s:
-            self.progress(events, self.estimated(events, now))
+            self.progress(self.done + events, self.done + self.estimated(events, now))
+
+    def rerun(self, events: int) -> None:
+        """The step starts again (unreduced) after ``events``: progress goes on from them."""
+        self.done += events
 
     def estimated(self, events: int, now: float) -> int:
         """Events the whole step will take, from the simulated fraction of the estimate."""

@@ -88,6 +88,9 @@ class CommEngine:
             each.append((hop, slowest))
         out: list[Shape] = []
         for key, (i, paths, copy, lats) in groups.items():
+            if not coupled and len(copy) != len(copies):  # a copy ends with its own flows
+                raise AsymmetricFlows(f"{kind} flow {i} joins other classes or takes another "
+                                      "latency in some copies of the group")
             lat = max(lats)
             if coupled and len(copies) > 1:
                 first = [max(x for x, cc in zip(lats, copy, strict=True) if cc == c)
@@ -106,6 +109,14 @@ class CommEngine:
         return (max(self.topo.path_latency(p) for p in paths),
                 min(self.topo.cap[link] for p in paths for link in p))
 
+    def _layout(self, devices: list[int]) -> tuple[tuple[int, ...], ...]:
+        """A group's indices per node, nodes in order of first appearance (the expansion
+        into flows depends on it: rings' channels, hierarchical and tree phases)."""
+        nodes: dict[int, list[int]] = {}
+        for i, d in enumerate(devices):
+            nodes.setdefault(self.topo.node_of(d), []).append(i)
+        return tuple(tuple(n) for n in nodes.values())
+
     def _plan(self, kind: str, algorithm: str, devices: list[int],
               copies: list[list[int]] | None, klass: Klass | None
               ) -> list[tuple[Phase, list[Shape], float, float]]:
@@ -114,11 +125,12 @@ class CommEngine:
         key = (kind, algorithm, tuple(devices), id(copies))
         if key not in self._plans:
             self._alive.append(copies)  # keeps id(copies) unique while the plan is cached
-            nodes: dict[int, list[int]] = {}
-            for i, d in enumerate(devices):
-                nodes.setdefault(self.topo.node_of(d), []).append(i)
+            layout = self._layout(devices)
+            if any(self._layout(other) != layout for other in copies or ()):
+                raise AsymmetricFlows(f"{kind} groups {devices} and others are laid out "
+                                      "differently across nodes (their flows differ)")
             plan = []
-            for phase in expand(kind, algorithm, len(devices), 1.0, list(nodes.values())):
+            for phase in expand(kind, algorithm, len(devices), 1.0, [list(n) for n in layout]):
                 hop, slowest = self._shape(devices, phase)
                 shapes, each = self._shapes(kind, phase, copies or [devices],
                                             klass or (lambda d: 0), copies is not None)

@@ -35,7 +35,7 @@ import simpy
 
 from sim.errors import SpecError
 from sim.layout.placement import rank_coords
-from sim.network.flows import Flow, Members, Network
+from sim.network.flows import AsymmetricFlows, Flow, Members, Network
 from sim.network.perturbation import LinkFailure, Perturbation
 from sim.network.topology import Topology, build_topology, vertex_name
 from sim.spec.cluster import ClusterSpec
@@ -173,8 +173,9 @@ class Detour:
     """Re-routes flows around failed links: shortest paths (hops) on the graph without
     them, cached per endpoint pair."""
 
-    def __init__(self, topo: Topology) -> None:
+    def __init__(self, topo: Topology, confined: set[int] | None = None) -> None:
         self.topo = topo
+        self.confined = confined  # nodes a detour may cross beyond its own route's ends
         self.failed: set[int] = set()
         self.names: dict[int, str] = {}
         self._paths: dict[tuple[object, object], tuple[int, ...]] = {}
@@ -196,8 +197,22 @@ class Detour:
                 raise CannotComplete(
                     f"no path from {vertex_name(src)} to {vertex_name(dst)} without the failed "
                     f"link(s) {self.names[lid]}") from None
+            if self.confined is not None:
+                self._check_confined(hops)
             self._paths[key] = tuple(self.topo.lid(a, b) for a, b in itertools.pairwise(hops))
         return self._paths[key]
+
+    def _check_confined(self, hops: list[object]) -> None:
+        """A reduced step memoises collectives inside nodes and assumed re-routed traffic
+        crosses GPUs and switches only on the failed links' nodes: a detour through another
+        node's GPU or switch breaks that (NICs and routers carry no memoised collective:
+        their shared traffic is checked flow by flow)."""
+        for v in hops[1:-1]:
+            node = self.topo.node_of(v) if isinstance(v, int) else \
+                v[1] if isinstance(v, tuple) and v[0] == "sw" else None
+            if node is not None and node not in (self.confined or ()):
+                raise AsymmetricFlows(f"a re-routed flow crosses {vertex_name(v)} on node "
+                                      f"{node}, away from the failed links")
 
     def __call__(self, flow: Flow) -> None:
         """Re-route ``flow`` in place if it crosses a failed link (an aggregate: each of its
@@ -227,10 +242,12 @@ class Detour:
 
 
 def install_failures(env: simpy.Environment, net: Network, topo: Topology,
-                     failures: Sequence[LinkFailure]) -> None:
+                     failures: Sequence[LinkFailure], confined: set[int] | None = None
+                     ) -> None:
     """Fail each link at its time on ``net`` (flows on it re-routed; :class:`CannotComplete`
-    raised out of ``env.run()`` when one has no path)."""
-    detour = Detour(topo)
+    raised out of ``env.run()`` when one has no path). ``confined``: the nodes re-routed
+    flows may cross (else :class:`AsymmetricFlows`), for a reduced step."""
+    detour = Detour(topo, confined)
     for f in failures:
         label = f"{f.name} (failed at {f.time_s:g} s)"
         env.process(_fail_at(env, net, detour, f.time_s, f.link_ids, label))

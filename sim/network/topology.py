@@ -149,12 +149,15 @@ def _rail(t: Topology) -> None:
     lat, nics = c.inter_node.latency_us * 1e-6, c.inter_node.nics_per_node
     nodes_per_pod = c.pod_size // c.gpus_per_node
     pods = math.ceil(c.nodes / nodes_per_pod)
+    rails: set[tuple[int, int]] = set()  # (pod, k): node groups may have more NICs
     for node in range(c.nodes):
         for k in range(c.node_nics(node)[1]):
             t.add_link(("nic", node, k), ("rail", node // nodes_per_pod, k), _nic_Bps(c, node),
                        lat / 2)
+            rails.add((node // nodes_per_pod, k))
+    rails |= set(itertools.product(range(pods), range(nics)))
     up = nodes_per_pod * _nic_Bps(c, 0) / nics / c.inter_node.oversubscription
-    for p, k, j in itertools.product(range(pods), range(nics), range(nics)):
+    for (p, k), j in itertools.product(sorted(rails), range(nics)):
         t.add_link(("rail", p, k), ("spine", j), up, lat / 4)
 
 
