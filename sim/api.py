@@ -109,7 +109,9 @@ def _des(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel, re
     if trace:
         from sim.des.trace import write_chrome_trace
 
-        write_chrome_trace(trace, out.timeline, cluster)
+        sim_info = out.simulation
+        write_chrome_trace(trace, out.timeline, cluster,
+                           sim_info.get("classes") if sim_info.get("reduced") else None)
     return out
 
 

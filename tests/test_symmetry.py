@@ -166,3 +166,14 @@ def test_copies_whose_flows_differ_are_not_aggregated():
     env.process(engine.run("all_to_all", "direct", [0, 8], 1e6, [[0, 8], [1, 9]], klass))
     with pytest.raises(AsymmetricFlows, match="flow 0"):
         env.run()
+
+
+def test_trace_of_a_reduced_faulted_run_says_what_it_shows():
+    from sim import simulate
+    from sim.des.trace import chrome_trace
+
+    m, c = load_model("llama3-8b"), load_cluster("dgx-a100:2")
+    r = simulate(m, c, DP16, "des", faults=faults_from_options(["gpu:3=1.4"]))
+    note = chrome_trace(r.timeline, c, r.simulation["classes"])["otherData"]["note"]
+    assert note.startswith("showing 2 of 16 GPUs: one data-parallel replica per symmetry "
+                           "class (2 simulated)")
