@@ -94,6 +94,7 @@ def _plot(df: pd.DataFrame) -> Path:
     ax.loglog(df["gpus"], df["wall_s"], "o-", label="DES wall time")
     ref = df["wall_s"].iloc[0] * df["gpus"] / df["gpus"].iloc[0]
     ax.loglog(df["gpus"], ref, "--", color="grey", label="linear in GPUs")
+    ax.set_title("DES cost vs cluster size, healthy (llama3-405b)")
     ax.set_xlabel("GPUs (llama3-405b, TP8, PP up to 16, 16 micro-batches)")
     ax.set_ylabel("wall time (s)")
     ax.legend()

@@ -14,13 +14,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
-import simpy
 
 from sim.io import atomic_write_text
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_des import bare_simpy_rate  # noqa: E402 - the same bare loop as bench_des.py
 
 RESULTS = Path(__file__).resolve().parent / "results"
 GPT3 = ("gpt3-175b", "dgx-a100:128",
@@ -65,20 +66,6 @@ def run_case(model: str, cluster: str, plan: dict, stragglers: list[str],
     out = subprocess.run([sys.executable, "-c", _CHILD, args], check=True,
                          capture_output=True, text=True).stdout
     return json.loads(out)
-
-
-def bare_simpy_rate(n: int = 200_000) -> float:
-    """Events per second of a SimPy process doing nothing but timeouts."""
-    env = simpy.Environment()
-
-    def loop() -> simpy.events.ProcessGenerator:
-        for _ in range(n):
-            yield env.timeout(1)
-
-    env.process(loop())
-    t0 = time.perf_counter()
-    env.run()
-    return n / (time.perf_counter() - t0)
 
 
 def cases(bare: float) -> pd.DataFrame:
