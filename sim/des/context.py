@@ -82,6 +82,7 @@ class Context:
                  ) -> None:
         self.m, self.c, self.p, self.cost, self.topo = model, cluster, plan, cost, topo
         self.record, self.devices = record, devices
+        self.requested = reduce is not False  # reduction asked for (classes or one class)
         if isinstance(reduce, Classes):
             # one replica in all: reduced as before (its flows aggregated, and checked)
             self.classes = reduce

@@ -194,13 +194,14 @@ def _run_with_failures(step: Step, failures: Sequence[LinkFailure],
     x = step.x
     # Re-routed flows cross the links of the nodes at a failed link's ends (a failed NIC's
     # traffic goes over its node's switch to another NIC): nothing there is memoised, and a
-    # reduced step falls back if a detour crosses any other node. Unreduced, nothing is.
+    # step asked to reduce falls back if a detour crosses any other node. The step it falls
+    # back to (or one asked for unreduced) memoises nothing.
     nodes = failure_nodes(x.topo, failures)
-    if x.reduce:
+    if x.requested:
         step.comm.detour_nodes = nodes
     else:
         step.comm.exclusive = set()
-    install_failures(x.env, x.net, x.topo, failures, nodes if x.reduce else None)
+    install_failures(x.env, x.net, x.topo, failures, nodes if x.requested else None)
     try:
         _until_done(x, procs)
     except CannotComplete as exc:
