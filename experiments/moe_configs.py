@@ -1,0 +1,65 @@
+"""MoE Hugging Face configs read by trainsim against transformers' own models and the
+published totals.
+
+Run: ``.venv/bin/python experiments/moe_configs.py``. For every config in
+``experiments/data/moe_hf_configs.json`` (Qwen3-MoE, OLMoE, gpt-oss, DBRX, Llama 4 text):
+trainsim's parameter count (``sim.layout.flops``), the parameters of the model transformers
+builds from the same config on the meta device (no weights, no download), and the published
+total and active figures (rounded as published). Writes
+``experiments/results/moe_config_params.csv``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from sim.io import atomic_write_text
+from sim.layout.flops import active_param_count, param_count
+from sim.spec.hf_config import hf_config_to_spec
+
+HERE = Path(__file__).resolve().parent
+CONFIGS = HERE / "data" / "moe_hf_configs.json"
+OUT = HERE / "results" / "moe_config_params.csv"
+
+
+def transformers_params(config: dict) -> int:
+    """Parameters of the model transformers builds from ``config`` on the meta device."""
+    sys.modules.setdefault("torchvision", None)  # type: ignore[arg-type]  # its ops need
+    import torch  # a matching build; transformers' text models do not use it
+    import transformers
+
+    conf = transformers.AutoConfig.for_model(**config)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(conf)
+    return sum(p.numel() for p in model.parameters())
+
+
+def table() -> pd.DataFrame:
+    rows = []
+    for entry in json.loads(CONFIGS.read_text()):
+        spec = hf_config_to_spec(entry["config"], entry["name"])
+        ours, hf = param_count(spec), transformers_params(entry["config"])
+        total, active = entry["published_total"], entry["published_active"]
+        rows.append({"model": entry["name"], "model_type": entry["config"]["model_type"],
+                     "trainsim_params": ours, "transformers_params": hf,
+                     "vs_transformers": (ours - hf) / hf, "published_total": total,
+                     "vs_published": (ours - total) / total if total else None,
+                     "trainsim_active": active_param_count(spec),
+                     "published_active": active, "source": entry["source"]})
+    return pd.DataFrame(rows)
+
+
+def main() -> None:
+    df = table()
+    atomic_write_text(OUT, df.to_csv(index=False, float_format="%.6g"))
+    with pd.option_context("display.width", 200, "display.max_columns", 20):
+        print(df.drop(columns=["source"]).to_string(index=False))
+    print(f"wrote {OUT}")
+
+
+if __name__ == "__main__":
+    main()
