@@ -81,3 +81,52 @@ def test_optimize_stops_its_local_moves_at_the_limit(capsys, tmp_path):
                           "dgx-h100:1", "--global-batch-size", "32", "--seq-len", "4096",
                           "--max-wall-s", "0")
     assert_bad_input(rc, stdout, err, "--max-wall-s")
+
+
+def test_progress_goes_on_across_a_fallback():
+    """A reduced step that falls back (a detour across another node on a rail fabric)
+    reports events counted from the first run on: never backwards."""
+    import dataclasses
+
+    from sim.spec.faults import faults_from_options
+
+    c = load_cluster("dgx-h100:4")
+    c = dataclasses.replace(c, inter_node=dataclasses.replace(c.inter_node,
+                                                              topology="rail-optimized"))
+    plan = Plan(global_batch_size=32, seq_len=1024, dp=4, tp=4, pp=2)
+    seen = []
+    r = simulate(load_model("llama3-8b"), c, plan, "des",
+                 faults=faults_from_options(failures=["nic0.0@0"]),
+                 watch=Watch(progress=lambda e, t: seen.append(e), show_after_s=0))
+    assert "re-routed flow crosses" in r.simulation["not_reduced_because"]
+    assert seen == sorted(seen) and seen[-1] > r.simulation["events"]
+
+
+def test_a_failure_after_the_step_changes_nothing():
+    """The step ends with its units: a link failing at 10 s, long after, changes nothing
+    and the clock stops at the step's end (a wall-clock stop never reports a lower bound
+    past the iteration)."""
+    from sim.cost.profiled import cost_model_for
+    from sim.des.run import Step, _run
+    from sim.layout.stages import pipeline_rank_layers
+    from sim.network.failures import fault_inputs
+    from sim.network.topology import build_topology
+    from sim.spec.faults import faults_from_options
+
+    m, c = load_model("tiny"), load_cluster("dgx-a100:2")
+    plan = Plan(global_batch_size=16, seq_len=256, dp=16)
+    healthy = simulate(m, c, plan, "des")
+    late = simulate(m, c, plan, "des", faults=faults_from_options(failures=["nic0.0@10"]))
+    assert late.iteration_time_s == healthy.iteration_time_s
+    f = fault_inputs(faults_from_options(failures=["nic0.0@10"]), c, plan, "des", True)
+    step = Step(m, c, plan, cost_model_for(c), build_topology(c), True, False)
+    stages = pipeline_rank_layers(plan, m)
+    procs = [step.x.env.process(step.unit(u, stages[u.stage])) for u in step.units]
+    assert _run(step, procs, f.perturbation.link_failures) is None
+    assert step.x.env.now == pytest.approx(healthy.iteration_time_s, rel=1e-9)
+
+
+def test_bad_progress_after_variable_is_one_line(capsys, gpt3_plan, monkeypatch):
+    monkeypatch.setenv("TRAINSIM_PROGRESS_AFTER_S", "abc")
+    rc, stdout, err = cli(capsys, "simulate", *GPT3, "--plan", gpt3_plan, "--fidelity", "des")
+    assert_bad_input(rc, stdout, err, "TRAINSIM_PROGRESS_AFTER_S", ">= 0")
