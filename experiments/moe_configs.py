@@ -12,7 +12,6 @@ total and active figures (rounded as published). Writes
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -28,9 +27,12 @@ OUT = HERE / "results" / "moe_config_params.csv"
 
 def transformers_params(config: dict) -> int:
     """Parameters of the model transformers builds from ``config`` on the meta device."""
-    sys.modules.setdefault("torchvision", None)  # type: ignore[arg-type]  # its ops need
-    import torch  # a matching build; transformers' text models do not use it
+    import torch
     import transformers
+
+    from profiler.graph.vision import import_torchvision
+
+    import_torchvision()  # transformers' MoE modules import it; its ops need this torch's build
 
     conf = transformers.AutoConfig.for_model(**config)
     with torch.device("meta"):

@@ -17,7 +17,7 @@ import simpy
 
 from sim.cost import compute as cm
 from sim.cost.costmodel import CostModel
-from sim.des.symmetry import Classes
+from sim.des.symmetry import Classes, replicas_by_rank
 from sim.des.watch import EVERY
 from sim.layout.placement import rank_coords
 from sim.layout.stages import virtual_stage_moe
@@ -129,10 +129,8 @@ class Context:
 
     def _device_classes(self) -> dict[int, int]:
         """Each device's symmetry class (that of its replica)."""
-        sz, st, ep = self.sizes, self.strides, self.p.ep
         of = self.classes.of
-        return {self.dev(r): of[(r // st["dp"] % sz["dp"] * ep + r // st["ep"] % sz["ep"],
-                                 r // st["cp"] % sz["cp"])] for r in range(self.p.world_size)}
+        return {self.dev(r): of[q] for r, q in enumerate(replicas_by_rank(self.p))}
 
     def klass(self, u: Unit) -> int:
         return self.classes.of[(u.dp, u.cp)]

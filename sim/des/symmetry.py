@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from sim.layout.placement import groups_of, rank_coords
 from sim.spec.plan import Plan
 
-__all__ = ["Replica", "Classes", "replica_of", "replica_groups", "refine"]
+__all__ = ["Replica", "Classes", "replica_of", "replicas_by_rank", "replica_groups", "refine"]
 
 Replica = tuple[int, int]  # (data-parallel index, context-parallel index)
 KINDS = ("dp", "edp", "cp", "ep")
@@ -75,10 +75,18 @@ class Classes:
 
 def replica_of(plan: Plan, rank: int) -> Replica:
     """The replica a logical rank belongs to."""
+    return _replica(*rank_coords(plan), plan.ep, rank)
+
+
+def replicas_by_rank(plan: Plan) -> list[Replica]:
+    """The replica of every logical rank, in rank order."""
     sizes, strides = rank_coords(plan)
-    ep = rank // strides["ep"] % sizes["ep"]
-    dp = rank // strides["dp"] % sizes["dp"]
-    return dp * plan.ep + ep, rank // strides["cp"] % sizes["cp"]
+    return [_replica(sizes, strides, plan.ep, r) for r in range(plan.world_size)]
+
+
+def _replica(sizes: dict[str, int], strides: dict[str, int], ep: int, rank: int) -> Replica:
+    e = rank // strides["ep"] % sizes["ep"]
+    return rank // strides["dp"] % sizes["dp"] * ep + e, rank // strides["cp"] % sizes["cp"]
 
 
 def replica_groups(plan: Plan) -> dict[str, list[list[Replica]]]:
