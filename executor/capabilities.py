@@ -6,12 +6,23 @@ from __future__ import annotations
 
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
+from sim.spec.routing import routing_is_balanced
 
 __all__ = ["unsupported"]
 
 
 def unsupported(spec: ModelSpec, plan: Plan) -> tuple[str, str] | None:
     """(field, rule) of the first model or plan feature the worker does not run, or None."""
+    if spec.is_mla:
+        return "model.kv_lora_rank", ("multi-head latent attention is simulated only: the "
+                                      "executor's model builds standard attention")
+    if spec.num_mtp_layers:
+        return "model.num_mtp_layers", ("multi-token prediction is simulated only: the "
+                                        "executor's model does not build it (set it to 0)")
+    if not routing_is_balanced(plan):
+        return "plan.moe_max_load", ("routing other than forced balance (moe_max_load, "
+                                     "moe_expert_load, moe_capacity_factor) is simulated only: "
+                                     "the executor's router decides its own load")
     if spec.qk_norm != "none":
         return "model.qk_norm", (f"{spec.qk_norm}: the executor's model has no query/key norms "
                                  "(it would run a different model than the one simulated)")

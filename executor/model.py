@@ -55,10 +55,7 @@ def scale_model(spec: ModelSpec, layers: int | None = None, hidden: int | None =
 
 def moe_layer_ids(spec: ModelSpec) -> set[int]:
     """Layers whose MLP is a mixture of experts (as :attr:`ModelSpec.num_moe_layers`)."""
-    if not spec.is_moe:
-        return set()
-    return {i for i in range(spec.num_layers)
-            if (i + 1) % spec.moe_layer_step == 0 and i not in spec.mlp_only_layers}
+    return {i for i in range(spec.num_layers) if spec.moe_layer(i)}
 
 
 def _norm(spec: ModelSpec) -> nn.Module:

@@ -2,10 +2,14 @@
 published totals.
 
 Run: ``.venv/bin/python experiments/moe_configs.py``. For every config in
-``experiments/data/moe_hf_configs.json`` (Qwen3-MoE, OLMoE, gpt-oss, DBRX, Llama 4 text):
-trainsim's parameter count (``sim.layout.flops``), the parameters of the model transformers
-builds from the same config on the meta device (no weights, no download), and the published
-total and active figures (rounded as published). Writes
+``experiments/data/moe_hf_configs.json`` (DeepSeek-V3, Qwen3-MoE, OLMoE, gpt-oss, DBRX,
+Llama 4 text): trainsim's parameter count (``sim.layout.flops``), the parameters of the model
+transformers builds from the same config on the meta device (no weights, no download), the
+published total and active figures (rounded as published), and the training FLOPs per token
+at 4,096 tokens by Megatron-LM's own counting (``megatron_flops_per_token``) beside
+trainsim's (SC'21 convention: full attention square, router counted). DeepSeek-V3's
+multi-token prediction module, which transformers does not build and the published 671B
+leaves out, is left out of its totals and shown in ``mtp_params``. Writes
 ``experiments/results/moe_config_params.csv``.
 """
 
@@ -17,12 +21,19 @@ from pathlib import Path
 import pandas as pd
 
 from sim.io import atomic_write_text
-from sim.layout.flops import active_param_count, param_count
+from sim.layout.flops import (
+    active_param_count,
+    megatron_flops_per_token,
+    model_flops_per_token,
+    mtp_params,
+    param_count,
+)
 from sim.spec.hf_config import hf_config_to_spec
 
 HERE = Path(__file__).resolve().parent
 CONFIGS = HERE / "data" / "moe_hf_configs.json"
 OUT = HERE / "results" / "moe_config_params.csv"
+SEQ = 4096  # tokens per sequence for the FLOPs columns
 
 
 def transformers_params(config: dict) -> int:
@@ -44,14 +55,20 @@ def table() -> pd.DataFrame:
     rows = []
     for entry in json.loads(CONFIGS.read_text()):
         spec = hf_config_to_spec(entry["config"], entry["name"])
-        ours, hf = param_count(spec), transformers_params(entry["config"])
+        mtp = mtp_params(spec)
+        ours, hf = param_count(spec) - mtp, transformers_params(entry["config"])
+        ours_active = active_param_count(spec) - mtp_params(spec, active=True)
         total, active = entry["published_total"], entry["published_active"]
         rows.append({"model": entry["name"], "model_type": entry["config"]["model_type"],
                      "trainsim_params": ours, "transformers_params": hf,
                      "vs_transformers": (ours - hf) / hf, "published_total": total,
                      "vs_published": (ours - total) / total if total else None,
-                     "trainsim_active": active_param_count(spec),
-                     "published_active": active, "source": entry["source"]})
+                     "trainsim_active": ours_active, "published_active": active,
+                     "vs_published_active": (ours_active - active) / active if active else None,
+                     "mtp_params": mtp,
+                     "megatron_gflop_per_token": megatron_flops_per_token(spec, SEQ) / 1e9,
+                     "trainsim_gflop_per_token": model_flops_per_token(spec, SEQ) / 1e9,
+                     "source": entry["source"]})
     return pd.DataFrame(rows)
 
 

@@ -12,6 +12,7 @@ from sim.cost.scales import combine_scales, gpu_compute_scales, mean_peak_tflops
 from sim.errors import SpecError
 from sim.layout.flops import hardware_flops_per_token, model_flops_per_token
 from sim.layout.memory import memory_report
+from sim.layout.routing import routing
 from sim.network.perturbation import NO_PERTURBATION, Perturbation
 from sim.result import Result, Timing
 from sim.spec.cluster import ClusterSpec
@@ -176,9 +177,19 @@ def _result(model: ModelSpec, cluster: ClusterSpec, plan: Plan, fidelity: str, t
         num_microbatches=plan.num_microbatches, breakdown=t.breakdown,
         communication=t.communication, memory_gib=mem.ranks_gib,
         extrapolated=sorted(cost.extrapolated),
-        warnings=_warnings(plan, peak, capacity) + model.seq_len_warnings(plan.seq_len),
+        warnings=_warnings(plan, peak, capacity) + _dropped(model, plan)
+        + model.seq_len_warnings(plan.seq_len),
         links=t.links, simulation=t.simulation,
-        samples_per_s=plan.global_batch_size / t.iteration_s)
+        samples_per_s=plan.global_batch_size / t.iteration_s,
+        routing=routing(model, plan).to_dict() if model.is_moe else {})
+
+
+def _dropped(model: ModelSpec, plan: Plan) -> list[str]:
+    dropped = routing(model, plan).dropped_fraction
+    if dropped <= 0:
+        return []
+    return [f"capacity factor {plan.moe_capacity_factor:g} drops {dropped:.1%} of the routed "
+            "tokens: their expert work is not done (and not timed)"]
 
 
 def _warnings(plan: Plan, peak_gib: float, capacity_gib: float) -> list[str]:

@@ -52,6 +52,10 @@ class Result:
     simulation: dict[str, Any] = field(default_factory=dict)  # DES events, units, reduced
     # global batch samples (sequences, images) / iteration time
     samples_per_s: float = 0.0
+    # MoE routing as simulated (sim.layout.routing): the most-loaded expert-parallel rank's
+    # load_factor (and max_load before dropping) over the balanced share, dropped_fraction
+    # of routed tokens, gini of tokens per expert; empty for a dense model
+    routing: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """Fields by name; a step that cannot complete (infinite time) has ``null``."""

@@ -55,11 +55,12 @@ def check(plan: Plan, model: ModelSpec) -> None:
 
 def layout(plan: Plan, model: ModelSpec) -> str:
     """``--pipeline-model-parallel-layout``: one ``|``-separated entry per (virtual) stage in
-    model order, ``E`` the embedding, ``t`` a transformer layer, ``L`` the loss."""
+    model order, ``E`` the embedding, ``t`` a transformer layer, ``m`` a multi-token
+    prediction layer (on the last stage, as simulated), ``L`` the loss."""
     from sim.layout.stages import virtual_stage_layers
 
     stages = ["t" * n if n else "" for n in virtual_stage_layers(plan, model)]
-    stages[0], stages[-1] = "E" + stages[0], stages[-1] + "L"
+    stages[0], stages[-1] = "E" + stages[0], stages[-1] + "m" * model.num_mtp_layers + "L"
     return "|".join(stages)
 
 
@@ -74,7 +75,25 @@ def _moe_args(m: ModelSpec, plan: Plan) -> list[str]:
             f"--expert-tensor-parallel-size {plan.tp}"]
     if m.shared_expert_ffn_hidden_size:
         args.append(f"--moe-shared-expert-intermediate-size {m.shared_expert_ffn_hidden_size}")
+        args += ["--moe-shared-expert-gate"] if m.shared_expert_gate else []
+    if plan.moe_capacity_factor is not None:  # drop what exceeds it, by router probability
+        args += [f"--moe-expert-capacity-factor {plan.moe_capacity_factor:g}",
+                 "--moe-token-drop-policy probs"]
+    if m.expert_groups:
+        args += [f"--moe-router-num-groups {m.expert_groups}",
+                 f"--moe-router-group-topk {m.expert_groups_per_token}"]
     return args
+
+
+def _mla_args(m: ModelSpec) -> list[str]:
+    """Multi-head latent attention (megatron-core's MLATransformerConfig): ``--qk-head-dim``
+    is the part of a head without position, as ``head_dim`` here."""
+    if not m.is_mla:
+        return []
+    args = ["--multi-latent-attention", f"--kv-lora-rank {m.kv_lora_rank}",
+            f"--qk-head-dim {m.head_dim}", f"--qk-pos-emb-head-dim {m.qk_rope_head_dim}",
+            f"--v-head-dim {m.v_head_dim}"]
+    return args + ([f"--q-lora-rank {m.q_lora_rank}"] if m.q_lora_rank else [])
 
 
 def _model_args(m: ModelSpec, plan: Plan) -> list[str]:
@@ -84,7 +103,8 @@ def _model_args(m: ModelSpec, plan: Plan) -> list[str]:
     dropout = "0.1" if m.dropout else "0.0"
     args = [f"--num-layers {m.num_layers}", f"--hidden-size {m.hidden_size}",
             f"--num-attention-heads {m.num_heads}", f"--ffn-hidden-size {m.ffn_hidden_size}",
-            f"--kv-channels {m.head_size}", f"--max-position-embeddings {positions}",
+            f"--kv-channels {m.head_dim if m.is_mla else m.head_size}",
+            f"--max-position-embeddings {positions}",
             # NullTokenizer(v) has v + 1 rows (an end-of-document id): exactly the model's
             # vocabulary, padded only to a multiple of tp
             "--tokenizer-type NullTokenizer", f"--vocab-size {m.vocab_size - 1}",
@@ -100,7 +120,8 @@ def _model_args(m: ModelSpec, plan: Plan) -> list[str]:
     args += [] if m.linear_bias else ["--disable-bias-linear"]
     args += ["--add-qkv-bias"] if m.qkv_bias and not m.linear_bias else []
     args += ["--qk-layernorm"] if m.qk_norm == "head" else []
-    return args + _moe_args(m, plan)
+    args += [f"--mtp-num-layers {m.num_mtp_layers}"] if m.num_mtp_layers else []
+    return args + _mla_args(m) + _moe_args(m, plan)
 
 
 def megatron_args(plan: Plan, model: ModelSpec) -> list[str]:

@@ -38,6 +38,8 @@ def _architecture(m: ModelSpec) -> str | None:
                                    ("no query/key norms", m.qk_norm == "none"),
                                    ("two norms per layer", m.norms_per_layer == 2),
                                    ("full attention", not m.sliding_window),
+                                   ("standard attention", not m.is_mla),
+                                   ("no multi-token prediction", not m.num_mtp_layers),
                                    ("head_dim = hidden/heads",
                                     m.head_size * m.num_heads == m.hidden_size)) if not ok]
     return f"{m.name} (needs {', '.join(wrong)})" if wrong else None

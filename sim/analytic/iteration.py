@@ -20,6 +20,7 @@ from sim.cost import compute as cm
 from sim.cost.costmodel import CostModel
 from sim.layout.memory import rank_params
 from sim.layout.placement import group_span
+from sim.layout.routing import ep_bytes
 from sim.layout.stages import StageLayers, edge_tp_collectives, pipeline_rank_layers
 from sim.network.algorithms import collective_time
 from sim.network.alphabeta import Fabric, fabric_for
@@ -151,7 +152,7 @@ def _cp_per_layer(x: _Ctx, layer: cm.LayerTime) -> tuple[float, float]:
     attention core when it is long enough. Returns (exposed, overlapped)."""
     if x.p.cp == 1:
         return 0.0, 0.0
-    kv = 2 * x.tokens * x.m.kv_dim / x.p.tp * x.e
+    kv = x.tokens * (x.m.kv_dim + x.m.v_dim) / x.p.tp * x.e
     step = x.coll("cp", "send_recv", kv)
     passes = 4 if x.p.recompute == "full" else 3
     comm = (x.p.cp - 1) * step * passes
@@ -163,10 +164,8 @@ def _cp_per_layer(x: _Ctx, layer: cm.LayerTime) -> tuple[float, float]:
 def _ep_per_layer(x: _Ctx) -> float:
     if x.p.ep == 1:
         return 0.0
-    tokens = x.tokens / (x.p.tp if x.p.sequence_parallel else 1)
-    size = tokens * x.m.top_k * x.m.hidden_size * x.e
     passes = 3 if x.p.recompute == "full" else 2
-    return 2 * x.coll("ep", "all_to_all", size) * passes
+    return 2 * x.coll("ep", "all_to_all", ep_bytes(x.m, x.p)) * passes
 
 
 def _stage_compute(x: _Ctx, st: StageLayers) -> float:

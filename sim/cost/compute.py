@@ -12,10 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sim.cost.costmodel import Cost, CostModel
+from sim.layout.routing import routing
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
 
 __all__ = ["LayerTime", "layer_time", "ops_layer_time", "logits_time", "embedding_time",
+           "expert_time",
            "optimizer_time", "layer_variant", "variant_layer"]
 
 # Fields of a layer's structure that a profiled whole layer records (its DB "variant").
@@ -50,10 +52,16 @@ def _mlp(cm: CostModel, m: ModelSpec, plan: Plan, tokens: float, ffn: int) -> Co
                 cm.gemm(tokens, m.hidden_size, ffn / plan.tp, plan.dtype))
 
 
+def expert_time(cm: CostModel, m: ModelSpec, plan: Plan, tokens: float) -> Cost:
+    """The local experts of the most-loaded expert-parallel rank (:mod:`sim.layout.routing`;
+    forced balance by default) for ``tokens`` tokens on this rank."""
+    per_expert = tokens * m.top_k * plan.ep / m.num_experts * routing(m, plan).load_factor
+    return _scale(_mlp(cm, m, plan, per_expert, m.expert_ffn), m.num_experts / plan.ep)
+
+
 def _moe(cm: CostModel, m: ModelSpec, plan: Plan, tokens: float) -> Cost:
-    """Router, the local experts under balanced routing, and the shared expert."""
-    per_expert = tokens * m.top_k * plan.ep / m.num_experts
-    experts = _scale(_mlp(cm, m, plan, per_expert, m.expert_ffn), m.num_experts / plan.ep)
+    """Router, the local experts and the shared expert."""
+    experts = expert_time(cm, m, plan, tokens)
     router = cm.gemm(tokens, m.num_experts, m.hidden_size, plan.dtype)
     shared = _mlp(cm, m, plan, tokens, m.shared_expert_ffn_hidden_size) \
         if m.shared_expert_ffn_hidden_size else (0.0, 0.0)
@@ -61,6 +69,8 @@ def _moe(cm: CostModel, m: ModelSpec, plan: Plan, tokens: float) -> Cost:
 
 
 def _attention_block(cm: CostModel, m: ModelSpec, plan: Plan, tokens: float) -> Cost:
+    if m.is_mla:
+        return _mla_block(cm, m, plan, tokens)
     t, dt = plan.tp, plan.dtype
     qkv = cm.gemm(tokens, (m.q_dim + 2 * m.kv_dim) / t, m.hidden_size, dt)
     proj = cm.gemm(tokens, m.hidden_size, m.q_dim / t, dt)
@@ -69,9 +79,28 @@ def _attention_block(cm: CostModel, m: ModelSpec, plan: Plan, tokens: float) -> 
     return _add(qkv, proj, rope)
 
 
+def _mla_block(cm: CostModel, m: ModelSpec, plan: Plan, tokens: float) -> Cost:
+    """Multi-head latent attention: down-projections and latent norms whole on every TP
+    rank (Megatron-LM duplicates them), up-projections and the output projection split;
+    rotary embedding on the queries' and the shared key's rotary parts."""
+    t, dt, act, h = plan.tp, plan.dtype, plan.activation_dtype, m.hidden_size
+    down = m.kv_lora_rank + m.qk_rope_head_dim + m.q_lora_rank
+    parts = [cm.gemm(tokens, down, h, dt),
+             cm.gemm(tokens, m.num_heads * (m.head_dim + m.v_head_dim) / t, m.kv_lora_rank, dt),
+             cm.gemm(tokens, h, m.o_dim / t, dt),
+             cm.elementwise(m.norm, tokens, m.q_lora_rank + m.kv_lora_rank, act),
+             cm.elementwise("rope", tokens, (m.num_heads / t + 1) * m.qk_rope_head_dim, act)]
+    q_in = m.q_lora_rank or h
+    parts.append(cm.gemm(tokens, m.q_dim / t, q_in, dt))
+    return _add(*parts)
+
+
 def _attention_core(cm: CostModel, m: ModelSpec, plan: Plan) -> Cost:
+    """With MLA, queries and keys are wider than values: timed at their mean width, which
+    gives the core's FLOPs exactly."""
+    head = (m.head_size + m.v_head_dim) / 2 if m.is_mla else m.head_size
     return cm.attention(m.num_heads / plan.tp * plan.micro_batch_size, plan.seq_len / plan.cp,
-                        plan.seq_len, m.head_size, plan.activation_dtype, plan.attention == "flash",
+                        plan.seq_len, head, plan.activation_dtype, plan.attention == "flash",
                         m.dropout)
 
 
@@ -127,14 +156,21 @@ def ops_layer_time(cm: CostModel, m: ModelSpec, plan: Plan, moe: bool = False) -
 
 
 def logits_time(cm: CostModel, m: ModelSpec, plan: Plan) -> float:
-    """Forward + backward of the final norm, output projection and cross-entropy loss."""
+    """Forward + backward of the final norm, output projection and cross-entropy loss; with
+    multi-token prediction also each module's two input norms, ``2h -> h`` projection, and
+    its own norm, output projection and loss (its layer is timed with the layers)."""
     tokens = plan.local_tokens
     local = tokens / (plan.tp if plan.sequence_parallel else 1)
     loss = "loss-parallel" if plan.tp > 1 else "loss"  # vocab-parallel: unfused passes
-    parts = _add(cm.elementwise(m.norm, local, m.hidden_size, plan.activation_dtype),
-                 cm.gemm(tokens, m.vocab_size / plan.tp, m.hidden_size, plan.dtype),
-                 cm.elementwise(loss, tokens, m.vocab_size / plan.tp, plan.activation_dtype))
-    return parts[0] + parts[1]
+    dt, h = plan.activation_dtype, m.hidden_size
+    parts = _add(cm.elementwise(m.norm, local, h, dt),
+                 cm.gemm(tokens, m.vocab_size / plan.tp, h, plan.dtype),
+                 cm.elementwise(loss, tokens, m.vocab_size / plan.tp, dt))
+    if not m.num_mtp_layers:
+        return parts[0] + parts[1]
+    mtp = _add(parts, _scale(cm.elementwise(m.norm, local, h, dt), 2),
+               cm.gemm(tokens, h / plan.tp, 2 * h, plan.dtype))
+    return parts[0] + parts[1] + m.num_mtp_layers * (mtp[0] + mtp[1])
 
 
 def embedding_time(cm: CostModel, m: ModelSpec, plan: Plan) -> float:

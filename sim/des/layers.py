@@ -12,6 +12,7 @@ from sim.des.comm import Collectives
 from sim.des.context import Context, Proc, Unit
 from sim.des.data_parallel import DataParallel
 from sim.layout.memory import chunk_edge_params, layer_rank_params
+from sim.layout.routing import ep_bytes
 from sim.layout.stages import edge_tp_collectives
 
 __all__ = ["Layers"]
@@ -32,14 +33,12 @@ class Layers:
             ["all_reduce"] * 2
 
     def _ep_bytes(self) -> float:
-        p, m = self.x.p, self.x.m
-        tokens = p.local_tokens / (p.tp if p.sequence_parallel else 1)
-        return tokens * m.top_k * m.hidden_size * self.x.act
+        return ep_bytes(self.x.m, self.x.p)
 
     def _cp_bytes(self) -> float:
         """Ring all-gather size of one pass: every rank's K and V chunk."""
         p = self.x.p
-        return p.cp * 2 * p.local_tokens * self.x.m.kv_dim / p.tp * self.x.act
+        return p.cp * p.local_tokens * (self.x.m.kv_dim + self.x.m.v_dim) / p.tp * self.x.act
 
     def _comm_passes(self, u: Unit, moe: bool, passes: int, tag: tuple) -> Proc:
         """``passes`` forward-shaped TP passes and, for an MoE layer, expert all-to-alls."""

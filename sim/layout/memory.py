@@ -19,8 +19,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sim.layout.flops import attention_params, layer_params, mlp_params
+from sim.layout.flops import attention_params, attention_replicated_params, layer_params, mlp_params
 from sim.layout.placement import stage_devices
+from sim.layout.routing import routing
 from sim.layout.stages import StageLayers, pipeline_rank_layers, virtual_stage_layers
 from sim.spec.cluster import ClusterSpec
 from sim.spec.hardware import HardwareSpec
@@ -91,14 +92,21 @@ def layer_activation_bytes(m: ModelSpec, plan: Plan, moe: bool = False) -> float
     sbh = s * b * m.hidden_size
     replicated = (4 * sbh * e + (2 * sbh if m.dropout else 0)  # norms, QKV/MLP inputs, masks
                   ) / (t if plan.sequence_parallel else 1)
-    tensors = 2 * m.q_dim + 2 * m.kv_dim  # Q, K, V and the output-projection input
+    tensors: float = m.q_dim + m.kv_dim + m.v_dim + m.o_dim  # Q, K, V, output projection input
+    if m.is_mla:  # latents, before and after their norms, on every TP rank; the rotary key
+        replicated += (2 * (m.q_lora_rank + m.kv_lora_rank) + m.qk_rope_head_dim) * s * b * e
     if moe:
-        tensors += m.top_k * (_mlp_inner_elems(m, m.expert_ffn) + m.hidden_size)
+        routed = m.top_k * (_mlp_inner_elems(m, m.expert_ffn) + m.hidden_size)
+        tensors += routed * routing(m, plan).load_factor  # the most-loaded rank's
         tensors += _mlp_inner_elems(m, m.shared_expert_ffn_hidden_size)
     else:
         tensors += _mlp_inner_elems(m, m.ffn_hidden_size)
     parallel = tensors * s * b * e / t
     return replicated + parallel + _attention_core_bytes(m, plan, s, b)
+
+
+def _norm(m: ModelSpec) -> int:
+    return (2 if m.norm == "layernorm" else 1) * m.hidden_size
 
 
 def _stored_layer_bytes(m: ModelSpec, plan: Plan, moe: bool) -> float:
@@ -125,11 +133,14 @@ def layer_rank_params(m: ModelSpec, plan: Plan, moe: bool) -> tuple[float, float
     """(dense, expert) parameters of one layer on one rank: matrices split over TP, norms
     replicated, experts split over EP (and TP), router and shared-expert gate replicated."""
     norms = layer_params(m) - attention_params(m) - mlp_params(m, m.ffn_hidden_size)
+    whole = attention_replicated_params(m)  # MLA's down-projections: on every TP rank
     if not moe:
-        return (layer_params(m) - norms) / plan.tp + norms, 0.0
+        return (layer_params(m) - norms - whole) / plan.tp + norms + whole, 0.0
+    attention = (attention_params(m) - whole) / plan.tp + whole
     shared = m.shared_expert_ffn_hidden_size
-    shared_params = mlp_params(m, shared) / plan.tp + m.hidden_size if shared else 0.0
-    dense = attention_params(m) / plan.tp + shared_params + norms + m.hidden_size * m.num_experts
+    gate = m.hidden_size if m.shared_expert_gate else 0
+    shared_params = mlp_params(m, shared) / plan.tp + gate if shared else 0.0
+    dense = attention + shared_params + norms + m.hidden_size * m.num_experts
     return dense, m.num_experts / plan.ep * mlp_params(m, m.expert_ffn) / plan.tp
 
 
@@ -158,6 +169,8 @@ def rank_params(m: ModelSpec, plan: Plan, st: StageLayers) -> tuple[float, float
         dense += vh + (m.max_seq_len * m.hidden_size if m.position_embedding == "learned" else 0)
     if st.last and (not m.tied_embeddings or not st.first):
         dense += vh  # output projection (a copy of the tied embedding on a separate stage)
+    if st.last:  # multi-token prediction: projections and norms (their layers are counted)
+        dense += m.num_mtp_layers * (2 * m.hidden_size ** 2 / plan.tp + 3 * _norm(m))
     return dense, expert
 
 

@@ -33,33 +33,35 @@ def virtual_stage_layers(plan: Plan, model: ModelSpec) -> list[int]:
     return [model.num_layers // stages] * stages
 
 
-def _is_moe_layer(model: ModelSpec, i: int) -> bool:
-    return (model.is_moe and (i + 1) % model.moe_layer_step == 0
-            and i not in model.mlp_only_layers)
+def _mtp_flags(model: ModelSpec) -> list[bool]:
+    """The multi-token prediction modules' layers (like the model's last), which run after
+    the last layer on the last stage, as in Megatron-LM."""
+    return [model.moe_layer(model.num_layers - 1)] * model.num_mtp_layers
 
 
 def virtual_stage_moe(plan: Plan, model: ModelSpec) -> list[list[bool]]:
-    """Per virtual stage, in model order, each of its layers' MoE flag."""
+    """Per virtual stage, in model order, each of its layers' MoE flag (the last stage's
+    multi-token prediction layers at its end)."""
     out, start = [], 0
     for n in virtual_stage_layers(plan, model):
-        out.append([_is_moe_layer(model, i) for i in range(start, start + n)])
+        out.append([model.moe_layer(i) for i in range(start, start + n)])
         start += n
+    out[-1] += _mtp_flags(model)
     return out
 
 
 def pipeline_rank_layers(plan: Plan, model: ModelSpec) -> list[StageLayers]:
     """For each pipeline rank: its dense and MoE layer counts (virtual stage k is on rank
-    k % pp, as in Megatron-LM's interleaved schedule)."""
+    k % pp, as in Megatron-LM's interleaved schedule; multi-token prediction layers on the
+    last)."""
     dense = [0] * plan.pp
     moe = [0] * plan.pp
-    start = 0
-    for k, n in enumerate(virtual_stage_layers(plan, model)):
-        for i in range(start, start + n):
-            if _is_moe_layer(model, i):
+    for k, flags in enumerate(virtual_stage_moe(plan, model)):
+        for is_moe in flags:
+            if is_moe:
                 moe[k % plan.pp] += 1
             else:
                 dense[k % plan.pp] += 1
-        start += n
     return [StageLayers(dense[r], moe[r], r == 0, r == plan.pp - 1)
             for r in range(plan.pp)]
 
@@ -73,7 +75,8 @@ def edge_tp_collectives(model: ModelSpec, plan: Plan, first: bool, last: bool
     the backward); the output layer all-reduces its input gradient in the backward (with
     sequence parallelism it all-gathers its input in the forward and reduce-scatters the
     gradient); the vocab-parallel cross-entropy all-reduces three fp32 values per token
-    (max logit, target logit, sum of exponentials). None of them is recomputed."""
+    (max logit, target logit, sum of exponentials). Each multi-token prediction module's
+    output layer and loss do the same again. None of them is recomputed."""
     if plan.tp == 1:
         return []
     full = plan.local_tokens * model.hidden_size * plan.activation_bytes
@@ -82,7 +85,7 @@ def edge_tp_collectives(model: ModelSpec, plan: Plan, first: bool, last: bool
     if first:
         out.append(("F", "reduce_scatter" if sp else "all_reduce", full))
         out += [("B", "all_gather", full)] if sp else []
-    if last:
+    for _ in range(1 + model.num_mtp_layers if last else 0):  # one per output layer
         out += [("F", "all_gather", full)] if sp else []
         out += [("F", "all_reduce", 4.0 * plan.local_tokens)] * 3
         out.append(("B", "reduce_scatter" if sp else "all_reduce", full))

@@ -28,12 +28,22 @@ _MOE_DEFAULTS: dict[str, dict[str, Any]] = {
                     "num_local_experts": 16, "num_experts_per_tok": 1,
                     "interleave_moe_layer_step": 1, "attention_chunk_size": 8192},
     "dbrx": {"max_seq_len": 2048},
+    "deepseek_v3": {"vocab_size": 129280, "hidden_size": 7168, "intermediate_size": 18432,
+                    "moe_intermediate_size": 2048, "num_hidden_layers": 61,
+                    "num_attention_heads": 128, "num_key_value_heads": 128,
+                    "n_shared_experts": 1, "n_routed_experts": 256, "kv_lora_rank": 512,
+                    "q_lora_rank": 1536, "qk_rope_head_dim": 64, "v_head_dim": 128,
+                    "qk_nope_head_dim": 128, "n_group": 8, "topk_group": 4,
+                    "num_experts_per_tok": 8, "first_k_dense_replace": 3,
+                    "max_position_embeddings": 4096, "num_nextn_predict_layers": 1},
 }
 # A config.json may use the left name for the right one.
 _MOE_ALIASES: dict[str, dict[str, str]] = {
     "qwen3_moe": {"num_local_experts": "num_experts"},
     "olmoe": {"num_local_experts": "num_experts"},
     "gpt_oss": {"num_experts": "num_local_experts"},
+    "deepseek_v3": {"num_local_experts": "n_routed_experts",
+                    "num_mtp_layers": "num_nextn_predict_layers"},
 }
 
 # transformers' ``attribute_map``: a config.json may use the left name for the right one.
@@ -80,7 +90,12 @@ _LIMITED = {"num_hidden_layers": "num_layers", "n_layer": "num_layers", "n_embd"
             "moe_intermediate_size": "moe_ffn_hidden_size",
             "shared_expert_intermediate_size": "shared_expert_ffn_hidden_size",
             "decoder_sparse_step": "moe_layer_step", "sliding_window": "sliding_window",
-            "max_window_layers": "num_layers", "sliding_window_pattern": "num_layers"}
+            "max_window_layers": "num_layers", "sliding_window_pattern": "num_layers",
+            "n_routed_experts": "num_experts", "q_lora_rank": "q_lora_rank",
+            "kv_lora_rank": "kv_lora_rank", "qk_rope_head_dim": "qk_rope_head_dim",
+            "qk_nope_head_dim": "head_dim", "v_head_dim": "v_head_dim",
+            "n_group": "expert_groups", "first_k_dense_replace": "num_layers",
+            "num_nextn_predict_layers": "num_mtp_layers"}
 
 
 class Config:

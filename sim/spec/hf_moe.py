@@ -6,8 +6,8 @@ meta device, ``tests/test_hf_moe.py``). What a ModelSpec cannot hold is named wh
 dropped: gpt-oss's attention sinks and router biases, DBRX's bias-free LayerNorms, Llama 4's
 chunked attention (recorded as a window) and weight-free q/k norms.
 
-DeepSeek-V3's multi-head latent attention is not modelled yet: a ``deepseek_v3`` config is
-refused in one line that says so.
+``deepseek_v3`` is read with its multi-head latent attention, its first dense layers, its
+shared expert, node-limited routing (recorded) and its multi-token prediction modules.
 """
 
 from __future__ import annotations
@@ -21,10 +21,7 @@ from sim.spec.model import ModelSpec
 
 __all__ = ["MOE_CONVERTERS", "NOT_MODELLED"]
 
-NOT_MODELLED = {
-    "deepseek_v3": "multi-head latent attention (q_lora_rank, kv_lora_rank) is not modelled "
-                   "yet: DeepSeek-V3 cannot be read",
-}
+NOT_MODELLED: dict[str, str] = {}
 
 
 def _qwen3_moe(c: Config, name: str) -> ModelSpec:
@@ -75,7 +72,7 @@ def _llama4_text(c: Config, name: str) -> ModelSpec:
                              "sliding_window_layers": chunked} if chunked else {}
     return ModelSpec(name=name, **fields, **chunk, num_experts=c.integer("num_local_experts"),
                      top_k=c.integer("num_experts_per_tok"), moe_ffn_hidden_size=expert,
-                     shared_expert_ffn_hidden_size=expert,
+                     shared_expert_ffn_hidden_size=expert, shared_expert_gate=False,
                      moe_layer_step=c.integer("interleave_moe_layer_step"))
 
 
@@ -105,6 +102,34 @@ def _dbrx(c: Config, name: str) -> ModelSpec:
         top_k=Config(ffn, "dbrx", f"{c.where}ffn_config.").required("moe_top_k"))
 
 
+def _deepseek_v3(c: Config, name: str) -> ModelSpec:
+    """DeepSeek-V3: multi-head latent attention (``q_lora_rank`` null: queries projected
+    directly), ``first_k_dense_replace`` dense layers first, ``n_shared_experts`` always-on
+    experts of the expert width (no gate), routing limited to ``topk_group`` of ``n_group``
+    expert groups, and ``num_nextn_predict_layers`` multi-token prediction modules, which
+    transformers does not build but Megatron-LM trains (``--mtp-num-layers``). The router's
+    score-correction bias is a buffer, not a parameter."""
+    if c.flag("attention_bias"):
+        raise SpecError(f"{c.where}attention_bias", "true is not modelled for multi-head "
+                        "latent attention (DeepSeek-V3 has none)")
+    fields = rope_fields(c)
+    first_dense = c.integer("first_k_dense_replace", minimum=0)
+    expert = c.integer("moe_intermediate_size")
+    groups = c.optional("n_group") or 0
+    return ModelSpec(
+        name=name, **{**fields, "head_dim": c.integer("qk_nope_head_dim")},
+        q_lora_rank=c.optional("q_lora_rank") or 0, kv_lora_rank=c.integer("kv_lora_rank"),
+        qk_rope_head_dim=c.integer("qk_rope_head_dim", minimum=0),
+        v_head_dim=c.integer("v_head_dim"), num_experts=c.integer("n_routed_experts"),
+        top_k=c.integer("num_experts_per_tok"), moe_ffn_hidden_size=expert,
+        shared_expert_ffn_hidden_size=expert * c.integer("n_shared_experts", minimum=0),
+        shared_expert_gate=False,
+        mlp_only_layers=tuple(range(min(first_dense, fields["num_layers"]))),
+        expert_groups=groups,
+        expert_groups_per_token=(c.optional("topk_group") or groups) if groups else 0,
+        num_mtp_layers=c.integer("num_nextn_predict_layers", minimum=0))
+
+
 def _sub(c: Config, key: str) -> dict[str, Any]:
     value = c.raw.get(key, {})
     if not isinstance(value, dict):
@@ -119,4 +144,5 @@ MOE_CONVERTERS: dict[str, Callable[[Config, str], ModelSpec]] = {
     "llama4_text": _llama4_text,
     "llama4": _llama4,
     "dbrx": _dbrx,
+    "deepseek_v3": _deepseek_v3,
 }

@@ -62,6 +62,12 @@ MODEL_LIMITS: dict[str, tuple[int, str]] = {
     "sliding_window": (MAX_SEQ_LEN, "tokens"),
     "moe_layer_step": (MAX_LAYERS, "layers"),
     "norms_per_layer": (MAX_NORMS_PER_LAYER, "norms"),
+    "q_lora_rank": (MAX_WIDTH, ""),
+    "kv_lora_rank": (MAX_WIDTH, ""),
+    "qk_rope_head_dim": (MAX_WIDTH, ""),
+    "v_head_dim": (MAX_WIDTH, ""),
+    "expert_groups": (MAX_WIDTH, "groups"),
+    "num_mtp_layers": (MAX_LAYERS, "layers"),
 }
 
 

@@ -17,6 +17,7 @@ from sim.spec.limits import MAX_LAYERS, MODEL_LIMITS, at_most
 __all__ = ["ModelSpec"]
 
 NORMS = ("layernorm", "rmsnorm")
+MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim")
 POSITIONS = ("learned", "rope")
 QK_NORMS = ("none", "head", "full")
 
@@ -29,6 +30,15 @@ class ModelSpec:
     (except those in ``mlp_only_layers``) a mixture of ``num_experts`` experts of
     width ``moe_ffn_hidden_size``, ``top_k`` active per token, plus an optional
     always-on shared expert of width ``shared_expert_ffn_hidden_size``.
+
+    Multi-head latent attention (MLA, DeepSeek-V2/V3): ``kv_lora_rank > 0`` compresses keys
+    and values through a rank-``kv_lora_rank`` latent (and queries through ``q_lora_rank``
+    when set); every head's query and key are ``head_dim`` (the part without position)
+    plus ``qk_rope_head_dim`` (rotary) wide, its value ``v_head_dim``. Multi-token prediction
+    adds ``num_mtp_layers`` modules after the last layer (DeepSeek-V3: one), each a
+    projection of ``2h`` to ``h``, two norms and a layer like the last, sharing the
+    embedding and the output layer. Node-limited routing (``expert_groups``,
+    ``expert_groups_per_token``: DeepSeek-V3's n_group and topk_group) is recorded.
 
     Sliding-window attention is recorded, not simulated: every layer runs full attention,
     and :meth:`seq_len_warnings` says so when the window is shorter than the sequence.
@@ -65,6 +75,15 @@ class ModelSpec:
     sliding_window: int = 0  # tokens a sliding-window layer looks back over; 0: none
     # layers that use the window (simulated as full attention, with a warning)
     sliding_window_layers: int = 0
+    # the shared expert's output goes through a sigmoid gate (Qwen2-MoE; not DeepSeek, Llama 4)
+    shared_expert_gate: bool = True
+    q_lora_rank: int = 0  # MLA: rank of the query down-projection; 0: queries projected directly
+    kv_lora_rank: int = 0  # MLA: rank of the joint key-value latent; 0: no MLA
+    qk_rope_head_dim: int = 0  # MLA: rotary part of each query and key head
+    v_head_dim: int = 0  # MLA: width of each value head
+    expert_groups: int = 0  # experts fall in this many groups (n_group); 0: no groups
+    expert_groups_per_token: int = 0  # groups a token's experts come from (topk_group)
+    num_mtp_layers: int = 0  # multi-token prediction modules after the last layer
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -73,7 +92,8 @@ class ModelSpec:
             _require_positive_int(f, getattr(self, f))
         for f in ("num_kv_heads", "head_dim", "num_experts", "top_k", "moe_ffn_hidden_size",
                   "shared_expert_ffn_hidden_size", "norms_per_layer", "sliding_window",
-                  "sliding_window_layers"):
+                  "sliding_window_layers", *MLA_FIELDS, "expert_groups",
+                  "expert_groups_per_token", "num_mtp_layers"):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise SpecError(f"model.{f}", f"must be an integer >= 0, got {v!r}")
@@ -81,6 +101,8 @@ class ModelSpec:
             at_most(f"model.{f}", getattr(self, f), limit, unit)
         self._check_choices()
         self._check_sizes()
+        self._check_mla()
+        self._check_groups()
 
     def _check_choices(self) -> None:
         if self.norm not in NORMS:
@@ -113,10 +135,46 @@ class ModelSpec:
                             f"{self.sliding_window_layers} with sliding_window "
                             f"{self.sliding_window}")
 
+    def _check_mla(self) -> None:
+        if not self.kv_lora_rank:
+            for f in MLA_FIELDS[:1] + MLA_FIELDS[2:]:
+                if getattr(self, f):
+                    raise SpecError(f"model.{f}", f"is multi-head latent attention's and needs "
+                                    f"kv_lora_rank > 0, got {f} = {getattr(self, f)} with "
+                                    "kv_lora_rank 0")
+            return
+        for f in ("head_dim", "v_head_dim"):
+            if getattr(self, f) < 1:
+                raise SpecError(f"model.{f}", "must be a positive integer with multi-head "
+                                f"latent attention (kv_lora_rank > 0), got {getattr(self, f)}")
+        if self.kv_heads != self.num_heads:
+            raise SpecError("model.num_kv_heads", f"must be 0 or num_heads = {self.num_heads} "
+                            "with multi-head latent attention (every head has its own key "
+                            f"and value), got {self.num_kv_heads}")
+
+    def _check_groups(self) -> None:
+        g, k = self.expert_groups, self.expert_groups_per_token
+        if not g:
+            if k:
+                raise SpecError("model.expert_groups_per_token", f"needs expert_groups > 0, "
+                                f"got {k}")
+            return
+        if not self.is_moe or self.num_experts % g:
+            raise SpecError("model.expert_groups", f"must divide num_experts: "
+                            f"{self.num_experts} % {g} = "
+                            f"{self.num_experts % g if self.num_experts else 'no experts'}")
+        if not 1 <= k <= g:
+            raise SpecError("model.expert_groups_per_token", f"must be in 1..expert_groups"
+                            f"={g}, got {k}")
+        if self.top_k > k * self.num_experts // g:
+            raise SpecError("model.top_k", f"{self.top_k} experts cannot come from "
+                            f"{k} groups of {self.num_experts // g}")
+
     def _check_types(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise SpecError("model.name", f"must be a non-empty string, got {self.name!r}")
-        for f in ("gated_mlp", "tied_embeddings", "linear_bias", "qkv_bias", "dropout"):
+        for f in ("gated_mlp", "tied_embeddings", "linear_bias", "qkv_bias", "dropout",
+                  "shared_expert_gate"):
             if not isinstance(getattr(self, f), bool):
                 raise SpecError(f"model.{f}", f"must be true or false, got {getattr(self, f)!r}")
         layers = self.mlp_only_layers
@@ -132,8 +190,13 @@ class ModelSpec:
         return self.num_kv_heads or self.num_heads
 
     @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
     def head_size(self) -> int:
-        return self.head_dim or self.hidden_size // self.num_heads
+        """Width of a query and key head (with MLA: its rotary part included)."""
+        return (self.head_dim or self.hidden_size // self.num_heads) + self.qk_rope_head_dim
 
     @property
     def q_dim(self) -> int:
@@ -142,8 +205,18 @@ class ModelSpec:
 
     @property
     def kv_dim(self) -> int:
-        """Width of the key (and of the value) projection output."""
+        """Width of the key projection output (and of the value's, without MLA)."""
         return self.kv_heads * self.head_size
+
+    @property
+    def v_dim(self) -> int:
+        """Width of the value projection output (all heads' values with MLA)."""
+        return self.num_heads * self.v_head_dim if self.is_mla else self.kv_dim
+
+    @property
+    def o_dim(self) -> int:
+        """Width of the output projection's input (all heads' weighted values)."""
+        return self.num_heads * self.v_head_dim if self.is_mla else self.q_dim
 
     @property
     def is_moe(self) -> bool:
@@ -160,6 +233,11 @@ class ModelSpec:
         only = set(self.mlp_only_layers)
         return sum(1 for i in range(self.num_layers)
                    if (i + 1) % self.moe_layer_step == 0 and i not in only)
+
+    def moe_layer(self, i: int) -> bool:
+        """Whether layer ``i`` (from 0) has a mixture-of-experts MLP."""
+        return (self.is_moe and (i + 1) % self.moe_layer_step == 0
+                and i not in self.mlp_only_layers)
 
     def seq_len_warnings(self, seq_len: int) -> list[str]:
         """What training at ``seq_len`` tokens does that the simulator does not model."""

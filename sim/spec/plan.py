@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from sim.errors import SpecError, field_name
 from sim.spec.hardware import DTYPE_BYTES, DTYPES
 from sim.spec.limits import MAX_DEVICES, MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_SEQ_LEN, at_most
+from sim.spec.routing import check_routing, check_routing_model
 
 if TYPE_CHECKING:
     from sim.spec.cluster import ClusterSpec
@@ -72,6 +73,12 @@ class Plan:
     # Micro-batches of each data-parallel replica when they differ (heterogeneous clusters):
     # dp counts summing to global_batch_size / micro_batch_size; null: an even split.
     micro_batches_per_replica: tuple[int, ...] | None = None
+    # MoE routing: tokens on the most-loaded expert-parallel rank over the mean (1: forced
+    # balance), or the tokens each expert gets (relative; null: use moe_max_load)
+    moe_max_load: float = 1.0
+    moe_expert_load: tuple[float, ...] | None = None
+    # tokens an expert takes, over its balanced share; the rest are dropped (null: dropless)
+    moe_capacity_factor: float | None = None
 
     def __post_init__(self) -> None:
         validate(self)
@@ -128,7 +135,7 @@ class Plan:
         d["collectives"] = dict(self.collectives)
         d["placement"] = self.placement if isinstance(self.placement, str) else list(
             self.placement)
-        for name in ("layers_per_stage", "micro_batches_per_replica"):
+        for name in ("layers_per_stage", "micro_batches_per_replica", "moe_expert_load"):
             d[name] = None if d[name] is None else list(d[name])
         return {"schema_version": SCHEMA_VERSION, **d}
 
@@ -156,7 +163,7 @@ def _tuples(data: dict[str, Any]) -> dict[str, Any]:
     out = dict(data)
     if isinstance(out.get("placement"), list):
         out["placement"] = tuple(out["placement"])
-    for name in ("layers_per_stage", "micro_batches_per_replica"):
+    for name in ("layers_per_stage", "micro_batches_per_replica", "moe_expert_load"):
         if isinstance(out.get(name), list):
             out[name] = tuple(out[name])
     coll = out.get("collectives", {})
@@ -186,8 +193,10 @@ def validate(plan: Plan, model: ModelSpec | None = None, cluster: ClusterSpec | 
     _check_batch(plan)
     _check_schedule(plan)
     _check_placement(plan)
+    check_routing(plan)
     if model is not None:
         _check_model(plan, model)
+        check_routing_model(plan, model)
     if cluster is not None:
         _check_cluster(plan, cluster)
 

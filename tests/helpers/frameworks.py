@@ -59,6 +59,14 @@ def _flags(words: list[str]) -> dict[str, Any]:
     return out
 
 
+def _is_float(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _typed(cls: type, flags: dict[str, Any]) -> dict[str, Any]:
     """The flags that are fields of ``cls``, converted to the field's default's type."""
     from megatron.core.transformer.enums import AttnBackend
@@ -79,6 +87,8 @@ def _typed(cls: type, flags: dict[str, Any]) -> dict[str, Any]:
             value = float(value)
         elif isinstance(default, int) or (default is None and str(value).isdigit()):
             value = int(value)
+        elif default is None and _is_float(str(value)):  # argparse's type=float flags
+            value = float(value)
         out[name] = value
     return out
 
@@ -86,7 +96,10 @@ def _typed(cls: type, flags: dict[str, Any]) -> dict[str, Any]:
 def _megatron_configs(flags: dict[str, Any]) -> tuple[Any, Any]:
     from megatron.core.distributed import DistributedDataParallelConfig
     from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.transformer_config import MLATransformerConfig
 
+    if flags.get("multi_latent_attention"):  # what pretrain_gpt.py builds for MLA
+        TransformerConfig = MLATransformerConfig  # noqa: N806
     unknown = set(flags) - {f.name for f in dataclasses.fields(TransformerConfig)} \
         - {f.name for f in dataclasses.fields(DistributedDataParallelConfig)} \
         - MEGATRON_SCRIPT_ARGS - {"swiglu", "disable_bias_linear", "add_qkv_bias"}

@@ -31,6 +31,9 @@ def cmd_plan_new(args: argparse.Namespace) -> int:
         if getattr(args, k) is not None:
             fields[k] = getattr(args, k)
     fields["sequence_parallel"] = args.sequence_parallel
+    for k in ("moe_max_load", "moe_capacity_factor"):
+        if getattr(args, k) is not None:
+            fields[k] = getattr(args, k)
     plan = Plan.from_dict(fields)
     if args.model or args.cluster:
         validate(plan, load_model(args.model) if args.model else None,
@@ -72,6 +75,12 @@ def add_plan_parser(sub: Any) -> None:
     new.add_argument("--placement", help="rank order, innermost first (default tp-cp-ep-dp-pp)")
     new.add_argument("--sequence-parallel", action="store_true",
                      help="split norm/dropout activations over the TP group (needs tp > 1)")
+    new.add_argument("--moe-max-load", type=float, metavar="F",
+                     help="MoE: tokens on the most-loaded expert-parallel rank over the mean "
+                     "(default 1: forced balance)")
+    new.add_argument("--moe-capacity-factor", type=float, metavar="C",
+                     help="MoE: an expert keeps at most C times its balanced share of tokens "
+                     "and drops the rest (default: dropless)")
     new.add_argument("--model", help="also check against this model: " + MODEL_HELP)
     new.add_argument("--cluster", help="also check against this cluster: " + CLUSTER_HELP)
     new.add_argument("--out", metavar="FILE", help="write the plan here (atomically)")

@@ -88,6 +88,9 @@ def _compute_specs(args: argparse.Namespace) -> list[Any]:
     if not args.model:
         return preset_grid(args.device, args.dtype and [args.dtype])
     model = load_model(args.model)
+    if model.is_mla:
+        raise SpecError("model.kv_lora_rank", "multi-head latent attention is simulated only: "
+                        "the profiler's layers build standard attention")
     seqs = args.seq_len or [s for s in (512, 1024, 2048) if s <= model.max_seq_len] \
         or [model.max_seq_len]
     tps = args.tp or ([1, 2] if args.device == "cpu" else [1, 2, 4, 8])

@@ -1,0 +1,69 @@
+"""The rules of a plan's MoE routing fields: how routed tokens fall on the experts
+(``moe_max_load`` or a ``moe_expert_load`` histogram) and the capacity factor that drops
+what exceeds it. What they imply is computed in :mod:`sim.layout.routing`."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from sim.errors import SpecError
+from sim.spec.limits import MAX_WIDTH
+
+if TYPE_CHECKING:
+    from sim.spec.model import ModelSpec
+
+# ``plan`` below is a sim.spec.plan.Plan, which imports this module for its rules (typed
+# as Any: naming Plan here would be an import circle).
+Plan = Any
+
+__all__ = ["check_routing", "check_routing_model", "routing_is_balanced"]
+
+
+def _number(field: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise SpecError(field, f"must be a finite number, got {value!r}")
+    return float(value)
+
+
+def check_routing(plan: Plan) -> None:
+    """The routing fields alone and against the plan's expert parallelism."""
+    f = _number("plan.moe_max_load", plan.moe_max_load)
+    if not 1.0 <= f <= plan.ep:
+        raise SpecError("plan.moe_max_load", f"tokens on the most-loaded expert-parallel rank "
+                        f"over the mean must be in 1..ep = {plan.ep}, got {f:g}")
+    hist = plan.moe_expert_load
+    if hist is not None:
+        if not isinstance(hist, tuple) or not hist or len(hist) > MAX_WIDTH:
+            raise SpecError("plan.moe_expert_load", f"must be null or a list of one number a "
+                            f"expert (at most {MAX_WIDTH:,}), got {str(hist)[:60]}")
+        loads = [_number("plan.moe_expert_load", v) for v in hist]
+        if min(loads) < 0 or sum(loads) <= 0:
+            raise SpecError("plan.moe_expert_load", "tokens per expert must be >= 0 with a "
+                            "positive sum")
+        if f != 1.0:
+            raise SpecError("plan.moe_max_load", "give moe_max_load or moe_expert_load, not "
+                            "both")
+    c = plan.moe_capacity_factor
+    if c is not None and _number("plan.moe_capacity_factor", c) <= 0:
+        raise SpecError("plan.moe_capacity_factor", f"must be > 0 (an expert's capacity over "
+                        f"its balanced share of tokens) or null for dropless, got {c:g}")
+
+
+def routing_is_balanced(plan: Plan) -> bool:
+    """Forced balance, nothing dropped: what trainsim simulated before these fields."""
+    return (plan.moe_max_load == 1.0 and plan.moe_expert_load is None
+            and plan.moe_capacity_factor is None)
+
+
+def check_routing_model(plan: Plan, m: ModelSpec) -> None:
+    if routing_is_balanced(plan):
+        return
+    if not m.is_moe:
+        raise SpecError("plan.moe_max_load" if plan.moe_max_load != 1.0 else
+                        "plan.moe_expert_load" if plan.moe_expert_load is not None else
+                        "plan.moe_capacity_factor", f"is for MoE models; {m.name!r} is dense")
+    hist = plan.moe_expert_load
+    if hist is not None and len(hist) != m.num_experts:
+        raise SpecError("plan.moe_expert_load", f"must list model.num_experts = "
+                        f"{m.num_experts} loads, got {len(hist)}")
