@@ -63,8 +63,12 @@ class CommEngine:
         receives), so those of one size and kind are one coupled flow per collective; with
         ``reduced`` one aggregate of all the copies' (each copy must take the same hop
         latency). Point-to-point and all-to-all flows are independent: unreduced each is
-        its own flow, reduced one aggregate per flow of the group and (classes at both ends,
-        path latency) of its copies."""
+        its own flow; reduced one aggregate per flow of the group and (classes at both
+        ends, path latency) of its copies — for an all-to-all, per (size, classes, path
+        latency, link capacities along the path) over the group and its copies, so its
+        thousands of flows become a few (the pairs within a node, those across), each copy
+        with as many members in each. Every member must get the aggregate's rate, as the
+        network checks."""
         coupled = kind in COUPLED
         groups: dict[tuple, tuple[int, list[tuple[int, ...]], list[int], list[float]]] = {}
         each = []
@@ -78,9 +82,11 @@ class CommEngine:
                 switch = f.to_switch or f.from_switch
                 scale = self.nvls_weight(devices[f.src]) if switch else 1.0
                 key: tuple = (f.size_bytes, switch, scale)
-                if not coupled:
-                    key += (i, klass(devices[f.src]), -1 if switch else klass(devices[f.dst]),
-                            lat)
+                if not coupled:  # reduced all-to-all: alike flows of the group merge too
+                    alike = reduced and kind == "all_to_all"
+                    key += (tuple(sorted(self.topo.cap[link] for link in path)) if alike
+                            else i, klass(devices[f.src]),
+                            -1 if switch else klass(devices[f.dst]), lat)
                 entry = groups.setdefault(key, (i, [], [], []))
                 entry[1].append(path)
                 entry[2].append(c)
@@ -88,7 +94,8 @@ class CommEngine:
             each.append((hop, slowest))
         out: list[Shape] = []
         for key, (i, paths, copy, lats) in groups.items():
-            if not coupled and len(copy) != len(copies):  # a copy ends with its own flows
+            per_copy = np.bincount(copy, minlength=len(copies))
+            if not coupled and per_copy.min() != per_copy.max():  # each copy alike
                 raise AsymmetricFlows(f"{kind} flow {i} joins other classes or takes another "
                                       "latency in some copies of the group")
             lat = max(lats)
@@ -154,7 +161,8 @@ class CommEngine:
             yield simpy.AllOf(self.env, [
                 self.net.transfer(p, phase.flows[i].size_bytes * size_bytes, w, lat, members)
                 for p, w, lat, i, members in shapes])
-            fill = phase.fill_steps * min(phase.largest * size_bytes, CHUNK_BYTES)
+            fill = phase.fill_steps * min(phase.largest * size_bytes, CHUNK_BYTES) \
+                if phase.fill_steps else 0.0
             extra = (phase.steps - 1) * hop + fill / slowest
             if extra > 0:
                 yield self.env.timeout(extra)

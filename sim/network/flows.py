@@ -148,11 +148,13 @@ def check_aggregates(p: _Pairs, rates: np.ndarray, cap: np.ndarray, now: float) 
     full = load >= capu * (1 - 1e-9)
     fastest = np.zeros(len(p.uniq))
     np.maximum.at(fastest, p.inv, rates[p.owner])
+    where = np.zeros(len(cap), dtype=np.int64)  # link id -> index into p.uniq (a gather
+    where[p.uniq] = np.arange(len(p.uniq))  # per member link, not a search)
     for i, f in enumerate(p.flows):
         m = f.members
         if m is None or not m.check or len(m.paths) < 2:
             continue
-        at = np.searchsorted(p.uniq, m.flat)
+        at = where[m.flat]
         neck = full[at] & (fastest[at] <= rates[i] * (1 + 1e-9))
         held = np.bincount(m.member_of, weights=neck, minlength=len(m.paths)) > 0
         if m.coupled:
