@@ -1,0 +1,153 @@
+"""MoE training on H100 as published (NVIDIA NeMo Automodel, Megatron-LM's MoE README)
+against both tiers, uncalibrated.
+
+Run: ``.venv/bin/python experiments/validate_moe_h100.py [--des]``. Reads
+``experiments/data/moe_calibration_h100.csv`` (a copy of ``../shared/data``'s, as published)
+and writes ``experiments/results/moe_h100_validation.csv``: per row the plan as trainsim
+writes it, the published step time (or, where only TFLOP/s is published, the step time it
+implies by Megatron-LM's FLOPs counting), the predicted one per tier and the signed error.
+
+How a row becomes a plan (assumptions, none tuned):
+* ``fsdp`` is the data-parallel degree with ZeRO stage 3 (Automodel shards with FSDP2);
+  without it (Megatron-LM) ``dp = gpus / (tp*pp*cp)`` with the distributed optimizer
+  (ZeRO stage 1). ``ep`` splits the data-parallel ranks, as the rows do.
+* ``vp`` > 1 is interleaved 1F1B; DeepSeek-V3's 61 layers over 4 x 8 virtual stages split
+  two to a stage, the last three stages one (the output layer's stage lightest).
+* Activation recomputation is not published: each row takes the least that fits in 80 GB
+  by trainsim's memory model (none, then selective, then full), the rule a user of the
+  row's framework follows. Flash attention, bf16, forced-balance routing (trainsim's
+  balanced routing), the direct all-to-all; DeepEP's dispatch is not modelled.
+* DeepSeek-V3 without multi-token prediction (as the rows say); gpt-oss's sliding-window
+  layers as full attention (trainsim warns).
+* The implied FLOPs per token of each Automodel row (published TFLOP/s / tokens/s) is
+  printed beside ``megatron_flops_per_token`` as a check of the model read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from sim import Plan, load_cluster, simulate
+from sim.io import atomic_write_text
+from sim.layout.flops import megatron_flops_per_token
+from sim.layout.memory import memory_report
+from sim.spec.cluster import ClusterSpec
+from sim.spec.hf_config import hf_config_to_spec
+from sim.spec.model import ModelSpec
+from sim.spec.plan import RECOMPUTE_MODES
+from sim.spec.zoo import load_zoo
+
+HERE = Path(__file__).resolve().parent
+DATA = HERE / "data" / "moe_calibration_h100.csv"
+CONFIGS = HERE / "data" / "moe_hf_configs.json"
+OUT = HERE / "results" / "moe_h100_validation.csv"
+# openai/gpt-oss-20b config.json (not in moe_hf_configs.json: no published total to check)
+GPT_OSS_20B = {"model_type": "gpt_oss", "hidden_size": 2880, "intermediate_size": 2880,
+               "num_hidden_layers": 24, "num_attention_heads": 64, "num_key_value_heads": 8,
+               "head_dim": 64, "num_local_experts": 32, "num_experts_per_tok": 4,
+               "vocab_size": 201088, "tie_word_embeddings": False, "sliding_window": 128,
+               "max_position_embeddings": 131072}
+
+
+def models() -> dict[str, ModelSpec]:
+    hf = {e["name"]: e["config"] for e in json.loads(CONFIGS.read_text())}
+    dsv3 = hf_config_to_spec(hf["DeepSeek-V3"], "DeepSeek-V3")
+    return {"DeepSeek-V3 (no MTP)": dataclasses.replace(dsv3, num_mtp_layers=0),
+            "Qwen3-30B-A3B": hf_config_to_spec(hf["Qwen3-30B-A3B"], "Qwen3-30B-A3B"),
+            "gpt-oss-120b": hf_config_to_spec(hf["gpt-oss-120b"], "gpt-oss-120b"),
+            "gpt-oss-20b": hf_config_to_spec(GPT_OSS_20B, "gpt-oss-20b"),
+            "Mixtral-8x7B": load_zoo("mixtral-8x7b")}
+
+
+def _layers(model: ModelSpec, stages: int) -> tuple[int, ...] | None:
+    if model.num_layers % stages == 0:
+        return None
+    base, extra = divmod(model.num_layers, stages)
+    return (base + 1,) * extra + (base,) * (stages - extra)
+
+
+def plan_of(row: dict[str, str], model: ModelSpec, recompute: str = "none") -> Plan:
+    gpus, tp, pp, cp = (int(row[k]) for k in ("gpus", "tp", "pp", "cp"))
+    vp = int(row["vp"] or 1)
+    fsdp = int(row["fsdp"]) if row["fsdp"] else 0
+    return Plan(global_batch_size=int(row["global_batch"]), seq_len=int(row["seq_len"]),
+                micro_batch_size=int(row["micro_batch"]), tp=tp, pp=pp, cp=cp,
+                ep=int(row["ep"]), dp=fsdp or gpus // (tp * pp * cp), vpp=vp,
+                schedule="interleaved-1f1b" if vp > 1 else "1f1b",
+                zero_stage=3 if fsdp else 1, sequence_parallel=tp > 1, recompute=recompute,
+                layers_per_stage=_layers(model, pp * vp))
+
+
+def published_step(row: dict[str, str], model: ModelSpec) -> tuple[float, str]:
+    """The published step time, or the one the published TFLOP/s implies (the newest
+    Megatron-Core release the row names) by Megatron-LM's own FLOPs counting."""
+    if row["step_s"]:
+        return float(row["step_s"]), "published"
+    tflops = float(row["tflops_per_gpu"].split(";")[-1].split("(")[0])
+    tokens = int(row["global_batch"]) * int(row["seq_len"])
+    flops = megatron_flops_per_token(model, int(row["seq_len"])) * tokens
+    return flops / (int(row["gpus"]) * tflops * 1e12), f"from {tflops:g} TFLOP/s"
+
+
+def fitting_plan(row: dict[str, str], model: ModelSpec, cluster: ClusterSpec) -> Plan:
+    """The row's plan with the least activation recomputation that fits in memory."""
+    for recompute in RECOMPUTE_MODES:
+        plan = plan_of(row, model, recompute)
+        if memory_report(model, cluster, plan).fits:
+            return plan
+    return plan
+
+
+def table(tiers: tuple[str, ...]) -> pd.DataFrame:
+    specs, rows = models(), []
+    with DATA.open() as f:
+        for row in csv.DictReader(f):
+            model = specs[row["model"]]
+            cluster = load_cluster(f"dgx-h100:{int(row['gpus']) // 8}")
+            plan = fitting_plan(row, model, cluster)
+            step, basis = published_step(row, model)
+            out = {"id": row["id"], "model": row["model"], "gpus": int(row["gpus"]),
+                   "tp": plan.tp, "pp": plan.pp, "vpp": plan.vpp, "ep": plan.ep, "dp": plan.dp,
+                   "zero": plan.zero_stage, "recompute": plan.recompute,
+                   "mbs": plan.micro_batch_size,
+                   "gbs": plan.global_batch_size, "published_step_s": step, "basis": basis}
+            if row["tokens_per_s_per_gpu"]:
+                implied = float(row["tflops_per_gpu"]) * 1e12 / float(row["tokens_per_s_per_gpu"])
+                out["implied_gflop_per_token"] = implied / 1e9
+            out["megatron_gflop_per_token"] = megatron_flops_per_token(
+                model, plan.seq_len) / 1e9
+            for tier in tiers:
+                res = simulate(model, cluster, plan, fidelity=tier)
+                out[f"{tier}_step_s"] = res.iteration_time_s
+                out[f"{tier}_error_pct"] = 100 * (res.iteration_time_s - step) / step
+                out[f"{tier}_peak_gib"] = res.peak_memory_gib
+            rows.append(out)
+            print(f"{row['id']}: published {step:.2f} s, " + ", ".join(
+                f"{t} {out[f'{t}_step_s']:.2f} s ({out[f'{t}_error_pct']:+.1f}%)"
+                for t in tiers), flush=True)
+    return pd.DataFrame(rows)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--des", action="store_true", help="also run the DES tier")
+    args = ap.parse_args()
+    df = table(("analytic", "des") if args.des else ("analytic",))
+    atomic_write_text(OUT, df.to_csv(index=False, float_format="%.4g"))
+    with pd.option_context("display.width", 250, "display.max_columns", 30):
+        print(df.round(3).to_string(index=False))
+    for tier in ("analytic", "des"):
+        if f"{tier}_error_pct" in df:
+            err = df[f"{tier}_error_pct"]
+            print(f"{tier}: mean |error| {err.abs().mean():.1f}%, worst {err.abs().max():.1f}%")
+    print(f"wrote {OUT}")
+
+
+if __name__ == "__main__":
+    main()
