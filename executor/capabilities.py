@@ -19,6 +19,9 @@ def unsupported(spec: ModelSpec, plan: Plan) -> tuple[str, str] | None:
     if spec.num_mtp_layers:
         return "model.num_mtp_layers", ("multi-token prediction is simulated only: the "
                                         "executor's model does not build it (set it to 0)")
+    if plan.moe_dispatcher != "alltoall":
+        return "plan.moe_dispatcher", (f"{plan.moe_dispatcher} is simulated only: the "
+                                       "executor dispatches tokens with all-to-all")
     if not routing_is_balanced(plan):
         return "plan.moe_max_load", ("routing other than forced balance (moe_max_load, "
                                      "moe_expert_load, moe_capacity_factor) is simulated only: "

@@ -16,7 +16,8 @@ How a row becomes a plan (assumptions, none tuned):
 * Activation recomputation is not published: each row takes the least that fits in 80 GB
   by trainsim's memory model (none, then selective, then full), the rule a user of the
   row's framework follows. Flash attention, bf16, forced-balance routing (trainsim's
-  balanced routing), the direct all-to-all; DeepEP's dispatch is not modelled.
+  balanced routing); DeepEP's dispatch where the row names it (AM-1), else the direct
+  all-to-all.
 * DeepSeek-V3 without multi-token prediction (as the rows say); gpt-oss's sliding-window
   layers as full attention (trainsim warns).
 * The implied FLOPs per token of each Automodel row (published TFLOP/s / tokens/s) is
@@ -81,6 +82,7 @@ def plan_of(row: dict[str, str], model: ModelSpec, recompute: str = "none") -> P
                 ep=int(row["ep"]), dp=fsdp or gpus // (tp * pp * cp), vpp=vp,
                 schedule="interleaved-1f1b" if vp > 1 else "1f1b",
                 zero_stage=3 if fsdp else 1, sequence_parallel=tp > 1, recompute=recompute,
+                moe_dispatcher="deepep" if "DeepEP" in row["precision"] else "alltoall",
                 layers_per_stage=_layers(model, pp * vp))
 
 
@@ -115,6 +117,7 @@ def table(tiers: tuple[str, ...]) -> pd.DataFrame:
             out = {"id": row["id"], "model": row["model"], "gpus": int(row["gpus"]),
                    "tp": plan.tp, "pp": plan.pp, "vpp": plan.vpp, "ep": plan.ep, "dp": plan.dp,
                    "zero": plan.zero_stage, "recompute": plan.recompute,
+                   "dispatcher": plan.moe_dispatcher,
                    "mbs": plan.micro_batch_size,
                    "gbs": plan.global_batch_size, "published_step_s": step, "basis": basis}
             if row["tokens_per_s_per_gpu"]:

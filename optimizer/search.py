@@ -9,11 +9,11 @@ communication) gives the optimality gap.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 from collections import Counter
 
+from optimizer.moves import neighbours
 from optimizer.scoring import (
     Candidate,
     SearchReport,
@@ -28,10 +28,9 @@ from sim.cost.profiled import cost_model_for
 from sim.errors import NoFeasiblePlan, SpecError
 from sim.layout.flops import model_flops_per_token
 from sim.layout.memory import memory_verdict
-from sim.result import Result
 from sim.spec.cluster import ClusterSpec
 from sim.spec.model import ModelSpec
-from sim.spec.plan import Plan, validate
+from sim.spec.plan import Plan
 
 __all__ = ["optimize", "SearchReport", "Candidate", "megatron_heuristic", "lower_bound_s"]
 
@@ -118,78 +117,9 @@ def _why_infeasible(space: SearchSpace, plans: list[Plan], cands: list[Candidate
            "micro-batch 1): " + "; ".join(lines)
 
 
-# Local moves -------------------------------------------------------------------------------
+# Local search ------------------------------------------------------------------------------
 def _plan_key(p: Plan) -> str:
     return repr(sorted(p.to_dict().items()))
-
-
-def _collective_moves(p: Plan, r: Result) -> list[tuple[str, Plan]]:
-    from sim.spec.plan import ALGORITHMS
-
-    comm = r.communication
-    group = max(("tp", "dp", "ep"), key=lambda g: (comm[g]["exposed_s"], g))
-    if comm[group]["exposed_s"] <= 0:
-        return []
-    current = p.algorithm(group)
-    out = []
-    for algo in ALGORITHMS[group]:
-        if algo in ("auto", current):
-            continue
-        coll = tuple(sorted({**dict(p.collectives), group: algo}.items()))
-        out.append((f"{group} collectives: {algo}", dataclasses.replace(p, collectives=coll)))
-    return out
-
-
-def _stage_moves(space: SearchSpace, p: Plan) -> list[tuple[str, Plan]]:
-    """Shift one layer off the slowest pipeline stage onto the fastest (1F1B only)."""
-    from sim.analytic.iteration import stage_costs
-    from sim.layout.stages import virtual_stage_layers
-
-    if p.pp == 1 or p.vpp > 1:
-        return []
-    costs = stage_costs(space.model, space.cluster, p, cost_model_for(space.cluster))
-    times = [c.per_microbatch_s for c in costs]
-    slow, fast = times.index(max(times)), times.index(min(times))
-    layers = virtual_stage_layers(p, space.model)
-    if slow == fast or layers[slow] <= 1:
-        return []
-    layers[slow] -= 1
-    layers[fast] += 1
-    return [(f"layer from stage {slow} to {fast}",
-             dataclasses.replace(p, layers_per_stage=tuple(layers)))]
-
-
-def _memory_moves(space: SearchSpace, p: Plan, peak_gib: float) -> list[tuple[str, Plan]]:
-    out = []
-    if peak_gib < 0.8 * space.cluster.gpu.memory_gib:
-        if p.recompute != "none":
-            out.append(("recompute none", dataclasses.replace(p, recompute="none")))
-        per_replica = p.global_batch_size // p.dp
-        if per_replica % (2 * p.micro_batch_size) == 0 and (
-                p.schedule != "interleaved-1f1b"
-                or (per_replica // (2 * p.micro_batch_size)) % p.pp == 0):
-            out.append(("micro-batch x2", dataclasses.replace(
-                p, micro_batch_size=2 * p.micro_batch_size)))
-    if p.pp > 1:
-        other = "tp-cp-ep-pp-dp" if p.placement == "tp-cp-ep-dp-pp" else "tp-cp-ep-dp-pp"
-        out.append((f"placement {other}", dataclasses.replace(p, placement=other)))
-    return out
-
-
-def _neighbours(space: SearchSpace, c: Candidate) -> list[tuple[str, Plan]]:
-    if c.des is None:  # more micro-batches than the DES runs: no bottleneck to move from
-        return []
-    moves = _collective_moves(c.plan, c.des) + _stage_moves(space, c.plan) + \
-        _memory_moves(space, c.plan, c.peak_gib)
-    valid = []
-    for name, plan in moves:
-        try:
-            validate(plan, space.model, space.cluster)
-        except SpecError:
-            continue  # e.g. an algorithm the hardware lacks
-        if space.constraints.admits(plan, space.model):
-            valid.append((name, plan))
-    return valid
 
 
 MIN_GAIN = 1e-3  # a move must beat the plan it starts from by 0.1%
@@ -212,7 +142,7 @@ def _local_search(space: SearchSpace, best: Candidate, seen: set[str], workers: 
             log.append(f"stopped by --max-wall-s before round {r + 1}: best so far reported")
             break
         bar.update()
-        moves = [(n, p) for n, p in _neighbours(space, best) if _plan_key(p) not in seen]
+        moves = [(n, p) for n, p in neighbours(space, best) if _plan_key(p) not in seen]
         seen.update(_plan_key(p) for _, p in moves)
         scored = pool_map(score, [[p for _, p in moves]], 1, space.model, space.cluster)
         fits = [(n, p, s, pk) for (n, p), (s, pk) in zip(moves, scored[0] if scored else [],

@@ -194,7 +194,7 @@ HELP_OPTIONS: dict[tuple[str, ...], list[str]] = {
                       "--pp", "--cp", "--ep", "--vpp", "--zero-stage", "--schedule",
                       "--recompute", "--dtype", "--attention", "--placement",
                       "--sequence-parallel", "--moe-max-load", "--moe-capacity-factor",
-                      "--model", "--cluster", "--out"],
+                      "--moe-dispatcher", "--model", "--cluster", "--out"],
     ("plan", "check"): ["plan", "--model", "--cluster"],
     ("models",): ["--model", "--json"],
     ("hardware",): ["--sources"],

@@ -12,7 +12,7 @@ from sim.cost import compute as cm
 from sim.cost.profiled import cost_model_for
 from sim.errors import SpecError
 from sim.layout.memory import layer_activation_bytes
-from sim.layout.routing import ep_bytes, gini, routing
+from sim.layout.routing import dispatches, ep_bytes, expected_nodes, gini, routing
 
 MIXTRAL = load_model("mixtral-8x7b")
 CLUSTER = load_cluster("dgx-h100:8")
@@ -106,6 +106,7 @@ def test_dense_model_has_no_routing():
     ("moe_max_load=nan", "plan.moe_max_load"),
     ("moe_expert_load=[1, 2]", "plan.moe_expert_load"),
     ("moe_expert_load=[1, 1, 1, 1, 1, 1, 1, -1]", "plan.moe_expert_load"),
+    ('moe_dispatcher="fast"', "plan.moe_dispatcher"),
 ])
 def test_bad_routing_is_one_line(capsys, tmp_path, edit, field):
     path = tmp_path / "plan.json"
@@ -145,3 +146,78 @@ def test_executor_refuses_imbalanced_routing():
 
     hot = dataclasses.replace(BASE, moe_max_load=1.25)
     assert unsupported(MIXTRAL, hot)[0] == "plan.moe_max_load"
+
+
+def test_expected_nodes_by_hand_and_by_drawing():
+    """Unlimited: n (1 - C(E - E/n, k) / C(E, k)). DeepSeek-V3 (4 of 8 groups, 8 of their
+    128 experts) on 8 nodes, a group a node: checked by drawing 40,000 tokens."""
+    from math import comb
+
+    import numpy as np
+
+    m = load_model("deepseek-v3")
+    assert expected_nodes(m, 1) == 1.0
+    free = dataclasses.replace(m, expert_groups=0, expert_groups_per_token=0)
+    assert expected_nodes(free, 8) == pytest.approx(8 * (1 - comb(224, 8) / comb(256, 8)))
+    rng = np.random.default_rng(0)
+    groups = np.argsort(rng.random((40_000, 8)), axis=1)[:, :4]  # 4 of 8 groups a token
+    picks = np.argsort(rng.random((40_000, 128)), axis=1)[:, :8]  # 8 of their 128 experts
+    nodes = np.take_along_axis(groups, picks // 32, axis=1)
+    drawn = np.mean([len(set(row)) for row in nodes.tolist()])
+    assert expected_nodes(m, 8) == pytest.approx(drawn, rel=0.01)
+    assert expected_nodes(m, 8) < expected_nodes(free, 8)
+
+
+DSV3_64 = Plan(global_batch_size=64, seq_len=4096, dp=32, pp=2, ep=32, zero_stage=1,
+               layers_per_stage=(31, 30))
+
+
+@pytest.mark.parametrize("dispatcher", ["alltoall", "allgather", "deepep"])
+def test_dispatchers_agree_across_tiers_and_reductions(dispatcher):
+    m, c = load_model("deepseek-v3"), load_cluster("dgx-h100:8")
+    plan = dataclasses.replace(DSV3_64, moe_dispatcher=dispatcher)
+    a = simulate(m, c, plan)
+    d = simulate(m, c, plan, "des")
+    full = simulate(m, c, plan, "des", reduce=False)
+    assert d.iteration_time_s == full.iteration_time_s and d.simulation["reduced"]
+    assert d.iteration_time_s == pytest.approx(a.iteration_time_s, rel=0.01)
+
+
+def test_deepep_sends_a_token_once_per_node():
+    """On 4 nodes DeepSeek-V3's 8 experts sit on 2.93 nodes on average: DeepEP's
+    inter-node part is 2.93/8 of the all-to-all's bytes, and its step is faster."""
+    m, c = load_model("deepseek-v3"), load_cluster("dgx-h100:8")
+    deepep = dataclasses.replace(DSV3_64, moe_dispatcher="deepep")
+    (rdma, nvl), _ = dispatches(m, deepep, 4)
+    assert rdma[1] == pytest.approx(ep_bytes(m, deepep) * expected_nodes(m, 4) / 8)
+    assert nvl == ("dispatch_nvl", ep_bytes(m, deepep))
+    assert simulate(m, c, deepep).breakdown["ep"] < simulate(m, c, DSV3_64).breakdown["ep"]
+
+
+def test_allgather_wins_when_top_k_is_large_against_ep():
+    """All-gather moves every token to every rank once each way; the all-to-all moves
+    top_k copies. With top-8 of 16 experts on ep 2 the all-gather is cheaper; with top-2 of
+    8 on ep 8 (Mixtral) the all-to-all is."""
+    wide = dataclasses.replace(MIXTRAL, num_experts=16, top_k=8)
+    c = load_cluster("dgx-h100:1")
+    small = Plan(global_batch_size=16, seq_len=4096, dp=8, ep=2)
+    for model, plan, winner in ((wide, small, "allgather"), (MIXTRAL, BASE, "alltoall")):
+        cl = c if plan is small else CLUSTER
+        ep = {d: simulate(model, cl, dataclasses.replace(plan, moe_dispatcher=d)
+                          ).breakdown["ep"] for d in ("alltoall", "allgather")}
+        assert min(ep, key=ep.get) == winner, ep
+
+
+def test_megatron_reads_the_dispatcher_back():
+    pytest.importorskip("megatron.core", reason="megatron-core not installed")
+    from helpers.frameworks import _flags, _megatron_configs, script_env_and_args
+
+    from optimizer.export import export
+
+    for dispatcher, kind in (("allgather", "allgather"), ("deepep", "flex")):
+        plan = dataclasses.replace(BASE, moe_dispatcher=dispatcher)
+        text = export("megatron", plan, MIXTRAL, CLUSTER)["megatron_args.sh"]
+        cfg, _ = _megatron_configs(_flags(script_env_and_args(text, "pretrain_gpt.py")[1]))
+        assert cfg.moe_token_dispatcher_type == kind
+        if dispatcher == "deepep":
+            assert cfg.moe_flex_dispatcher_backend == "deepep"

@@ -69,8 +69,12 @@ def _moe_args(m: ModelSpec, plan: Plan) -> list[str]:
         return []
     freq = [0 if (i in m.mlp_only_layers or (i + 1) % m.moe_layer_step) else 1
             for i in range(m.num_layers)]
+    dispatcher = {"alltoall": ["--moe-token-dispatcher-type alltoall"],
+                  "allgather": ["--moe-token-dispatcher-type allgather"],
+                  "deepep": ["--moe-token-dispatcher-type flex",
+                             "--moe-flex-dispatcher-backend deepep"]}[plan.moe_dispatcher]
     args = [f"--num-experts {m.num_experts}", f"--moe-router-topk {m.top_k}",
-            f"--moe-ffn-hidden-size {m.expert_ffn}", "--moe-token-dispatcher-type alltoall",
+            f"--moe-ffn-hidden-size {m.expert_ffn}", *dispatcher,
             f"--moe-layer-freq [{','.join(map(str, freq))}]",
             f"--expert-tensor-parallel-size {plan.tp}"]
     if m.shared_expert_ffn_hidden_size:

@@ -20,7 +20,7 @@ from sim.cost import compute as cm
 from sim.cost.costmodel import CostModel
 from sim.layout.memory import rank_params
 from sim.layout.placement import group_span
-from sim.layout.routing import ep_bytes
+from sim.layout.routing import dispatches
 from sim.layout.stages import StageLayers, edge_tp_collectives, pipeline_rank_layers
 from sim.network.algorithms import collective_time
 from sim.network.alphabeta import Fabric, fabric_for
@@ -165,7 +165,8 @@ def _ep_per_layer(x: _Ctx) -> float:
     if x.p.ep == 1:
         return 0.0
     passes = 3 if x.p.recompute == "full" else 2
-    return 2 * x.coll("ep", "all_to_all", ep_bytes(x.m, x.p)) * passes
+    ways = dispatches(x.m, x.p, x.fabric["ep"].span.nodes)  # dispatch, combine
+    return sum(max(x.coll("ep", kind, size) for kind, size in parts) for parts in ways) * passes
 
 
 def _stage_compute(x: _Ctx, st: StageLayers) -> float:

@@ -203,6 +203,19 @@ class Collectives:
         yield from x.wait(u, kind, self.collective(u, kind, coll, size, tag), f"{kind} {coll}")
         x.acct[u].comm_total[kind] += x.env.now - t0
 
+    def blocking_all(self, u: Unit, kind: str, parts: list[tuple[str, float]], tag: tuple
+                     ) -> Proc:
+        """The unit waits for collectives that run at once (one, or DeepEP's two parts)."""
+        if len(parts) == 1:
+            yield from self.blocking(u, kind, parts[0][0], parts[0][1], tag)
+            return
+        x = self.x
+        t0 = x.env.now
+        events = [self.collective(u, kind, coll, size, tag + (coll,)) for coll, size in parts]
+        yield from x.wait(u, kind, simpy.AllOf(x.env, events),
+                          f"{kind} {'+'.join(c for c, _ in parts)}")
+        x.acct[u].comm_total[kind] += x.env.now - t0
+
     def solo(self, u: Unit, kind: str, coll: str, size: float, times: float) -> float:
         """A memoised collective's seconds; it is replayed ``times`` (all TP groups of the
         unit, or for other kinds the groups of all its TP ranks, are credited: their links

@@ -12,7 +12,8 @@ from sim.des.comm import Collectives
 from sim.des.context import Context, Proc, Unit
 from sim.des.data_parallel import DataParallel
 from sim.layout.memory import chunk_edge_params, layer_rank_params
-from sim.layout.routing import ep_bytes
+from sim.layout.placement import group_span
+from sim.layout.routing import dispatches
 from sim.layout.stages import edge_tp_collectives
 
 __all__ = ["Layers"]
@@ -23,6 +24,7 @@ class Layers:
 
     def __init__(self, x: Context, comm: Collectives, dp: DataParallel) -> None:
         self.x, self.comm, self.dp = x, comm, dp
+        self._ways: list[list[tuple[str, float]]] | None = None
 
     # Sizes and passes -----------------------------------------------------------------------
     def _tp_ops(self) -> list[str]:
@@ -32,8 +34,12 @@ class Layers:
         return ["all_gather", "reduce_scatter"] * 2 if self.x.p.sequence_parallel else \
             ["all_reduce"] * 2
 
-    def _ep_bytes(self) -> float:
-        return ep_bytes(self.x.m, self.x.p)
+    def _dispatches(self) -> list[list[tuple[str, float]]]:
+        """Dispatch and combine of one MoE layer (:func:`sim.layout.routing.dispatches`)."""
+        if self._ways is None:
+            x = self.x
+            self._ways = dispatches(x.m, x.p, group_span(x.p, x.c, "ep").nodes)
+        return self._ways
 
     def _cp_bytes(self) -> float:
         """Ring all-gather size of one pass: every rank's K and V chunk."""
@@ -46,9 +52,8 @@ class Layers:
             for j, coll in enumerate(self._tp_ops()):
                 yield from self.comm.blocking(u, "tp", coll, self.x.tp_bytes(), tag + (i, j))
             if moe and self.x.p.ep > 1:
-                for j in range(2):
-                    yield from self.comm.blocking(u, "ep", "all_to_all", self._ep_bytes(),
-                                                  tag + (i, "ep", j))
+                for j, parts in enumerate(self._dispatches()):
+                    yield from self.comm.blocking_all(u, "ep", parts, tag + (i, "ep", j))
 
     def _with_cp(self, u: Unit, seconds: float, cp_bytes: float, tag: tuple, name: str
                  ) -> Proc:

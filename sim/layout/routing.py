@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from math import comb
 
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
 from sim.spec.routing import routing_is_balanced
 
-__all__ = ["Routing", "routing", "gini", "ep_bytes"]
+__all__ = ["Routing", "routing", "gini", "ep_bytes", "expected_nodes", "dispatches"]
 
 
 @dataclass(frozen=True)
@@ -96,3 +97,60 @@ def ep_bytes(m: ModelSpec, plan: Plan) -> float:
     parallelism) times top-k hidden vectors, times the hottest rank's load factor."""
     tokens = plan.local_tokens / (plan.tp if plan.sequence_parallel else 1)
     return tokens * m.top_k * m.hidden_size * plan.activation_bytes * routing(m, plan).load_factor
+
+
+def _touched(pool: int, hit: int, k: int) -> float:
+    """P(at least one of ``k`` experts drawn from ``pool`` falls among ``hit`` of them)."""
+    return 1.0 - comb(pool - hit, k) / comb(pool, k)
+
+
+@functools.lru_cache(maxsize=256)
+def _expected_nodes(experts: int, k: int, groups: int, per_token: int, nodes: int) -> float:
+    if nodes <= 1:
+        return 1.0
+    if groups == 0 or per_token == groups or (groups % nodes and nodes % groups):
+        return nodes * _touched(experts, experts // nodes, k)
+    pool = per_token * experts // groups  # the chosen groups' experts
+    if nodes % groups == 0:  # a group spans nodes / groups nodes
+        return nodes * per_token / groups * _touched(pool, experts // nodes, k)
+    own = groups // nodes  # whole groups on each node
+    p = sum(comb(own, a) * comb(groups - own, per_token - a) / comb(groups, per_token)
+            * _touched(pool, a * experts // groups, k)
+            for a in range(1, min(own, per_token) + 1))
+    return nodes * p
+
+
+def expected_nodes(m: ModelSpec, nodes: int) -> float:
+    """Distinct nodes a token's top-k experts sit on, on average, when the expert-parallel
+    group spans ``nodes`` nodes with the experts split evenly: routing draws the token's
+    ``expert_groups_per_token`` groups, then its experts from them, uniformly (DeepSeek's
+    node-limited routing caps the nodes; unlimited, the experts are any ``top_k`` of all).
+    Exact for groups that are whole on a node or nodes whole in a group; other splits are
+    counted as unlimited (an upper bound)."""
+    return _expected_nodes(m.num_experts, m.top_k, m.expert_groups,
+                           m.expert_groups_per_token, nodes)
+
+
+def dispatches(m: ModelSpec, plan: Plan, nodes: int) -> list[list[tuple[str, float]]]:
+    """The collectives of one dispatch and of one combine of an MoE layer for one
+    micro-batch, as ``[(kind, bytes), ...]`` that run at once, for the plan's dispatcher
+    over an expert-parallel group spanning ``nodes`` nodes:
+
+    * ``alltoall``: one all-to-all of :func:`ep_bytes` each way (Megatron-LM's default);
+    * ``allgather``: every rank gathers the whole group's tokens (dispatch) and
+      reduce-scatters the experts' outputs back (combine), whatever top-k: cheaper than the
+      all-to-all when ``top_k`` is large against ``ep``;
+    * ``deepep``: a token crosses to each node holding one of its experts once, to the rank
+      of the sender's local index (``dispatch_rdma``, ``ep_bytes x expected_nodes /
+      top_k``), which forwards it over NVLink to the experts' ranks (``dispatch_nvl``); the
+      two parts are pipelined, so they run at once."""
+    if plan.moe_dispatcher == "allgather":
+        tokens = plan.local_tokens / (plan.tp if plan.sequence_parallel else 1)
+        whole = plan.ep * tokens * m.hidden_size * plan.activation_bytes
+        return [[("all_gather", whole)], [("reduce_scatter", whole)]]
+    size = ep_bytes(m, plan)
+    if plan.moe_dispatcher == "deepep":
+        parts = [("dispatch_rdma", size * expected_nodes(m, nodes) / m.top_k),
+                 ("dispatch_nvl", size)]
+        return [parts, parts]
+    return [[("all_to_all", size)], [("all_to_all", size)]]

@@ -27,6 +27,8 @@ from sim.network.alphabeta import (
     all_to_all_s,
     broadcast_s,
     default_algorithm,
+    dispatch_nvl_s,
+    dispatch_rdma_s,
     flat_rates,
     halving_doubling_s,
     hierarchical_s,
@@ -40,6 +42,8 @@ from sim.network.collectives import (
     Phase,
     all_to_all_phases,
     chain_phases,
+    dispatch_nvl_phases,
+    dispatch_rdma_phases,
     double_tree_phases,
     halving_doubling_phases,
     hierarchical_phases,
@@ -48,7 +52,8 @@ from sim.network.collectives import (
 )
 from sim.spec.plan import Plan
 
-__all__ = ["Algorithm", "TABLE", "REDUCTIONS", "collective_time", "expand", "nccl_env"]
+__all__ = ["Algorithm", "TABLE", "REDUCTIONS", "DISPATCH", "collective_time", "expand",
+           "nccl_env"]
 
 REDUCTIONS = ("all_reduce", "all_gather", "reduce_scatter")
 Nodes = list[list[int]] | None  # a group's indices per node (None: not known / one node)
@@ -159,6 +164,15 @@ TABLE: dict[str, Algorithm] = {a.name: a for a in (
 )}
 
 
+# DeepEP's two parts of one dispatch (or combine), which run at once: a kind of collective
+# with one way to run it (closed form, flows), as send_recv and broadcast.
+DISPATCH: dict[str, tuple[Callable[[Fabric, float], float],
+                          Callable[[float, list[list[int]]], list[Phase]]]] = {
+    "dispatch_rdma": (dispatch_rdma_s, dispatch_rdma_phases),
+    "dispatch_nvl": (dispatch_nvl_s, dispatch_nvl_phases),
+}
+
+
 def _entry(collective: str, name: str) -> Algorithm:
     """The table's algorithm that runs ``collective`` when ``name`` is asked for."""
     if name not in TABLE:
@@ -178,6 +192,8 @@ def collective_time(collective: str, f: Fabric, size_bytes: float, algorithm: st
         return send_recv_s(f, size_bytes)
     if collective == "broadcast":
         return broadcast_s(f, size_bytes)
+    if collective in DISPATCH:
+        return DISPATCH[collective][0](f, size_bytes)
     if algorithm == "auto":
         algorithm = default_algorithm(collective, f, size_bytes)
     return _entry(collective, algorithm).seconds(collective, f, size_bytes)
@@ -195,6 +211,8 @@ def expand(kind: str, algorithm: str, n: int, size: float, nodes: Nodes = None
         return [Phase([FlowSpec(i, i + 1, size) for i in range(0, n, 2)])]
     if kind == "broadcast":
         return chain_phases(n, size, nodes)
+    if kind in DISPATCH:
+        return DISPATCH[kind][1](size, nodes or [list(range(n))])
     return _entry(kind, algorithm).phases(kind, n, size, nodes)
 
 

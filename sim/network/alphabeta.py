@@ -155,6 +155,23 @@ def all_to_all_s(f: Fabric, size: float, algorithm: str) -> float:
     return alpha + max((g - 1) / n * size / f.intra_Bps, (n - g) / n * size / f.inter_Bps)
 
 
+def dispatch_rdma_s(f: Fabric, size: float) -> float:
+    """DeepEP's inter-node part: every rank sends ``size / nodes`` to the rank of its own
+    local index on each other node of the group (one NIC each, all at once)."""
+    if f.span.nodes == 1:
+        return 0.0
+    return f.inter_alpha_s + (f.span.nodes - 1) / f.span.nodes * size / f.inter_Bps
+
+
+def dispatch_nvl_s(f: Fabric, size: float) -> float:
+    """DeepEP's intra-node part: every rank sends ``size / g`` to each other rank of the
+    group on its node over NVLink (what it received across nodes, and its own tokens)."""
+    g = f.span.per_node
+    if g == 1:
+        return 0.0
+    return f.intra_alpha_s + (g - 1) / g * size / f.intra_Bps
+
+
 def send_recv_s(f: Fabric, size: float) -> float:
     """Between neighbours of the group: one hop, across nodes if the group spans several."""
     if f.span.nodes > 1:

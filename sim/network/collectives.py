@@ -134,6 +134,22 @@ def all_to_all_phases(n: int, size: float, pairwise: bool) -> list[Phase]:
     return [Phase([FlowSpec(i, (i + k) % n, size / n) for i in range(n)]) for k in range(1, n)]
 
 
+def dispatch_rdma_phases(size: float, nodes: list[list[int]]) -> list[Phase]:
+    """DeepEP's inter-node flows: rank ``l`` of each node to rank ``l`` of every other node
+    (where that node has one), ``size / nodes`` each."""
+    share = size / len(nodes)
+    flows = [FlowSpec(a[i], b[i], share) for a in nodes for b in nodes if a is not b
+             for i in range(min(len(a), len(b)))]
+    return [Phase(flows)] if flows else []
+
+
+def dispatch_nvl_phases(size: float, nodes: list[list[int]]) -> list[Phase]:
+    """DeepEP's intra-node flows: every pair of ranks on a node, ``size / g`` each."""
+    flows = [FlowSpec(i, j, size / len(node)) for node in nodes for i in node for j in node
+             if i != j]
+    return [Phase(flows)] if flows else []
+
+
 def chain_phases(n: int, size: float, nodes: list[list[int]] | None = None) -> list[Phase]:
     """Pipelined chain from rank 0 (one chain per channel across nodes, as rings)."""
     orders = _channels(n, nodes)

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import simpy
 
-from sim.network.algorithms import expand
+from sim.network.algorithms import DISPATCH, expand
 from sim.network.collectives import CHUNK_BYTES, FlowSpec, Phase
 from sim.network.flows import AsymmetricFlows, Members, Network
 from sim.network.topology import Topology
@@ -83,7 +83,7 @@ class CommEngine:
                 scale = self.nvls_weight(devices[f.src]) if switch else 1.0
                 key: tuple = (f.size_bytes, switch, scale)
                 if not coupled:  # reduced all-to-all: alike flows of the group merge too
-                    alike = reduced and kind == "all_to_all"
+                    alike = reduced and kind in ("all_to_all", *DISPATCH)
                     key += (tuple(sorted(self.topo.cap[link] for link in path)) if alike
                             else i, klass(devices[f.src]),
                             -1 if switch else klass(devices[f.dst]), lat)

@@ -79,6 +79,7 @@ class Plan:
     moe_expert_load: tuple[float, ...] | None = None
     # tokens an expert takes, over its balanced share; the rest are dropped (null: dropless)
     moe_capacity_factor: float | None = None
+    moe_dispatcher: str = "alltoall"  # MoE token dispatch: `alltoall`, `allgather` or `deepep`
 
     def __post_init__(self) -> None:
         validate(self)

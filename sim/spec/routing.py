@@ -17,7 +17,11 @@ if TYPE_CHECKING:
 # as Any: naming Plan here would be an import circle).
 Plan = Any
 
-__all__ = ["check_routing", "check_routing_model", "routing_is_balanced"]
+__all__ = ["check_routing", "check_routing_model", "routing_is_balanced", "DISPATCHERS"]
+
+# How tokens reach their experts (sim.layout.routing): Megatron-LM's all-to-all and
+# all-gather token dispatchers, and DeepEP (node-deduplicated, NVLink-forwarded).
+DISPATCHERS = ("alltoall", "allgather", "deepep")
 
 
 def _number(field: str, value: Any) -> float:
@@ -44,6 +48,9 @@ def check_routing(plan: Plan) -> None:
         if f != 1.0:
             raise SpecError("plan.moe_max_load", "give moe_max_load or moe_expert_load, not "
                             "both")
+    if plan.moe_dispatcher not in DISPATCHERS:
+        raise SpecError("plan.moe_dispatcher", f"must be one of {', '.join(DISPATCHERS)}, got "
+                        f"{plan.moe_dispatcher!r}")
     c = plan.moe_capacity_factor
     if c is not None and _number("plan.moe_capacity_factor", c) <= 0:
         raise SpecError("plan.moe_capacity_factor", f"must be > 0 (an expert's capacity over "
@@ -57,6 +64,8 @@ def routing_is_balanced(plan: Plan) -> bool:
 
 
 def check_routing_model(plan: Plan, m: ModelSpec) -> None:
+    if plan.moe_dispatcher != "alltoall" and not m.is_moe:
+        raise SpecError("plan.moe_dispatcher", f"is for MoE models; {m.name!r} is dense")
     if routing_is_balanced(plan):
         return
     if not m.is_moe:

@@ -31,7 +31,7 @@ def cmd_plan_new(args: argparse.Namespace) -> int:
         if getattr(args, k) is not None:
             fields[k] = getattr(args, k)
     fields["sequence_parallel"] = args.sequence_parallel
-    for k in ("moe_max_load", "moe_capacity_factor"):
+    for k in ("moe_max_load", "moe_capacity_factor", "moe_dispatcher"):
         if getattr(args, k) is not None:
             fields[k] = getattr(args, k)
     plan = Plan.from_dict(fields)
@@ -81,6 +81,8 @@ def add_plan_parser(sub: Any) -> None:
     new.add_argument("--moe-capacity-factor", type=float, metavar="C",
                      help="MoE: an expert keeps at most C times its balanced share of tokens "
                      "and drops the rest (default: dropless)")
+    new.add_argument("--moe-dispatcher", choices=["alltoall", "allgather", "deepep"],
+                     help="MoE token dispatch (default alltoall)")
     new.add_argument("--model", help="also check against this model: " + MODEL_HELP)
     new.add_argument("--cluster", help="also check against this cluster: " + CLUSTER_HELP)
     new.add_argument("--out", metavar="FILE", help="write the plan here (atomically)")
