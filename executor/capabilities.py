@@ -4,6 +4,7 @@ exit code 2, instead of after torchrun has started)."""
 
 from __future__ import annotations
 
+from sim.spec.experts import is_folded
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
 from sim.spec.routing import routing_is_balanced
@@ -52,6 +53,12 @@ def unsupported(spec: ModelSpec, plan: Plan) -> tuple[str, str] | None:
     if plan.micro_batches_per_replica is not None:
         return "plan.micro_batches_per_replica", ("micro_batches_per_replica is not run by the "
                                                   "executor: every replica takes the same batch")
+    if plan.moe_overlap != "none":
+        return "plan.moe_overlap", ("expert all-to-all overlap is not run by the executor "
+                                    "(simulate it)")
+    if is_folded(plan):
+        return "plan.etp", ("a folded expert grid (etp != tp, or expert groups beyond the "
+                            "data-parallel ranks) is not run by the executor yet (simulate it)")
     if plan.cp > 1:
         return "plan.cp", "context parallelism is not run by the executor yet (simulate it)"
     if spec.is_moe and plan.tp > 1:

@@ -30,14 +30,18 @@ import argparse
 import csv
 import dataclasses
 import json
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
 
 from sim import Plan, load_cluster, simulate
+from sim.errors import SpecError
 from sim.io import atomic_write_text
 from sim.layout.flops import megatron_flops_per_token
 from sim.layout.memory import memory_report
+from sim.layout.stages import even_split
 from sim.spec.cluster import ClusterSpec
 from sim.spec.hf_config import hf_config_to_spec
 from sim.spec.model import ModelSpec
@@ -66,13 +70,6 @@ def models() -> dict[str, ModelSpec]:
             "Mixtral-8x7B": load_zoo("mixtral-8x7b")}
 
 
-def _layers(model: ModelSpec, stages: int) -> tuple[int, ...] | None:
-    if model.num_layers % stages == 0:
-        return None
-    base, extra = divmod(model.num_layers, stages)
-    return (base + 1,) * extra + (base,) * (stages - extra)
-
-
 def plan_of(row: dict[str, str], model: ModelSpec, recompute: str = "none") -> Plan:
     gpus, tp, pp, cp = (int(row[k]) for k in ("gpus", "tp", "pp", "cp"))
     vp = int(row["vp"] or 1)
@@ -83,7 +80,7 @@ def plan_of(row: dict[str, str], model: ModelSpec, recompute: str = "none") -> P
                 schedule="interleaved-1f1b" if vp > 1 else "1f1b",
                 zero_stage=3 if fsdp else 1, sequence_parallel=tp > 1, recompute=recompute,
                 moe_dispatcher="deepep" if "DeepEP" in row["precision"] else "alltoall",
-                layers_per_stage=_layers(model, pp * vp))
+                layers_per_stage=even_split(model.num_layers, pp * vp))
 
 
 def published_step(row: dict[str, str], model: ModelSpec) -> tuple[float, str]:
@@ -97,13 +94,22 @@ def published_step(row: dict[str, str], model: ModelSpec) -> tuple[float, str]:
     return flops / (int(row["gpus"]) * tflops * 1e12), f"from {tflops:g} TFLOP/s"
 
 
-def fitting_plan(row: dict[str, str], model: ModelSpec, cluster: ClusterSpec) -> Plan:
-    """The row's plan with the least activation recomputation that fits in memory."""
+def least_recompute(make: Callable[[str], Plan], model: ModelSpec, cluster: ClusterSpec
+                    ) -> Plan:
+    """``make(recompute)`` with the least activation recomputation that fits in memory (of
+    those the plan allows: all-to-all overlap refuses full), else the most it allows."""
+    allowed = []
     for recompute in RECOMPUTE_MODES:
-        plan = plan_of(row, model, recompute)
+        try:
+            plan = make(recompute)
+        except SpecError:
+            continue
         if memory_report(model, cluster, plan).fits:
             return plan
-    return plan
+        allowed.append(plan)
+    if not allowed:
+        return make(RECOMPUTE_MODES[0])  # raises the plan's error
+    return allowed[-1]
 
 
 def table(tiers: tuple[str, ...]) -> pd.DataFrame:
@@ -112,7 +118,7 @@ def table(tiers: tuple[str, ...]) -> pd.DataFrame:
         for row in csv.DictReader(f):
             model = specs[row["model"]]
             cluster = load_cluster(f"dgx-h100:{int(row['gpus']) // 8}")
-            plan = fitting_plan(row, model, cluster)
+            plan = least_recompute(partial(plan_of, row, model), model, cluster)
             step, basis = published_step(row, model)
             out = {"id": row["id"], "model": row["model"], "gpus": int(row["gpus"]),
                    "tp": plan.tp, "pp": plan.pp, "vpp": plan.vpp, "ep": plan.ep, "dp": plan.dp,

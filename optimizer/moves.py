@@ -5,6 +5,7 @@ pipeline stage, spare memory)."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from optimizer.scoring import Candidate
 from optimizer.space import SearchSpace
@@ -32,13 +33,24 @@ def _collective_moves(p: Plan, r: Result) -> list[tuple[str, Plan]]:
 
 
 def _dispatcher_moves(p: Plan, r: Result) -> list[tuple[str, Plan]]:
-    """The other MoE token dispatchers, when expert-parallel communication is exposed."""
+    """The other MoE token dispatchers and ways to hide the all-to-alls, when expert-
+    parallel communication is exposed (invalid pairs are dropped by validation)."""
+    from sim.spec.experts import OVERLAPS
     from sim.spec.routing import DISPATCHERS
 
     if p.ep == 1 or r.communication["ep"]["exposed_s"] <= 0:
         return []
-    return [(f"dispatcher {d}", dataclasses.replace(p, moe_dispatcher=d))
-            for d in DISPATCHERS if d != p.moe_dispatcher]
+    changes: list[tuple[str, dict[str, Any]]] = [
+        (f"dispatcher {d}", {"moe_dispatcher": d}) for d in DISPATCHERS
+        if d != p.moe_dispatcher]
+    changes += [(f"overlap {o}", {"moe_overlap": o}) for o in OVERLAPS if o != p.moe_overlap]
+    out = []
+    for name, change in changes:
+        try:
+            out.append((name, dataclasses.replace(p, **change)))
+        except SpecError:  # e.g. a2a overlap with full recomputation
+            continue
+    return out
 
 
 def _stage_moves(space: SearchSpace, p: Plan) -> list[tuple[str, Plan]]:

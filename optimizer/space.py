@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from optimizer.constraints import Constraints
+from sim.layout.stages import even_split
 from sim.spec.cluster import ClusterSpec
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
@@ -58,63 +59,96 @@ class SearchSpace:
         return [c for c in divisors(rest, limit) if (self.seq_len // 2) % c == 0
                 and (c == 1 or self.seq_len % (2 * c) == 0)]
 
-    def _eps(self, dp: int) -> list[int]:
-        m = self.model
-        return divisors(dp) if not m.is_moe else \
-            [e for e in divisors(dp) if m.num_experts % e == 0]
+    def _experts(self, tp: int, cp: int, dp: int) -> list[tuple[int, int | None]]:
+        """(ep, etp) of an MoE model: experts on the tensor-parallel group (etp null, ``ep``
+        splitting the rest of the stage) or, with tp > 1, not tensor-parallel at all (etp 1,
+        an expert group may take in the TP ranks): the rules of :mod:`sim.spec.experts`."""
+        if not self.model.is_moe:
+            return [(1, None)]
+        out: list[tuple[int, int | None]] = []
+        for etp in ([tp, 1] if tp > 1 else [1]):
+            out += [(ep, None if etp == tp else etp) for ep in divisors(tp * cp * dp // etp)
+                    if self.model.num_experts % ep == 0
+                    and ((etp * ep) % (tp * cp) == 0 or (tp * cp) % (etp * ep) == 0)]
+        return out
 
     def _keep(self, name: str, values: list[int]) -> list[int]:
         fixed = self.constraints.fixed_value(name)
         return values if fixed is None else [v for v in values if v == fixed]
 
-    def degrees(self) -> Iterator[tuple[int, int, int, int, int]]:
-        """(tp, cp, pp, dp, ep) with tp*cp*pp*dp = world and every divisibility rule."""
-        world = self.cluster.world_size
+    def degrees(self) -> Iterator[tuple[int, int, int, int, int, int | None]]:
+        """(tp, cp, pp, dp, ep, etp) with tp*cp*pp*dp = world and every divisibility rule."""
+        world, layers = self.cluster.world_size, self.model.num_layers
+        # a layer count no pipeline depth >= 4 of the cluster divides (94, 61, 126 layers)
+        # is split unevenly over any depth; others keep depths that divide it
+        uneven = not any(layers % q == 0 for q in divisors(world) if q >= 4)
         for tp in self._keep("tp", self._tps()):
             for cp in self._keep("cp", self._cps(world // tp)):
                 for pp in self._keep("pp", divisors(world // (tp * cp))):
                     dp = world // (tp * cp * pp)
-                    if self.model.num_layers % pp or self.global_batch_size % dp \
-                            or self._keep("dp", [dp]) != [dp]:
+                    if pp > layers or (layers % pp and not uneven) \
+                            or self.global_batch_size % dp or self._keep("dp", [dp]) != [dp]:
                         continue
-                    for ep in self._keep("ep", self._eps(dp) if self.model.is_moe else [1]):
-                        yield tp, cp, pp, dp, ep
+                    for ep, etp in self._experts(tp, cp, dp):
+                        if self._keep("ep", [ep]):
+                            yield tp, cp, pp, dp, ep, etp
 
     def _schedules(self, pp: int, micro: int) -> list[tuple[str, int]]:
+        """1F1B, and interleaved 1F1B with each vpp that divides the layers a stage holds
+        (and, when pp does not divide the layers, each power of two up to them); layers
+        that pp x vpp does not divide are split as evenly as they go
+        (:func:`sim.layout.stages.even_split`)."""
         out = [("1f1b", 1)]
         per_stage = self.model.num_layers // pp
+        vpps = set(divisors(per_stage))
+        if self.model.num_layers % pp:  # uneven anyway: the powers of two too, as published
+            vpps |= {2 ** k for k in range(1, per_stage.bit_length()) if 2 ** k <= per_stage}
         if pp > 1 and micro % pp == 0:
-            out += [("interleaved-1f1b", v) for v in divisors(per_stage) if v > 1]
+            out += [("interleaved-1f1b", v) for v in sorted(vpps) if v > 1]
         vpp = self.constraints.fixed_value("vpp")
         return out if vpp is None else [(s, v) for s, v in out if v == vpp]
 
-    def _tail(self, tp: int, pp: int, ep: int, cp: int) -> Iterator[tuple[int, str, bool, str]]:
+    def _tail(self, tp: int, pp: int, moe_sp: bool, cp: int
+              ) -> Iterator[tuple[int, str, bool, str]]:
         """(zero stage, recompute, sequence parallel, placement)."""
         zeros = tuple(z for z in ((0, 1, 2, 3) if pp == 1 else (0, 1))
                       if z <= self.constraints.max_zero_stage)
         # selective recompute saves nothing with flash attention
         recomputes = ("none", "full") if self.attention == "flash" else \
             ("none", "selective", "full")
-        sps: tuple[bool, ...] = (True,) if tp > 1 and ep > 1 else \
+        sps: tuple[bool, ...] = (True,) if tp > 1 and moe_sp else \
             ((False, True) if tp > 1 else (False,))
         if (self.seq_len // cp) % tp:  # SP splits the local sequence over TP
             sps = tuple(sp for sp in sps if not sp)
         places = PLACEMENTS if pp > 1 else PLACEMENTS[:1]
         yield from itertools.product(zeros, recomputes, sps, places)
 
+    def _overlap(self, ep: int, pp: int, schedule: str, recompute: str) -> str:
+        """Megatron-LM's all-to-all overlap (merged forward/backward steps) wherever its rules
+        allow it: trainsim's model never makes a step slower with it (its extra memory, a
+        second micro-batch's activations in flight, is not modelled)."""
+        if ep == 1 or recompute == "full" or self.model.num_mtp_layers > 1 or (
+                pp > 1 and schedule != "interleaved-1f1b") or (
+                pp == 1 and self.model.num_mtp_layers):
+            return "none"
+        return "a2a"
+
     def __iter__(self) -> Iterator[Plan]:
-        for tp, cp, pp, dp, ep in self.degrees():
+        for tp, cp, pp, dp, ep, etp in self.degrees():
             per_replica = self.global_batch_size // dp
             limit = max(self.max_micro_batch,
                         self.constraints.fixed_value("micro_batch_size") or 0)
             for mbs in self._keep("micro_batch_size", divisors(per_replica, limit)):
                 micro = per_replica // mbs
+                tails = self._tail(tp, pp, ep > 1 or etp is not None, cp)
                 for (schedule, vpp), tail in itertools.product(self._schedules(pp, micro),
-                                                               self._tail(tp, pp, ep, cp)):
+                                                               tails):
                     zero, recompute, sp, placement = tail
+                    overlap = self._overlap(ep, pp, schedule, recompute)
                     plan = Plan(self.global_batch_size, self.seq_len, mbs, dp, tp, pp, cp, ep,
                                 vpp, schedule, zero, recompute, sp, self.dtype, placement,
-                                attention=self.attention,
+                                layers_per_stage=even_split(self.model.num_layers, pp * vpp),
+                                attention=self.attention, etp=etp, moe_overlap=overlap,
                                 overlap_grad_reduce=self.overlap_grad_reduce)
                     if self.constraints.framework == "any" \
                             or self.constraints.admits(plan, self.model):

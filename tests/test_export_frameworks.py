@@ -18,6 +18,7 @@ from sim import Plan, load_cluster, load_model
 from sim.errors import SpecError
 from sim.layout.flops import param_count
 from sim.layout.stages import virtual_stage_layers
+from sim.spec.experts import expert_tp
 
 # The six plans of the exports table (docs/guide/optimizer.md); the search's Megatron-LM
 # winner is the seventh (test_optimizer_constraints.py).
@@ -89,7 +90,7 @@ def test_megatron_core_reads_the_arguments_back(name):
     model, cluster, plan, files = _case(name, "megatron")
     assert files is not None
     parsed = megatron_parsed(files["megatron_args.sh"], cluster.world_size)
-    _same(parsed, _expected(plan, model))
+    _same(parsed, {**_expected(plan, model), "etp": expert_tp(plan)})
     rate = 0.1 if model.dropout else 0.0  # Megatron-LM's default is 0.1 for every model
     assert parsed["dropout"] == (rate, rate) and parsed["num_layers"] == model.num_layers
     assert parsed["dispatcher"] == ("alltoall" if model.is_moe else None)
@@ -247,9 +248,6 @@ def test_megatron_fsdp_and_local_attention_pass_validate_args_rules():
 
 
 @pytest.mark.parametrize("fmt, model_name, cluster_name, plan, field", [
-    ("megatron", "mixtral-8x7b", "dgx-h100:4", Plan(64, 8192, 1, dp=8, tp=2, cp=2, ep=2,
-                                                    sequence_parallel=True),
-     "plan.ep"),
     ("torchtitan", "tiny", "cpu:4", Plan(8, 256, 1, dp=2, pp=2, zero_stage=2), "plan.pp"),
     ("deepspeed", "llama3-8b", "dgx-h100:2", Plan(64, 4096, 1, dp=16), "plan.overlap_grad_reduce"),
     ("deepspeed", "llama3-8b", "dgx-h100:2", Plan(64, 4096, 1, dp=16, zero_stage=1,

@@ -46,7 +46,7 @@ def test_world_size_error_shows_arithmetic():
     (dict(schedule="interleaved-1f1b", pp=2), "needs pp > 1 and vpp >= 2"),
     (dict(schedule="interleaved-1f1b", pp=3, vpp=2), r"64 % 3 != 0"),
     (dict(sequence_parallel=True), "needs tp > 1"),
-    (dict(dp=4, ep=3), r"dp % ep = 4 % 3 = 1"),
+    (dict(dp=4, ep=3), r"etp x ep = 1 x 3 must divide tp x cp x dp = 1 x 1 x 4 = 4"),
     (dict(cp=3), "multiple of 2\\*cp = 6"),
     (dict(placement="tp-dp-pp"), "placement: must order each of"),
     (dict(placement=(0, 0)), "permutation"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from sim.errors import SpecError
 from sim.spec.cluster import ClusterSpec
+from sim.spec.experts import expert_tp
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
 
@@ -44,10 +45,6 @@ def check(plan: Plan, model: ModelSpec) -> None:
     if plan.pp > 1 and plan.schedule == "gpipe":
         raise SpecError("plan.schedule", "gpipe is not expressible in Megatron-LM: with pp > 1 "
                         "it runs 1F1B (or interleaved 1F1B)")
-    if plan.ep > 1 and plan.cp > 1:
-        raise SpecError("plan.ep", f"{plan.ep} with cp = {plan.cp} is not expressible in "
-                        "Megatron-LM: it forms expert groups across the context-parallel "
-                        "ranks (expert data parallelism), not within data parallelism as planned")
     if plan.zero_stage >= 2 and plan.pp > 1:
         raise SpecError("plan.zero_stage", f"ZeRO-{plan.zero_stage} (Megatron-FSDP) with pp = "
                         f"{plan.pp} is not expressible: Megatron-FSDP does not pipeline")
@@ -76,10 +73,12 @@ def _moe_args(m: ModelSpec, plan: Plan) -> list[str]:
     args = [f"--num-experts {m.num_experts}", f"--moe-router-topk {m.top_k}",
             f"--moe-ffn-hidden-size {m.expert_ffn}", *dispatcher,
             f"--moe-layer-freq [{','.join(map(str, freq))}]",
-            f"--expert-tensor-parallel-size {plan.tp}"]
+            f"--expert-tensor-parallel-size {expert_tp(plan)}"]
     if m.shared_expert_ffn_hidden_size:
         args.append(f"--moe-shared-expert-intermediate-size {m.shared_expert_ffn_hidden_size}")
         args += ["--moe-shared-expert-gate"] if m.shared_expert_gate else []
+    args += {"none": [], "shared-expert": ["--moe-shared-expert-overlap"],
+             "a2a": ["--overlap-moe-expert-parallel-comm"]}[plan.moe_overlap]
     if plan.moe_capacity_factor is not None:  # drop what exceeds it, by router probability
         args += [f"--moe-expert-capacity-factor {plan.moe_capacity_factor:g}",
                  "--moe-token-drop-policy probs"]

@@ -21,11 +21,13 @@ from sim.cost.costmodel import CostModel
 from sim.layout.memory import rank_params
 from sim.layout.placement import group_span
 from sim.layout.routing import dispatches
+from sim.layout.schedule import warmup_forwards
 from sim.layout.stages import StageLayers, edge_tp_collectives, pipeline_rank_layers
 from sim.network.algorithms import collective_time
 from sim.network.alphabeta import Fabric, fabric_for
 from sim.result import Timing
 from sim.spec.cluster import ClusterSpec
+from sim.spec.experts import expert_tp
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
 
@@ -54,6 +56,7 @@ class StageCost:
     dp: _DPCost
     optimizer_s: float
     embedding_s: float = 0.0  # the tied embedding's gradient all-reduce (first, last stage)
+    ep_overlapped_s: float = 0.0  # expert all-to-alls hidden (plan.moe_overlap)
 
     @property
     def per_microbatch_s(self) -> float:
@@ -92,8 +95,10 @@ class _Ctx:
         return collective_time(kind, fabric, size, algo)
 
 
-def _tp_per_layer(x: _Ctx) -> float:
-    """TP collectives of one layer, forward + backward (+ forward again if recomputed)."""
+def _tp_per_layer(x: _Ctx, moe: bool = False) -> float:
+    """TP collectives of one layer, forward + backward (+ forward again if recomputed): the
+    attention's and the MLP's, or the attention's alone for an MoE layer whose experts are
+    not on the tensor-parallel group (``etp != tp``: each rank routes its own shard)."""
     if x.p.tp == 1:
         return 0.0
     size = x.tokens * x.m.hidden_size * x.e
@@ -102,7 +107,12 @@ def _tp_per_layer(x: _Ctx) -> float:
     else:
         one = x.coll("tp", "all_reduce", size)
     passes = 3 if x.p.recompute == "full" else 2  # forward, backward, recomputed forward
-    return 2 * one * passes
+    blocks = 1 if moe and expert_tp(x.p) != x.p.tp else 2
+    return blocks * one * passes
+
+
+def _tp_layers(st: StageLayers, dense_s: float, moe_s: float) -> float:
+    return st.total * dense_s if moe_s == dense_s else st.dense * dense_s + st.moe * moe_s
 
 
 def _tp_edges(x: _Ctx, st: StageLayers) -> float:
@@ -161,12 +171,39 @@ def _cp_per_layer(x: _Ctx, layer: cm.LayerTime) -> tuple[float, float]:
     return max(0.0, comm - hide), min(comm, hide)
 
 
-def _ep_per_layer(x: _Ctx) -> float:
+def _ep_pass(x: _Ctx) -> float:
+    """One MoE layer's dispatch and combine in one pass."""
     if x.p.ep == 1:
         return 0.0
-    passes = 3 if x.p.recompute == "full" else 2
     ways = dispatches(x.m, x.p, x.fabric["ep"].span.nodes)  # dispatch, combine
-    return sum(max(x.coll("ep", kind, size) for kind, size in parts) for parts in ways) * passes
+    return sum(max(x.coll("ep", kind, size) for kind, size in parts) for parts in ways)
+
+
+def _ep_stage(x: _Ctx, st: StageLayers, rank: int, k: float) -> tuple[float, float]:
+    """(exposed, hidden) expert all-to-all seconds per micro-batch on a pipeline rank.
+
+    * ``none``: every dispatch and combine waits.
+    * ``shared-expert``: each pass's pair runs beside that pass's shared expert.
+    * ``a2a``: merged steps run one micro-batch's forward with another's backward, two
+      streams: a pair's all-to-alls hide behind both passes' compute (``max(0, E - C)``).
+      The forwards before the first merged step and the backwards after the last (the
+      warm-up's, at least one each) wait as ``none``."""
+    layer = _ep_pass(x)
+    one = st.moe * layer
+    total = st.moe * (layer * (3 if x.p.recompute == "full" else 2))  # as earlier releases
+    if x.p.moe_overlap == "shared-expert":
+        e = x.moe
+        hidden = [e.shared_forward, e.shared_backward] + (
+            [e.shared_forward] if x.p.recompute == "full" else [])
+        exposed = sum(max(0.0, one - st.moe * k * h) for h in hidden)
+        return exposed, total - exposed
+    if x.p.moe_overlap != "a2a" or total == 0:
+        return total, 0.0
+    compute = k * _stage_compute(x, st)
+    passes = x.p.num_microbatches * x.p.vpp
+    alone = min(1.0, max(warmup_forwards(x.p, rank), 1) / passes)
+    exposed = alone * total + (1 - alone) * max(0.0, total - compute)
+    return exposed, total - exposed
 
 
 def _stage_compute(x: _Ctx, st: StageLayers) -> float:
@@ -229,16 +266,18 @@ def stage_costs(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostMo
     """Per pipeline rank; ``stage_scale`` multiplies a stage's compute and optimizer step
     (stragglers: the stage's slowest rank, :func:`sim.network.failures.stage_scales`)."""
     x = _Ctx(model, cluster, plan, cost)
-    tp_l, ep_l = _tp_per_layer(x), _ep_per_layer(x)
+    tp_d, tp_m = _tp_per_layer(x), _tp_per_layer(x, moe=True)
     cp_d, cp_e = _cp_per_layer(x, x.dense), _cp_per_layer(x, x.moe)
     out: list[StageCost] = []
     for st in pipeline_rank_layers(plan, model):
         k = 1.0 if stage_scale is None else stage_scale[len(out)]
         comp = k * _stage_compute(x, st)
+        ep = _ep_stage(x, st, len(out), k)
         out.append(StageCost(
-            comp, st.total * tp_l + _tp_edges(x, st), st.dense * cp_d[0] + st.moe * cp_e[0],
-            st.dense * cp_d[1] + st.moe * cp_e[1], st.moe * ep_l, _p2p(x, st),
-            _dp_costs(x, st, comp), k * _optimizer(x, st), _embedding_allreduce(x, st)))
+            comp, _tp_layers(st, tp_d, tp_m) + _tp_edges(x, st),
+            st.dense * cp_d[0] + st.moe * cp_e[0], st.dense * cp_d[1] + st.moe * cp_e[1],
+            ep[0], _p2p(x, st), _dp_costs(x, st, comp), k * _optimizer(x, st),
+            _embedding_allreduce(x, st), ep[1]))
     return out
 
 
@@ -259,7 +298,7 @@ def analytic_iteration(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost:
     comm = {
         "tp": {"exposed_s": m * b.tp_s, "overlapped_s": 0.0},
         "cp": {"exposed_s": m * b.cp_exposed_s, "overlapped_s": m * b.cp_overlapped_s},
-        "ep": {"exposed_s": m * b.ep_s, "overlapped_s": 0.0},
+        "ep": {"exposed_s": m * b.ep_s, "overlapped_s": m * b.ep_overlapped_s},
         "pp": {"exposed_s": breakdown["pp"], "overlapped_s": 0.0},
         "dp": {"exposed_s": breakdown["dp"],
                "overlapped_s": m * b.dp.mb_overlapped_s + t.dp.tail_overlapped_s}}

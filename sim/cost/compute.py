@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from sim.cost.costmodel import Cost, CostModel
 from sim.layout.routing import routing
+from sim.spec.experts import expert_tp
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
 
@@ -33,6 +34,8 @@ class LayerTime:
     backward: float
     attention_forward: float  # the attention core alone (what selective recompute re-runs)
     attention_backward: float
+    shared_forward: float = 0.0  # an MoE layer's shared expert (what can hide its all-to-alls)
+    shared_backward: float = 0.0
 
 
 def _add(*costs: Cost) -> Cost:
@@ -43,29 +46,40 @@ def _scale(c: Cost, k: float) -> Cost:
     return c[0] * k, c[1] * k
 
 
-def _mlp(cm: CostModel, m: ModelSpec, plan: Plan, tokens: float, ffn: int) -> Cost:
-    """One MLP of width ``ffn`` split over TP: up (and gate), activation, down."""
+def _mlp(cm: CostModel, m: ModelSpec, plan: Plan, tokens: float, ffn: int,
+         ways: int | None = None) -> Cost:
+    """One MLP of width ``ffn`` split ``ways`` ways (default: over TP): up (and gate),
+    activation, down."""
     up = 2 if m.gated_mlp else 1
     act = "swiglu" if m.gated_mlp else "gelu"
-    return _add(cm.gemm(tokens, up * ffn / plan.tp, m.hidden_size, plan.dtype),
-                cm.elementwise(act, tokens, ffn / plan.tp, plan.activation_dtype),
-                cm.gemm(tokens, m.hidden_size, ffn / plan.tp, plan.dtype))
+    w = plan.tp if ways is None else ways
+    return _add(cm.gemm(tokens, up * ffn / w, m.hidden_size, plan.dtype),
+                cm.elementwise(act, tokens, ffn / w, plan.activation_dtype),
+                cm.gemm(tokens, m.hidden_size, ffn / w, plan.dtype))
 
 
 def expert_time(cm: CostModel, m: ModelSpec, plan: Plan, tokens: float) -> Cost:
     """The local experts of the most-loaded expert-parallel rank (:mod:`sim.layout.routing`;
-    forced balance by default) for ``tokens`` tokens on this rank."""
-    per_expert = tokens * m.top_k * plan.ep / m.num_experts * routing(m, plan).load_factor
-    return _scale(_mlp(cm, m, plan, per_expert, m.expert_ffn), m.num_experts / plan.ep)
+    forced balance by default) for ``tokens`` tokens on this rank's tensor-parallel group.
+    An expert's shard (``etp`` ways) gets the tokens of its ``etp x ep`` block: with
+    ``etp = tp`` the group's tokens from each of ``ep`` groups; with ``etp = 1`` each rank's
+    sequence shard from each of ``ep`` ranks, at full width."""
+    e = expert_tp(plan)
+    share = tokens if e == plan.tp else tokens / plan.tp * e
+    per_expert = share * m.top_k * plan.ep / m.num_experts * routing(m, plan).load_factor
+    return _scale(_mlp(cm, m, plan, per_expert, m.expert_ffn, e), m.num_experts / plan.ep)
+
+
+def _shared(cm: CostModel, m: ModelSpec, plan: Plan, tokens: float) -> Cost:
+    return _mlp(cm, m, plan, tokens, m.shared_expert_ffn_hidden_size) \
+        if m.shared_expert_ffn_hidden_size else (0.0, 0.0)
 
 
 def _moe(cm: CostModel, m: ModelSpec, plan: Plan, tokens: float) -> Cost:
     """Router, the local experts and the shared expert."""
     experts = expert_time(cm, m, plan, tokens)
     router = cm.gemm(tokens, m.num_experts, m.hidden_size, plan.dtype)
-    shared = _mlp(cm, m, plan, tokens, m.shared_expert_ffn_hidden_size) \
-        if m.shared_expert_ffn_hidden_size else (0.0, 0.0)
-    return _add(experts, router, shared)
+    return _add(experts, router, _shared(cm, m, plan, tokens))
 
 
 def _attention_block(cm: CostModel, m: ModelSpec, plan: Plan, tokens: float) -> Cost:
@@ -143,7 +157,7 @@ def layer_time(cm: CostModel, m: ModelSpec, plan: Plan, moe: bool = False) -> La
     factor = getattr(cm, "layer_factor", None)
     f, b = factor(m, plan) if factor is not None else (1.0, 1.0)
     return LayerTime(lt.forward * f, lt.backward * b, lt.attention_forward * f,
-                     lt.attention_backward * b)
+                     lt.attention_backward * b, lt.shared_forward * f, lt.shared_backward * b)
 
 
 def ops_layer_time(cm: CostModel, m: ModelSpec, plan: Plan, moe: bool = False) -> LayerTime:
@@ -152,7 +166,8 @@ def ops_layer_time(cm: CostModel, m: ModelSpec, plan: Plan, moe: bool = False) -
     mlp = _moe(cm, m, plan, tokens) if moe else _mlp(cm, m, plan, tokens, m.ffn_hidden_size)
     core = _attention_core(cm, m, plan)
     rest = _add(_attention_block(cm, m, plan, tokens), mlp, _pointwise(cm, m, plan, tokens))
-    return LayerTime(rest[0] + core[0], rest[1] + core[1], core[0], core[1])
+    shared = _shared(cm, m, plan, tokens) if moe else (0.0, 0.0)
+    return LayerTime(rest[0] + core[0], rest[1] + core[1], core[0], core[1], *shared)
 
 
 def logits_time(cm: CostModel, m: ModelSpec, plan: Plan) -> float:

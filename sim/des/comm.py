@@ -22,6 +22,7 @@ from sim.layout.placement import group_span, groups_of
 from sim.network.alphabeta import default_algorithm, fabric_for
 from sim.network.engine import CommEngine
 from sim.network.flows import Network
+from sim.spec.experts import is_folded
 
 __all__ = ["Collectives"]
 
@@ -36,6 +37,8 @@ class Collectives:
         self._measured_cache: dict[tuple, float | None] = {}
         self._copies: dict[tuple, list[list[int]]] = {}
         self._group_cache: dict[tuple[str, int], list[int]] = {}
+        self.folded = is_folded(x.p)
+        self._unit_of: dict[int, int] | None = None
         self.exclusive = self._exclusive_kinds()
         self.detour_nodes: set[int] = set()  # nodes whose links re-routed flows may cross
         # What one rank issues, per data-parallel replica and stage:
@@ -107,12 +110,26 @@ class Collectives:
         simulation runs them all)."""
         if kind == "tp":
             return [self.x.tp_devices(unit.rank0)]
-        return [self._group(kind, unit, t) for t in range(self.x.p.tp)]
+        groups = [self._group(kind, unit, t) for t in range(self.x.p.tp)]
+        if self.folded and kind in ("ep", "edp"):  # TP ranks of the unit may share a group
+            groups = list({tuple(g): g for g in groups}.values())
+        return groups
 
     def group_size(self, kind: str) -> int:
         p = self.x.p
         return {"tp": p.tp, "cp": p.cp, "ep": p.ep, "dp": p.dp * p.cp,
-                "edp": p.dp // p.ep * p.cp}[kind]
+                "edp": p.expert_replicas}[kind]
+
+    def members(self, kind: str, devices: list[int]) -> int:
+        """Units that meet in one group of ``kind`` (unreduced): one per rank, except in a
+        folded expert grid, where a unit's TP ranks may share the group."""
+        if not (self.folded and kind in ("ep", "edp")):
+            return self.group_size(kind)
+        if self._unit_of is None:
+            x = self.x
+            self._unit_of = {x.dev(r): r - x.tp_coord(r) * x.strides["tp"]
+                             for r in range(x.p.world_size)}
+        return len({self._unit_of[d] for d in devices})
 
     def algorithm(self, kind: str, coll: str, size: float) -> str:
         chosen = self.x.p.algorithm("dp" if kind == "edp" else kind)
@@ -179,7 +196,7 @@ class Collectives:
                 group, members = copies[0], 1 if kind == "tp" else len(self.mix(g))
                 key = (kind, coll, unit.stage, x.tp_index[g[0]], self.mix(g), tag)
             else:
-                copies, group, members = None, g, 1 if kind == "tp" else self.group_size(kind)
+                copies, group, members = None, g, 1 if kind == "tp" else self.members(kind, g)
                 key = (kind, coll, tuple(g), tag)
             done.append(self.meeting(key, members, partial(
                 self._run, kind, coll, algorithm, group, size, copies))[1])

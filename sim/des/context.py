@@ -51,7 +51,7 @@ class CountingEnv(simpy.Environment):
 @dataclass(frozen=True)
 class Unit:
     stage: int
-    dp: int  # data-parallel index (expert-parallel index is dp % ep)
+    dp: int  # data-parallel index (its placement ep coordinate is dp % ep_inner)
     cp: int
     rank0: int  # logical rank of its first tensor-parallel rank
 
@@ -118,7 +118,7 @@ class Context:
         return d if self.devices is None else self.devices[d]
 
     def rank0(self, stage: int, dp: int, cp: int) -> int:
-        s, ep = self.strides, self.p.ep
+        s, ep = self.strides, self.sizes["ep"]
         return (stage * s["pp"] + cp * s["cp"] + (dp % ep) * s["ep"] + (dp // ep) * s["dp"])
 
     def unit_at(self, stage: int, dp: int, cp: int) -> Unit:

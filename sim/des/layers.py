@@ -7,6 +7,10 @@ meets no other traffic (TP memoised; no CP, EP or ZeRO-3) runs as one delay.
 
 from __future__ import annotations
 
+from typing import cast
+
+import simpy
+
 from sim.cost import compute as cm
 from sim.des.comm import Collectives
 from sim.des.context import Context, Proc, Unit
@@ -15,6 +19,7 @@ from sim.layout.memory import chunk_edge_params, layer_rank_params
 from sim.layout.placement import group_span
 from sim.layout.routing import dispatches
 from sim.layout.stages import edge_tp_collectives
+from sim.spec.experts import expert_tp
 
 __all__ = ["Layers"]
 
@@ -25,14 +30,21 @@ class Layers:
     def __init__(self, x: Context, comm: Collectives, dp: DataParallel) -> None:
         self.x, self.comm, self.dp = x, comm, dp
         self._ways: list[list[tuple[str, float]]] | None = None
+        # units in a merged forward/backward step (moe_overlap a2a): their expert
+        # all-to-alls, started and not waited for, as (start, process) pairs
+        self.merged: dict[Unit, list[tuple[float, simpy.Process]]] = {}
 
     # Sizes and passes -----------------------------------------------------------------------
-    def _tp_ops(self) -> list[str]:
-        """One TP pass over a layer: 2 all-reduces, or 2 all-gathers + 2 reduce-scatters."""
-        if self.x.p.tp == 1:
+    def _tp_ops(self, moe: bool = False) -> list[str]:
+        """One TP pass over a layer: 2 all-reduces, or 2 all-gathers + 2 reduce-scatters
+        (attention and MLP); the attention's alone in an MoE layer whose experts are not on
+        the tensor-parallel group (``etp != tp``)."""
+        p = self.x.p
+        if p.tp == 1:
             return []
-        return ["all_gather", "reduce_scatter"] * 2 if self.x.p.sequence_parallel else \
-            ["all_reduce"] * 2
+        blocks = 1 if moe and expert_tp(p) != p.tp else 2
+        return ["all_gather", "reduce_scatter"] * blocks if p.sequence_parallel else \
+            ["all_reduce"] * blocks
 
     def _dispatches(self) -> list[list[tuple[str, float]]]:
         """Dispatch and combine of one MoE layer (:func:`sim.layout.routing.dispatches`)."""
@@ -46,14 +58,68 @@ class Layers:
         p = self.x.p
         return p.cp * p.local_tokens * (self.x.m.kv_dim + self.x.m.v_dim) / p.tp * self.x.act
 
-    def _comm_passes(self, u: Unit, moe: bool, passes: int, tag: tuple) -> Proc:
-        """``passes`` forward-shaped TP passes and, for an MoE layer, expert all-to-alls."""
+    def _comm_passes(self, u: Unit, moe: bool, passes: int, tag: tuple,
+                     hide: tuple[float, ...] = ()) -> Proc:
+        """``passes`` forward-shaped TP passes and, for an MoE layer, expert all-to-alls:
+        waited for, run beside ``hide[i]`` seconds of the pass's shared expert
+        (``shared-expert`` overlap), or left running in a merged step (``a2a``)."""
+        x = self.x
         for i in range(passes):
-            for j, coll in enumerate(self._tp_ops()):
-                yield from self.comm.blocking(u, "tp", coll, self.x.tp_bytes(), tag + (i, j))
-            if moe and self.x.p.ep > 1:
+            for j, coll in enumerate(self._tp_ops(moe)):
+                yield from self.comm.blocking(u, "tp", coll, x.tp_bytes(), tag + (i, j))
+            if not (moe and x.p.ep > 1):
+                continue
+            if u in self.merged:
+                self.merged[u].append((x.env.now, x.env.process(self._ep_chain(u, tag + (i,)))))
+            elif hide:
+                t0 = x.env.now
+                chain = x.env.process(self._ep_chain(u, tag + (i,)))
+                yield from x.compute(u, hide[i], f"shared expert {tag}")
+                yield from x.wait(u, "ep", chain, "ep (beside the shared expert)")
+                x.acct[u].comm_total["ep"] += cast(float, chain.value) - t0
+            else:
                 for j, parts in enumerate(self._dispatches()):
                     yield from self.comm.blocking_all(u, "ep", parts, tag + (i, "ep", j))
+
+    def _ep_chain(self, u: Unit, tag: tuple) -> Proc:
+        """Dispatch then combine, off the unit's critical path; returns when it ended."""
+        x = self.x
+        for j, parts in enumerate(self._dispatches()):
+            events = [self.comm.collective(u, "ep", coll, size,
+                                           tag + ("ep", j) + ((coll,) if len(parts) > 1 else ()))
+                      for coll, size in parts]
+            yield simpy.AllOf(x.env, events)
+        return x.env.now
+
+    def merge(self, u: Unit) -> None:
+        """A merged forward/backward step starts (``a2a`` overlap)."""
+        self.merged[u] = []
+
+    def join(self, u: Unit) -> Proc:
+        """The merged step ends once its expert all-to-alls have."""
+        x = self.x
+        chains = self.merged.pop(u)
+        if not chains:
+            return
+        yield from x.wait(u, "ep", simpy.AllOf(x.env, [c for _, c in chains]),
+                          "ep (merged step)")
+        busy, reach = 0.0, float("-inf")  # seconds with any all-to-all of the step running
+        for t0, end in sorted((t0, cast(float, c.value)) for t0, c in chains):
+            busy += max(0.0, end - max(t0, reach))
+            reach = max(reach, end)
+        x.acct[u].comm_total["ep"] += busy
+
+    def _shared(self, moe: bool, backward: bool) -> tuple[float, ...]:
+        """Per comm pass, the shared-expert seconds that hide its all-to-alls (``shared-expert``
+        overlap with expert parallelism), else nothing."""
+        x = self.x
+        if not (moe and x.p.ep > 1 and x.p.moe_overlap == "shared-expert"):
+            return ()
+        lt = x.moe_t
+        if not backward:
+            return (lt.shared_forward,)
+        return (lt.shared_forward, lt.shared_backward) if x.p.recompute == "full" else \
+            (lt.shared_backward,)
 
     def _with_cp(self, u: Unit, seconds: float, cp_bytes: float, tag: tuple, name: str
                  ) -> Proc:
@@ -83,7 +149,8 @@ class Layers:
         always carry other traffic too)."""
         x, p, comm = self.x, self.x.p, self.comm
         solo_tp = p.tp == 1 or comm.memoised("tp", x.tp_devices(u.rank0))
-        if p.cp > 1 or p.zero_stage == 3 or p.ep > 1 or not solo_tp:
+        if p.cp > 1 or p.zero_stage == 3 or p.ep > 1 or not solo_tp or (
+                any(layers) and expert_tp(p) != p.tp):
             return None
         passes = (2 if p.recompute == "full" else 1) if backward else 1
         tp1 = sum(comm.solo(u, "tp", c, x.tp_bytes(), passes * len(layers))
@@ -126,9 +193,10 @@ class Layers:
             if gather is not None:
                 yield from x.wait(u, "dp", gather, "zero3 gather")
                 gather = self.dp.z3_gather(u, layers, i + 1, ("F", mb, vs))
-            yield from self._with_cp(u, lt.forward, self._cp_bytes(), ("Fcp", mb, vs, i),
-                                     f"F{mb} v{vs} L{i}")
-            yield from self._comm_passes(u, moe, 1, ("F", mb, vs, i))
+            hide = self._shared(moe, backward=False)
+            yield from self._with_cp(u, lt.forward - sum(hide), self._cp_bytes(),
+                                     ("Fcp", mb, vs, i), f"F{mb} v{vs} L{i}")
+            yield from self._comm_passes(u, moe, 1, ("F", mb, vs, i), hide)
         yield from self._edge(u, vs, "F", ("F", mb, vs))
 
     def backward(self, u: Unit, vs: int, mb: int) -> Proc:
@@ -163,10 +231,11 @@ class Layers:
             if gather is not None:
                 yield from x.wait(u, "dp", gather, "zero3 gather")
                 gather = dp.z3_gather(u, layers, i - 1, ("B", mb, vs))
-            seconds = lt.backward + self._recompute(lt)
+            hide = self._shared(moe, backward=True)
+            seconds = lt.backward + self._recompute(lt) - sum(hide)
             yield from self._with_cp(u, seconds, 2 * self._cp_bytes(), ("Bcp", mb, vs, i),
                                      f"B{mb} v{vs} L{i}")
-            yield from self._comm_passes(u, moe, passes, ("B", mb, vs, i))
+            yield from self._comm_passes(u, moe, passes, ("B", mb, vs, i), hide)
             if x.p.zero_stage == 3:
                 dp.z3_reduce(u, moe, ("B", mb, vs, i))
             elif reduce_now:

@@ -38,7 +38,7 @@ from sim.des.symmetry import Classes, Replica, refine
 from sim.des.watch import Watch
 from sim.layout.memory import rank_params
 from sim.layout.placement import rank_coords
-from sim.layout.schedule import Exchange, stage_program
+from sim.layout.schedule import Exchange, Op, stage_program
 from sim.layout.stages import StageLayers, pipeline_rank_layers
 from sim.network.engine import CommEngine
 from sim.network.failures import CannotComplete, install_failures
@@ -53,6 +53,19 @@ from sim.spec.plan import Plan, replica_plan
 
 __all__ = ["simulate_des", "issued_collectives", "reducible", "Step", "CATEGORIES",
            "CountingEnv"]
+
+
+def _program(plan: Plan, stage: int) -> list[Op | Exchange]:
+    """The stage's program; with ``a2a`` overlap and no pipeline, Megatron-LM's merged order
+    (the forward of micro-batch i+1 beside the backward of i: F0, F1 B0, ..., B_last)."""
+    program = stage_program(plan, stage)
+    if plan.moe_overlap != "a2a" or plan.pp > 1 or plan.vpp > 1:
+        return program
+    m = plan.num_microbatches
+    out: list[Op | Exchange] = [("F", 0, 0)]
+    for k in range(1, m):
+        out += [("F", k, 0), ("B", k - 1, 0)]
+    return out + [("B", m - 1, 0)]
 
 
 class Step:
@@ -78,13 +91,28 @@ class Step:
     def unit(self, u: Unit, stage: StageLayers) -> Proc:
         """Process: the unit's whole step."""
         x = self.x
-        for item in stage_program(replica_plan(x.p, u.dp), u.stage):
+        items = _program(replica_plan(x.p, u.dp), u.stage)
+        merging = x.p.moe_overlap == "a2a"
+        i = 0
+        while i < len(items):
+            item = items[i]
+            i += 1
             if isinstance(item, Exchange):
                 yield from self.pipeline.exchange(u, item)
                 continue
             kind, mb, chunk = item
+            vs = chunk * x.p.pp + u.stage
+            nxt = items[i] if i < len(items) else None
+            if merging and kind == "F" and isinstance(nxt, tuple) and nxt[0] == "B":
+                # a merged step: this forward and the next backward, all-to-alls aside
+                self.layers.merge(u)
+                yield from self.layers.forward(u, vs, mb)
+                yield from self.layers.backward(u, nxt[2] * x.p.pp + u.stage, nxt[1])
+                yield from self.layers.join(u)
+                i += 1
+                continue
             run = self.layers.forward if kind == "F" else self.layers.backward
-            yield from run(u, chunk * x.p.pp + u.stage, mb)
+            yield from run(u, vs, mb)
         x.acct[u].pipeline_end = x.env.now
         yield from self.finish(u, stage)
         x.acct[u].end = x.env.now
@@ -147,8 +175,9 @@ def symmetry_classes(plan: Plan, topo: Topology, perturbation: Perturbation) -> 
     touched = _touched_devices(topo, perturbation)
 
     def given(q: Replica) -> tuple:
-        units = [s * strides["pp"] + q[1] * strides["cp"] + (q[0] % plan.ep) * strides["ep"]
-                 + (q[0] // plan.ep) * strides["dp"] for s in range(plan.pp)]
+        e = sizes["ep"]
+        units = [s * strides["pp"] + q[1] * strides["cp"] + (q[0] % e) * strides["ep"]
+                 + (q[0] // e) * strides["dp"] for s in range(plan.pp)]
         devices = [[dev(r0 + t * strides["tp"]) for t in range(sizes["tp"])] for r0 in units]
         own = q if any(d in touched for ds in devices for d in ds) else None
         speed = tuple(max(scale[d] for d in ds) for ds in devices) if scale else ()

@@ -75,13 +75,14 @@ class Classes:
 
 def replica_of(plan: Plan, rank: int) -> Replica:
     """The replica a logical rank belongs to."""
-    return _replica(*rank_coords(plan), plan.ep, rank)
+    sizes, strides = rank_coords(plan)
+    return _replica(sizes, strides, sizes["ep"], rank)
 
 
 def replicas_by_rank(plan: Plan) -> list[Replica]:
     """The replica of every logical rank, in rank order."""
     sizes, strides = rank_coords(plan)
-    return [_replica(sizes, strides, plan.ep, r) for r in range(plan.world_size)]
+    return [_replica(sizes, strides, sizes["ep"], r) for r in range(plan.world_size)]
 
 
 def _replica(sizes: dict[str, int], strides: dict[str, int], ep: int, rank: int) -> Replica:

@@ -50,6 +50,7 @@ from typing import Any
 from sim.layout.memory import chunk_edge_params, layer_rank_params, rank_params
 from sim.layout.routing import ep_bytes
 from sim.layout.stages import StageLayers, pipeline_rank_layers, virtual_stage_moe
+from sim.spec.experts import expert_tp
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan, replica_plan
 
@@ -104,8 +105,11 @@ def _tp(t: _Tally, m: ModelSpec, p: Plan, st: StageLayers, conv: Conventions) ->
     act = p.local_tokens * m.hidden_size * p.activation_bytes
     passes = 3 if p.recompute == "full" else 2  # forward, backward (and the replay)
     kinds = ("all_gather", "reduce_scatter") if p.sequence_parallel else ("all_reduce",)
-    for kind in kinds:  # two of each kind per layer and pass
-        t.add("tp", kind, act, 2 * passes * layers * n)
+    # two of each kind per layer and pass; one in an MoE layer whose experts are off the
+    # tensor-parallel group (etp != tp)
+    blocks = 2 * layers if expert_tp(p) == p.tp else 2 * st.dense + st.moe
+    for kind in kinds:
+        t.add("tp", kind, act, blocks * passes * n)
     if first:  # embedding: forward reduce (SP: a reduce-scatter, gathered in backward)
         for kind in kinds:
             t.add("tp", kind, act, n)
@@ -141,7 +145,7 @@ def _dp(t: _Tally, m: ModelSpec, p: Plan, st: StageLayers, conv: Conventions) ->
         t.add("dp", coll, dense * grad / buckets, times)
     if p.zero_stage in (1, 2):
         t.add("dp", "all_gather", dense * grad)
-    if expert and p.dp // p.ep > 1:
+    if expert and p.expert_replicas > 1:
         t.add("edp", coll, expert * grad, times)
 
 
@@ -150,7 +154,7 @@ def _dp_pair(t: _Tally, p: Plan, coll: str, dense: float, expert: float, times: 
     expert-data-parallel group (expert parameters), where those groups have ranks."""
     if p.dp * p.cp > 1:
         t.add("dp", coll, dense * p.activation_bytes, times)
-    if p.dp // p.ep * p.cp > 1:
+    if p.expert_replicas > 1:
         t.add("edp", coll, expert * p.activation_bytes, times)
 
 

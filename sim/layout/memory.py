@@ -24,6 +24,7 @@ from sim.layout.placement import stage_devices
 from sim.layout.routing import routing
 from sim.layout.stages import StageLayers, pipeline_rank_layers, virtual_stage_layers
 from sim.spec.cluster import ClusterSpec
+from sim.spec.experts import expert_tp
 from sim.spec.hardware import HardwareSpec
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
@@ -141,7 +142,7 @@ def layer_rank_params(m: ModelSpec, plan: Plan, moe: bool) -> tuple[float, float
     gate = m.hidden_size if m.shared_expert_gate else 0
     shared_params = mlp_params(m, shared) / plan.tp + gate if shared else 0.0
     dense = attention + shared_params + norms + m.hidden_size * m.num_experts
-    return dense, m.num_experts / plan.ep * mlp_params(m, m.expert_ffn) / plan.tp
+    return dense, m.num_experts / plan.ep * mlp_params(m, m.expert_ffn) / expert_tp(plan)
 
 
 def chunk_edge_params(m: ModelSpec, plan: Plan, vs: int) -> float:
@@ -159,7 +160,7 @@ def chunk_edge_params(m: ModelSpec, plan: Plan, vs: int) -> float:
 
 def rank_params(m: ModelSpec, plan: Plan, st: StageLayers) -> tuple[float, float]:
     """(dense, expert) parameters on one rank; ZeRO shards dense ones over dp*cp ranks,
-    expert ones over (dp/ep)*cp."""
+    expert ones over ``plan.expert_replicas``."""
     d_dense, _ = layer_rank_params(m, plan, False)
     m_dense, m_expert = layer_rank_params(m, plan, True) if st.moe else (0.0, 0.0)
     dense = st.dense * d_dense + st.moe * m_dense

@@ -1,9 +1,11 @@
 """Where each parallel group's ranks sit: how many share a node, how many nodes, pods.
 
 Ranks are laid out by ``plan.placement``, innermost dimension first: with the default
-``tp-cp-ep-dp-pp`` the ``tp`` ranks of a group are consecutive devices. ``ep`` is the inner
-part of ``dp`` (``dp = ep * dp_outer``), so the ``dp`` group spans both the ``ep`` and the
-outer ``dp`` dimension, while expert weights are reduced over ``edp`` (the outer part only).
+``tp-cp-ep-dp-pp`` the ``tp`` ranks of a group are consecutive devices. The ``ep`` dimension
+is the inner part of ``dp`` that one expert block spans (``dp = ep_inner * dp_outer``,
+:mod:`sim.spec.experts`; ``ep_inner = ep`` unless the expert grid is folded), so the ``dp``
+group spans both, while expert weights are reduced over ``edp`` (the outer part only). A
+folded plan's ``ep`` and ``edp`` groups follow Megatron-LM's expert grid rank by rank.
 ``emb`` is Megatron-LM's embedding group: the first and the last rank of each pipeline group
 (they all-reduce the tied word embedding's gradient).
 """
@@ -16,6 +18,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from sim.spec.cluster import ClusterSpec
+from sim.spec.experts import ep_inner, expert_tp, is_folded
 from sim.spec.plan import DIMS, Plan
 
 __all__ = ["GroupSpan", "GROUP_DIMS", "group_span", "dim_sizes", "rank_coords", "groups_of",
@@ -42,7 +45,8 @@ class GroupSpan:
 
 
 def dim_sizes(plan: Plan) -> dict[str, int]:
-    return {"tp": plan.tp, "cp": plan.cp, "ep": plan.ep, "dp": plan.dp // plan.ep, "pp": plan.pp}
+    e = ep_inner(plan)
+    return {"tp": plan.tp, "cp": plan.cp, "ep": e, "dp": plan.dp // e, "pp": plan.pp}
 
 
 def _strides(plan: Plan) -> dict[str, int]:
@@ -99,7 +103,7 @@ def group_span(plan: Plan, cluster: ClusterSpec, group: str) -> GroupSpan:
     """The worst-placed group of kind ``group`` (most nodes, then fewest ranks per node).
     An explicit rank table is checked group by group. Memoised on what it depends on, since
     a search evaluates many plans with the same degrees and placement."""
-    layout = (plan.dp, plan.tp, plan.pp, plan.cp, plan.ep, plan.placement)
+    layout = (plan.dp, plan.tp, plan.pp, plan.cp, plan.ep, plan.etp, plan.placement)
     return _group_span(layout, cluster.gpus_per_node, cluster.pod_size, cluster.world_size,
                        group)
 
@@ -107,9 +111,13 @@ def group_span(plan: Plan, cluster: ClusterSpec, group: str) -> GroupSpan:
 @functools.lru_cache(maxsize=4096)
 def _group_span(layout: tuple, gpus_per_node: int, pod_size: int, world_size: int, group: str
                 ) -> GroupSpan:
-    dp, tp, pp, cp, ep, placement = layout  # what placement depends on, as a Plan
-    plan = Plan(global_batch_size=dp, seq_len=2 * cp, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep,
-                placement=placement)
+    dp, tp, pp, cp, ep, etp, placement = layout  # what placement depends on, as a Plan
+    plan = Plan(global_batch_size=dp, seq_len=2 * cp * tp, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep,
+                etp=etp, sequence_parallel=tp > 1, placement=placement)
+    if group in ("ep", "edp") and is_folded(plan):
+        table = plan.placement if not isinstance(plan.placement, str) else range(world_size)
+        return _worst([_span([table[r] for r in g], gpus_per_node, pod_size)
+                       for s in range(pp) for g in _expert_groups(plan, group, s)])
     dims = tuple(d for d in GROUP_DIMS[group] if dim_sizes(plan)[d] > 1)
     offsets = _ranks(plan, dims, 0)
     if group == "emb":  # first and last pipeline stage
@@ -119,6 +127,26 @@ def _group_span(layout: tuple, gpus_per_node: int, pod_size: int, world_size: in
     table = plan.placement
     return _worst([_span([table[b + o] for o in offsets], gpus_per_node, pod_size)
                    for b in _ranks(plan, _others(dims), 0)])
+
+
+def _expert_groups(plan: Plan, group: str, stage: int) -> list[list[int]]:
+    """A folded plan's ``ep`` or ``edp`` groups on one pipeline stage, in logical ranks,
+    each in Megatron-LM's rank order (:mod:`sim.spec.experts`)."""
+    sizes, strides = dim_sizes(plan), _strides(plan)
+    width = plan.tp * plan.cp * sizes["ep"]  # ranks of one data-parallel-outer slice
+    block = expert_tp(plan) * plan.ep
+
+    def rank(outer: int, j: int) -> int:
+        t, c, e = j % plan.tp, j // plan.tp % plan.cp, j // (plan.tp * plan.cp)
+        return (stage * strides["pp"] + outer * strides["dp"] + t * strides["tp"]
+                + c * strides["cp"] + e * strides["ep"])
+
+    etp = expert_tp(plan)
+    if group == "ep":
+        return [[rank(o, b + a + etp * k) for k in range(plan.ep)]
+                for o in range(sizes["dp"]) for b in range(0, width, block) for a in range(etp)]
+    return [[rank(o, b + pos) for o in range(sizes["dp"]) for b in range(0, width, block)]
+            for pos in range(block)]
 
 
 def rank_coords(plan: Plan) -> tuple[dict[str, int], dict[str, int]]:
@@ -147,6 +175,8 @@ def groups_of(plan: Plan, group: str, fixed: dict[str, int]) -> list[list[int]]:
     """Logical ranks of every group of kind ``group`` whose coordinates in the dimensions of
     ``fixed`` are as given (e.g. one pipeline stage), each in group order; the group
     containing the lowest rank first."""
+    if group in ("ep", "edp") and is_folded(plan):
+        return _folded_groups_of(plan, group, fixed)
     strides = _strides(plan)
     dims = GROUP_DIMS[group]
     base0 = sum(fixed[d] * strides[d] for d in fixed)
@@ -157,11 +187,19 @@ def groups_of(plan: Plan, group: str, fixed: dict[str, int]) -> list[list[int]]:
     return [[b + o for o in offsets] for b in _ranks(plan, free, base0)]
 
 
+def _folded_groups_of(plan: Plan, group: str, fixed: dict[str, int]) -> list[list[int]]:
+    if set(fixed) - {"pp"}:
+        raise ValueError(f"a folded plan's {group} groups are listed per pipeline stage only")
+    stages = [fixed["pp"]] if "pp" in fixed else range(plan.pp)
+    groups = [g for s in stages for g in _expert_groups(plan, group, s)]
+    return sorted(groups, key=lambda g: min(g))
+
+
 def stage_devices(plan: Plan, replica: int, stage: int) -> list[int]:
     """Logical ranks of one replica's pipeline stage: its TP and CP ranks (the replica is
     the data-parallel index, the expert-parallel one being ``replica % ep``)."""
     sizes, strides = rank_coords(plan)
-    base = (stage * strides["pp"] + (replica % plan.ep) * strides["ep"]
-            + (replica // plan.ep) * strides["dp"])
+    e = sizes["ep"]
+    base = stage * strides["pp"] + (replica % e) * strides["ep"] + (replica // e) * strides["dp"]
     return [base + t * strides["tp"] + c * strides["cp"]
             for t in range(sizes["tp"]) for c in range(sizes["cp"])]

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
 
-__all__ = ["StageLayers", "virtual_stage_layers", "virtual_stage_moe", "pipeline_rank_layers",
-           "edge_tp_collectives"]
+__all__ = ["StageLayers", "even_split", "virtual_stage_layers", "virtual_stage_moe",
+           "pipeline_rank_layers", "edge_tp_collectives"]
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,15 @@ class StageLayers:
     @property
     def total(self) -> int:
         return self.dense + self.moe
+
+
+def even_split(layers: int, stages: int) -> tuple[int, ...] | None:
+    """``layers_per_stage`` for ``layers`` over ``stages`` virtual stages as even as they go
+    (the first ones one layer more); ``None`` when they divide (the default split)."""
+    if layers % stages == 0:
+        return None
+    base, extra = divmod(layers, stages)
+    return (base + 1,) * extra + (base,) * (stages - extra)
 
 
 def virtual_stage_layers(plan: Plan, model: ModelSpec) -> list[int]:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sim.errors import SpecError, field_name
+from sim.spec.experts import check_experts, check_experts_model, expert_tp
 from sim.spec.hardware import DTYPE_BYTES, DTYPES
 from sim.spec.limits import MAX_DEVICES, MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_SEQ_LEN, at_most
 from sim.spec.routing import check_routing, check_routing_model
@@ -42,9 +43,10 @@ DEFAULT_PLACEMENT = "tp-cp-ep-dp-pp"  # innermost (fastest-varying rank) first, 
 class Plan:
     """A parallel training plan. Batch sizes are in sequences.
 
-    ``ep`` splits the data-parallel ranks of MoE layers (it divides ``dp``), so the world
-    size is ``dp*tp*pp*cp``. ``placement`` is a rank order, innermost first, or an explicit
-    rank table: entry ``r`` is the device that logical rank ``r`` (default order) runs on.
+    The experts of MoE layers sit on ``etp x ep`` blocks of each stage's ``tp*cp*dp`` ranks
+    (:mod:`sim.spec.experts`), so the world size is ``dp*tp*pp*cp``. ``placement`` is a rank
+    order, innermost first, or an explicit rank table: entry ``r`` is the device that logical
+    rank ``r`` (default order) runs on.
     """
 
     global_batch_size: int  # sequences per iteration
@@ -54,7 +56,7 @@ class Plan:
     tp: int = 1  # tensor-parallel degree
     pp: int = 1  # pipeline-parallel degree
     cp: int = 1  # context-parallel degree
-    ep: int = 1  # expert-parallel degree; divides dp
+    ep: int = 1  # expert-parallel degree; etp*ep divides tp*cp*dp
     vpp: int = 1  # virtual stages per pipeline rank (interleaved-1f1b)
     schedule: str = "1f1b"  # `gpipe`, `1f1b` or `interleaved-1f1b`
     zero_stage: int = 0  # ZeRO stage 0-3
@@ -80,6 +82,9 @@ class Plan:
     # tokens an expert takes, over its balanced share; the rest are dropped (null: dropless)
     moe_capacity_factor: float | None = None
     moe_dispatcher: str = "alltoall"  # MoE token dispatch: `alltoall`, `allgather` or `deepep`
+    # what hides the expert all-to-alls: `none`, `shared-expert` or `a2a` (another micro-batch)
+    moe_overlap: str = "none"
+    etp: int | None = None  # expert-tensor-parallel degree: 1 or tp (null: tp)
 
     def __post_init__(self) -> None:
         validate(self)
@@ -121,8 +126,8 @@ class Plan:
 
     @property
     def expert_replicas(self) -> int:
-        """Ranks holding the same expert weight shard: (dp/ep)*cp."""
-        return self.dp // self.ep * self.cp
+        """Ranks holding the same expert weight shard: tp*cp*dp / (etp*ep)."""
+        return self.tp * self.cp * self.dp // (expert_tp(self) * self.ep)
 
     @property
     def placement_order(self) -> tuple[str, ...]:
@@ -194,6 +199,7 @@ def validate(plan: Plan, model: ModelSpec | None = None, cluster: ClusterSpec | 
     _check_batch(plan)
     _check_schedule(plan)
     _check_placement(plan)
+    check_experts(plan)
     check_routing(plan)
     if model is not None:
         _check_model(plan, model)
@@ -285,9 +291,6 @@ def _check_batch(plan: Plan) -> None:
         raise SpecError("plan.global_batch_size", f"must be a multiple of dp*micro_batch_size = "
                         f"{plan.dp}*{plan.micro_batch_size} = {per_step}, "
                         f"got {plan.global_batch_size}")
-    if plan.dp % plan.ep:
-        raise SpecError("plan.ep", f"must divide dp (experts are sharded across data-parallel "
-                        f"ranks): dp % ep = {plan.dp} % {plan.ep} = {plan.dp % plan.ep} != 0")
     if plan.cp > 1 and plan.seq_len % (2 * plan.cp):
         raise SpecError("plan.seq_len", f"must be a multiple of 2*cp = {2 * plan.cp} for "
                         f"load-balanced context parallelism, got {plan.seq_len}")
@@ -335,14 +338,7 @@ def _check_model(plan: Plan, m: ModelSpec) -> None:
             raise SpecError("plan.tp", f"must divide model.{what}: {count} % {plan.tp} = "
                             f"{count % plan.tp} != 0")
     _check_layers(plan, m)
-    if plan.ep > 1 and not m.is_moe:
-        raise SpecError("plan.ep", f"must be 1 for the dense model {m.name!r}, got {plan.ep}")
-    if m.is_moe and m.num_experts % plan.ep:
-        raise SpecError("plan.ep", f"must divide model.num_experts: {m.num_experts} % {plan.ep} "
-                        f"= {m.num_experts % plan.ep} != 0")
-    if plan.ep > 1 and plan.tp > 1 and not plan.sequence_parallel:
-        raise SpecError("plan.sequence_parallel", "must be true when ep > 1 and tp > 1 "
-                        "(Megatron-LM's rule for expert with tensor parallelism)")
+    check_experts_model(plan, m)
     if m.position_embedding == "learned" and plan.seq_len > m.max_seq_len:
         raise SpecError("plan.seq_len", f"{plan.seq_len} exceeds the model's learned position "
                         f"table of {m.max_seq_len}")

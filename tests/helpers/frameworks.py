@@ -149,11 +149,16 @@ def megatron_parsed(text: str, world: int) -> dict[str, Any]:
         assert flags.get("spec") == "local", "validate_args: local attention needs --spec local"
     micro = ConstantNumMicroBatchesCalculator(int(flags["global_batch_size"]),
                                               int(flags["micro_batch_size"]), dp, False, 0)
-    RankGenerator(tp=tp, ep=ep, dp=dp, pp=pp, cp=cp, order="tp-cp-ep-dp-pp")
+    RankGenerator(tp=tp, ep=1, dp=dp, pp=pp, cp=cp, order="tp-cp-ep-dp-pp")
+    etp = cfg.expert_tensor_parallel_size or tp  # initialize_model_parallel's expert grid
+    assert world % (etp * ep * pp) == 0, "world not divisible by etp*ep*pp"
+    experts = RankGenerator(tp=etp, ep=ep, dp=world // (etp * ep * pp), pp=pp, cp=1,
+                            order="tp-cp-ep-dp-pp")
     zero = 3 if ddp.data_parallel_sharding_strategy == "optim_grads_params" else \
         2 if ddp.data_parallel_sharding_strategy == "optim_grads" else \
         int(ddp.use_distributed_optimizer)
-    return {"tp": tp, "pp": pp, "cp": cp, "ep": ep, "dp": dp,
+    return {"tp": tp, "pp": pp, "cp": cp, "ep": ep, "dp": dp, "etp": etp,
+            "ep_groups": experts.get_ranks("ep"), "edp_groups": experts.get_ranks("dp"),
             "micro_batch": micro.micro_batch_size, "accumulation": micro.get(),
             "vpp": cfg.virtual_pipeline_model_parallel_size or 1,
             "layers": _megatron_layers(cfg), "zero": zero,
@@ -161,6 +166,8 @@ def megatron_parsed(text: str, world: int) -> dict[str, Any]:
             "dtype": "fp8" if cfg.fp8 else "bf16" if cfg.bf16 else "fp16" if cfg.fp16
             else "fp32", "sequence_parallel": cfg.sequence_parallel,
             "dispatcher": cfg.moe_token_dispatcher_type if cfg.num_moe_experts else None,
+            "moe_overlap": "a2a" if cfg.overlap_moe_expert_parallel_comm else
+            "shared-expert" if cfg.moe_shared_expert_overlap else "none",
             "dropout": (cfg.hidden_dropout, cfg.attention_dropout),
             "overlap_grad_reduce": ddp.overlap_grad_reduce, "num_layers": cfg.num_layers,
             "attention": cfg.attention_backend.name, "qk_layernorm": cfg.qk_layernorm,

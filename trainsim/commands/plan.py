@@ -16,7 +16,8 @@ _PLAN_INT_HELP = {
     "micro_batch_size": "sequences per micro-batch (default 1)",
     "dp": "data-parallel degree (default 1)", "tp": "tensor-parallel degree (default 1)",
     "pp": "pipeline-parallel degree (default 1)", "cp": "context-parallel degree (default 1)",
-    "ep": "expert-parallel degree, divides dp (default 1)",
+    "ep": "expert-parallel degree; etp*ep divides tp*cp*dp (default 1)",
+    "etp": "MoE: expert-tensor-parallel degree, 1 or tp (default: tp)",
     "vpp": "virtual stages per pipeline rank, interleaved-1f1b only (default 1)",
     "zero_stage": "ZeRO stage 0-3 (default 0)",
 }
@@ -31,7 +32,7 @@ def cmd_plan_new(args: argparse.Namespace) -> int:
         if getattr(args, k) is not None:
             fields[k] = getattr(args, k)
     fields["sequence_parallel"] = args.sequence_parallel
-    for k in ("moe_max_load", "moe_capacity_factor", "moe_dispatcher"):
+    for k in ("moe_max_load", "moe_capacity_factor", "moe_dispatcher", "moe_overlap"):
         if getattr(args, k) is not None:
             fields[k] = getattr(args, k)
     plan = Plan.from_dict(fields)
@@ -83,6 +84,9 @@ def add_plan_parser(sub: Any) -> None:
                      "and drops the rest (default: dropless)")
     new.add_argument("--moe-dispatcher", choices=["alltoall", "allgather", "deepep"],
                      help="MoE token dispatch (default alltoall)")
+    new.add_argument("--moe-overlap", choices=["none", "shared-expert", "a2a"],
+                     help="MoE: what hides the expert all-to-alls: the shared expert, or "
+                     "another micro-batch's compute (a2a) (default none)")
     new.add_argument("--model", help="also check against this model: " + MODEL_HELP)
     new.add_argument("--cluster", help="also check against this cluster: " + CLUSTER_HELP)
     new.add_argument("--out", metavar="FILE", help="write the plan here (atomically)")

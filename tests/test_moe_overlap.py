@@ -1,0 +1,127 @@
+"""What hides an MoE layer's all-to-alls (plan.moe_overlap): the shared expert's compute, or
+another micro-batch's in merged forward/backward steps; both tiers, the rules (Megatron-LM's),
+the export and the front door that reads it back."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from optimizer.export import export
+from sim import Plan, load_cluster, load_model, simulate
+from sim.cost import compute as cm
+from sim.cost.profiled import cost_model_for
+from sim.errors import SpecError
+
+QWEN = "qwen3-30b-a3b"  # no shared expert
+A2A = Plan(64, 4096, 1, dp=8, tp=2, pp=2, vpp=2, schedule="interleaved-1f1b", ep=8,
+           sequence_parallel=True, moe_overlap="a2a")
+
+
+def _ep(r) -> tuple[float, float]:
+    return r.communication["ep"]["exposed_s"], r.communication["ep"]["overlapped_s"]
+
+
+@pytest.mark.parametrize("plan", [A2A, Plan(64, 4096, 1, dp=16, tp=2, ep=8,
+                                            sequence_parallel=True, moe_overlap="a2a")],
+                         ids=["interleaved", "no-pipeline"])
+def test_a2a_hides_the_all_to_alls_in_both_tiers(plan):
+    m, c = load_model(QWEN), load_cluster("dgx-h100:4")
+    base = dataclasses.replace(plan, moe_overlap="none")
+    for fid in ("analytic", "des"):
+        on, off = simulate(m, c, plan, fidelity=fid), simulate(m, c, base, fidelity=fid)
+        exposed, hidden = _ep(on)
+        assert hidden > 0 and exposed < 0.5 * _ep(off)[0]
+        assert on.iteration_time_s < off.iteration_time_s
+        # the same all-to-alls, now partly behind compute (the DES measures their union)
+        assert exposed + hidden == pytest.approx(_ep(off)[0], rel=1e-9 if fid == "analytic"
+                                                 else 0.1)
+    a, d = simulate(m, c, plan), simulate(m, c, plan, fidelity="des")
+    assert d.iteration_time_s == pytest.approx(a.iteration_time_s, rel=0.05)
+    u = simulate(m, c, plan, fidelity="des", reduce=False)
+    assert u.iteration_time_s == pytest.approx(d.iteration_time_s, rel=1e-9)
+
+
+def test_a2a_leaves_the_warm_up_exposed():
+    """Only merged steps hide their all-to-alls: the warm-up forwards (and their backwards)
+    wait, so the exposed share is at least the unmerged passes' share."""
+    m, c = load_model(QWEN), load_cluster("dgx-h100:4")
+    few = dataclasses.replace(A2A, global_batch_size=16)  # 2 micro-batches: all warm-up
+    on = simulate(m, c, few)
+    off = simulate(m, c, dataclasses.replace(few, moe_overlap="none"))
+    assert _ep(on) == pytest.approx(_ep(off), rel=1e-9)
+
+
+def test_shared_expert_hides_each_pass_behind_its_shared_expert():
+    m, c = load_model("deepseek-v3"), load_cluster("dgx-h100:64")
+    plan = Plan(256, 4096, 1, dp=32, pp=16, ep=32, recompute="full",
+                layers_per_stage=(3,) + (4,) * 14 + (2,), moe_overlap="shared-expert")
+    base = dataclasses.replace(plan, moe_overlap="none")
+    lt = cm.layer_time(cost_model_for(c), m, plan, moe=True)
+    assert lt.shared_forward > 0 and lt.shared_backward > lt.shared_forward
+    on, off = simulate(m, c, plan), simulate(m, c, base)
+    assert _ep(on)[0] < _ep(off)[0] and sum(_ep(on)) == pytest.approx(_ep(off)[0], rel=1e-9)
+    d = simulate(m, c, plan, fidelity="des")
+    assert d.iteration_time_s == pytest.approx(on.iteration_time_s, rel=0.02)
+    assert d.iteration_time_s < simulate(m, c, base, fidelity="des").iteration_time_s
+
+
+@pytest.mark.parametrize("kw,why", [
+    (dict(ep=1), "ep > 1"),
+    (dict(recompute="full"), "full recomputation"),
+    (dict(vpp=1, schedule="1f1b"), "interleaved"),
+    (dict(moe_dispatcher="allgather"), "not allgather"),
+    (dict(moe_overlap="both"), "must be one of"),
+    (dict(moe_overlap="shared-expert", moe_dispatcher="deepep"), "alltoall dispatcher"),
+])
+def test_megatron_rules(kw, why):
+    with pytest.raises(SpecError, match=why) as err:
+        dataclasses.replace(A2A, **kw)
+    assert err.value.field == "plan.moe_overlap" and "\n" not in str(err.value)
+
+
+def test_shared_expert_needs_one():
+    plan = dataclasses.replace(A2A, moe_overlap="shared-expert")
+    with pytest.raises(SpecError, match="has none") as err:
+        simulate(load_model(QWEN), load_cluster("dgx-h100:4"), plan)
+    assert err.value.field == "plan.moe_overlap"
+
+
+def test_export_and_the_front_door():
+    m, c = load_model(QWEN), load_cluster("dgx-h100:4")
+    args = export("megatron", A2A, m, c)["megatron_args.sh"]
+    assert "--overlap-moe-expert-parallel-comm" in args
+    pytest.importorskip("megatron.core", reason="megatron-core not installed (pip install -e "
+                        "'.[export-check]')")
+    from helpers.frameworks import megatron_parsed
+
+    parsed = megatron_parsed(args, c.world_size)
+    assert parsed["moe_overlap"] == "a2a" and parsed["vpp"] == 2
+
+
+def test_executor_refuses_overlap():
+    from executor.capabilities import unsupported
+
+    why = unsupported(load_model("mixtral-8x7b"), Plan(8, 256, dp=2, ep=2, moe_overlap="a2a"))
+    assert why is not None and why[0] == "plan.moe_overlap"
+
+
+def test_search_space_splits_awkward_layer_counts_and_takes_a2a():
+    """94 layers (no pipeline depth >= 4 divides them): every depth, split evenly, with the
+    published power-of-two vpp; 80 layers keep the depths that divide them. MoE plans take
+    the all-to-all overlap wherever Megatron-LM's rules allow it."""
+    import itertools
+
+    from optimizer.space import SearchSpace
+
+    space = SearchSpace(load_model("qwen3-235b-a22b"), load_cluster("dgx-h100:32"), 2048, 4096)
+    assert {4, 8, 16} <= {pp for _tp, _cp, pp, *_ in space.degrees()}
+    assert (("interleaved-1f1b", 4) in space._schedules(8, 128)
+            and ("interleaved-1f1b", 11) in space._schedules(8, 128))
+    dense = SearchSpace(load_model("llama3-70b"), load_cluster("dgx-h100:16"), 512, 4096)
+    assert all(80 % pp == 0 for _tp, _cp, pp, *_ in dense.degrees())
+    for plan in itertools.islice(iter(space), 3000):
+        allowed = plan.ep > 1 and plan.recompute != "full" and (
+            plan.pp == 1 or plan.schedule == "interleaved-1f1b")
+        assert plan.moe_overlap == ("a2a" if allowed else "none")
