@@ -16,11 +16,13 @@ explored by the local moves of the search, not enumerated.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from optimizer.constraints import Constraints
+from sim.layout.memory import memory_verdict
 from sim.layout.stages import even_split
 from sim.spec.cluster import ClusterSpec
 from sim.spec.model import ModelSpec
@@ -69,7 +71,7 @@ class SearchSpace:
         for etp in ([tp, 1] if tp > 1 else [1]):
             out += [(ep, None if etp == tp else etp) for ep in divisors(tp * cp * dp // etp)
                     if self.model.num_experts % ep == 0
-                    and ((etp * ep) % (tp * cp) == 0 or (tp * cp) % (etp * ep) == 0)]
+                    and all((etp * ep) % q == 0 or q % (etp * ep) == 0 for q in (tp * cp, tp))]
         return out
 
     def _keep(self, name: str, values: list[int]) -> list[int]:
@@ -123,15 +125,18 @@ class SearchSpace:
         places = PLACEMENTS if pp > 1 else PLACEMENTS[:1]
         yield from itertools.product(zeros, recomputes, sps, places)
 
-    def _overlap(self, ep: int, pp: int, schedule: str, recompute: str) -> str:
-        """Megatron-LM's all-to-all overlap (merged forward/backward steps) wherever its rules
-        allow it: trainsim's model never makes a step slower with it (its extra memory, a
-        second micro-batch's activations in flight, is not modelled)."""
-        if ep == 1 or recompute == "full" or self.model.num_mtp_layers > 1 or (
-                pp > 1 and schedule != "interleaved-1f1b") or (
-                pp == 1 and self.model.num_mtp_layers):
-            return "none"
-        return "a2a"
+    def _overlapped(self, plan: Plan) -> Plan:
+        """The plan with Megatron-LM's all-to-all overlap (merged forward/backward steps)
+        wherever its rules allow it and it still fits in memory (a merged step holds one
+        more micro-batch): trainsim's model never makes a step slower with it."""
+        m = self.model
+        if plan.ep == 1 or plan.recompute == "full" or m.num_mtp_layers > 1 or (
+                plan.pp > 1 and plan.schedule != "interleaved-1f1b") or (
+                plan.pp == 1 and m.num_mtp_layers) or plan.dtype == "fp32":
+            return plan
+        merged = dataclasses.replace(plan, moe_overlap="a2a")
+        peak, capacity = memory_verdict(m, self.cluster, merged)
+        return merged if peak <= capacity else plan
 
     def __iter__(self) -> Iterator[Plan]:
         for tp, cp, pp, dp, ep, etp in self.degrees():
@@ -144,12 +149,12 @@ class SearchSpace:
                 for (schedule, vpp), tail in itertools.product(self._schedules(pp, micro),
                                                                tails):
                     zero, recompute, sp, placement = tail
-                    overlap = self._overlap(ep, pp, schedule, recompute)
                     plan = Plan(self.global_batch_size, self.seq_len, mbs, dp, tp, pp, cp, ep,
                                 vpp, schedule, zero, recompute, sp, self.dtype, placement,
                                 layers_per_stage=even_split(self.model.num_layers, pp * vpp),
-                                attention=self.attention, etp=etp, moe_overlap=overlap,
+                                attention=self.attention, etp=etp,
                                 overlap_grad_reduce=self.overlap_grad_reduce)
+                    plan = self._overlapped(plan)
                     if self.constraints.framework == "any" \
                             or self.constraints.admits(plan, self.model):
                         yield plan

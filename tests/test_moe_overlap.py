@@ -13,6 +13,7 @@ from sim import Plan, load_cluster, load_model, simulate
 from sim.cost import compute as cm
 from sim.cost.profiled import cost_model_for
 from sim.errors import SpecError
+from sim.layout.memory import memory_report
 
 QWEN = "qwen3-30b-a3b"  # no shared expert
 A2A = Plan(64, 4096, 1, dp=8, tp=2, pp=2, vpp=2, schedule="interleaved-1f1b", ep=8,
@@ -121,7 +122,63 @@ def test_search_space_splits_awkward_layer_counts_and_takes_a2a():
             and ("interleaved-1f1b", 11) in space._schedules(8, 128))
     dense = SearchSpace(load_model("llama3-70b"), load_cluster("dgx-h100:16"), 512, 4096)
     assert all(80 % pp == 0 for _tp, _cp, pp, *_ in dense.degrees())
+    merged = 0
+    space = SearchSpace(load_model(QWEN), load_cluster("dgx-h100:2"), 64, 4096)
     for plan in itertools.islice(iter(space), 3000):
         allowed = plan.ep > 1 and plan.recompute != "full" and (
             plan.pp == 1 or plan.schedule == "interleaved-1f1b")
-        assert plan.moe_overlap == ("a2a" if allowed else "none")
+        merged += plan.moe_overlap == "a2a"
+        assert plan.moe_overlap == "none" or allowed
+        if allowed and plan.moe_overlap == "none":  # only where a merged step would not fit
+            with_a2a = dataclasses.replace(plan, moe_overlap="a2a")
+            assert not memory_report(space.model, space.cluster, with_a2a).fits
+    assert merged > 0
+
+
+@pytest.mark.parametrize("pp,vpp,m", [(2, 2, 2), (2, 2, 4), (4, 2, 8), (2, 4, 8), (1, 1, 4)])
+def test_merged_steps_never_pair_one_micro_batch(pp, vpp, m):
+    """Megatron-LM warms up one more forward with the overlap, so a merged step's forward
+    and backward are always of different micro-batches (the DES runs them side by side)."""
+    from sim.des.run import _program
+
+    plan = Plan(8 * m, 4096, 1, dp=8, tp=2, pp=pp, vpp=vpp, ep=8, sequence_parallel=True,
+                schedule="interleaved-1f1b" if vpp > 1 else "1f1b", moe_overlap="a2a")
+    for stage in range(pp):
+        items = [i for i in _program(plan, stage) if isinstance(i, tuple)]
+        pairs = [(f, b) for f, b in zip(items, items[1:], strict=False)
+                 if f[0] == "F" and b[0] == "B"]
+        assert pairs and all(f[1] != b[1] for f, b in pairs)
+
+
+def test_review_rules():
+    m = load_model("llama3-8b")
+    with pytest.raises(SpecError) as err:  # etp on a dense model
+        from sim import validate
+        validate(Plan(8, 4096, dp=4, tp=2, etp=1, sequence_parallel=True), m)
+    assert err.value.field == "plan.etp"
+    with pytest.raises(SpecError, match="gpipe"):
+        Plan(16, 4096, dp=8, ep=8, moe_overlap="a2a", schedule="gpipe")
+    with pytest.raises(SpecError) as err:  # etp between 1 and tp names etp, not ep
+        Plan(16, 4096, dp=4, tp=4, ep=2, etp=3, sequence_parallel=True)
+    assert err.value.field == "plan.etp"
+
+
+def test_shared_expert_keeps_its_tp_collectives_when_etp_is_1():
+    from sim.layout.stages import tp_blocks
+
+    plan = Plan(64, 4096, dp=8, tp=2, ep=16, etp=1, sequence_parallel=True)
+    assert tp_blocks(load_model("deepseek-v3"), plan, True) == 2
+    assert tp_blocks(load_model(QWEN), plan, True) == 1
+    assert tp_blocks(load_model(QWEN), plan, False) == 2
+
+
+def test_space_expert_grids_follow_the_tp_rule():
+    """An expert block that straddles TP groups (ep 3 on tp 2 x cp 3) is never generated."""
+    from optimizer.space import SearchSpace
+
+    m = dataclasses.replace(load_model(QWEN), num_experts=96)
+    space = SearchSpace(m, load_cluster("dgx-h100:3"), 24, 6144)
+    grids = space._experts(2, 3, 4)
+    assert (3, 1) not in grids and grids
+    for ep, etp in grids:
+        Plan(24, 6144, dp=4, tp=2, cp=3, ep=ep, etp=etp, sequence_parallel=True)

@@ -22,12 +22,11 @@ from sim.layout.memory import rank_params
 from sim.layout.placement import group_span
 from sim.layout.routing import dispatches
 from sim.layout.schedule import warmup_forwards
-from sim.layout.stages import StageLayers, edge_tp_collectives, pipeline_rank_layers
+from sim.layout.stages import StageLayers, edge_tp_collectives, pipeline_rank_layers, tp_blocks
 from sim.network.algorithms import collective_time
 from sim.network.alphabeta import Fabric, fabric_for
 from sim.result import Timing
 from sim.spec.cluster import ClusterSpec
-from sim.spec.experts import expert_tp
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
 
@@ -97,8 +96,7 @@ class _Ctx:
 
 def _tp_per_layer(x: _Ctx, moe: bool = False) -> float:
     """TP collectives of one layer, forward + backward (+ forward again if recomputed): the
-    attention's and the MLP's, or the attention's alone for an MoE layer whose experts are
-    not on the tensor-parallel group (``etp != tp``: each rank routes its own shard)."""
+    attention's and the MLP's (:func:`sim.layout.stages.tp_blocks`)."""
     if x.p.tp == 1:
         return 0.0
     size = x.tokens * x.m.hidden_size * x.e
@@ -107,7 +105,7 @@ def _tp_per_layer(x: _Ctx, moe: bool = False) -> float:
     else:
         one = x.coll("tp", "all_reduce", size)
     passes = 3 if x.p.recompute == "full" else 2  # forward, backward, recomputed forward
-    blocks = 1 if moe and expert_tp(x.p) != x.p.tp else 2
+    blocks = tp_blocks(x.m, x.p, moe)
     return blocks * one * passes
 
 

@@ -18,7 +18,7 @@ from sim.des.data_parallel import DataParallel
 from sim.layout.memory import chunk_edge_params, layer_rank_params
 from sim.layout.placement import group_span
 from sim.layout.routing import dispatches
-from sim.layout.stages import edge_tp_collectives
+from sim.layout.stages import edge_tp_collectives, tp_blocks
 from sim.spec.experts import expert_tp
 
 __all__ = ["Layers"]
@@ -37,12 +37,11 @@ class Layers:
     # Sizes and passes -----------------------------------------------------------------------
     def _tp_ops(self, moe: bool = False) -> list[str]:
         """One TP pass over a layer: 2 all-reduces, or 2 all-gathers + 2 reduce-scatters
-        (attention and MLP); the attention's alone in an MoE layer whose experts are not on
-        the tensor-parallel group (``etp != tp``)."""
+        (attention and MLP; :func:`sim.layout.stages.tp_blocks`)."""
         p = self.x.p
         if p.tp == 1:
             return []
-        blocks = 1 if moe and expert_tp(p) != p.tp else 2
+        blocks = tp_blocks(self.x.m, p, moe)
         return ["all_gather", "reduce_scatter"] * blocks if p.sequence_parallel else \
             ["all_reduce"] * blocks
 

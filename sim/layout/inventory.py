@@ -49,7 +49,7 @@ from typing import Any
 
 from sim.layout.memory import chunk_edge_params, layer_rank_params, rank_params
 from sim.layout.routing import ep_bytes
-from sim.layout.stages import StageLayers, pipeline_rank_layers, virtual_stage_moe
+from sim.layout.stages import StageLayers, pipeline_rank_layers, tp_blocks, virtual_stage_moe
 from sim.spec.experts import expert_tp
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan, replica_plan
@@ -105,9 +105,9 @@ def _tp(t: _Tally, m: ModelSpec, p: Plan, st: StageLayers, conv: Conventions) ->
     act = p.local_tokens * m.hidden_size * p.activation_bytes
     passes = 3 if p.recompute == "full" else 2  # forward, backward (and the replay)
     kinds = ("all_gather", "reduce_scatter") if p.sequence_parallel else ("all_reduce",)
-    # two of each kind per layer and pass; one in an MoE layer whose experts are off the
-    # tensor-parallel group (etp != tp)
-    blocks = 2 * layers if expert_tp(p) == p.tp else 2 * st.dense + st.moe
+    # two of each kind per layer and pass (fewer in an MoE layer whose experts are off the
+    # tensor-parallel group: sim.layout.stages.tp_blocks)
+    blocks = 2 * layers if expert_tp(p) == p.tp else 2 * st.dense + tp_blocks(m, p, True) * st.moe
     for kind in kinds:
         t.add("tp", kind, act, blocks * passes * n)
     if first:  # embedding: forward reduce (SP: a reduce-scatter, gathered in backward)

@@ -120,13 +120,15 @@ def _stored_layer_bytes(m: ModelSpec, plan: Plan, moe: bool) -> float:
 def inflight_microbatches(plan: Plan, rank: int) -> float:
     """Micro-batches whose activations pipeline rank ``rank`` holds at its peak: all of
     them under GPipe, ``pp - rank`` under 1F1B, Megatron-LM's warm-up count of virtual
-    chunks (in whole micro-batches through this rank's layers) when interleaved."""
+    chunks (in whole micro-batches through this rank's layers) when interleaved; one more
+    micro-batch (or chunk) with all-to-all overlap's merged steps."""
     m = plan.num_microbatches
+    merged = 1 if plan.moe_overlap == "a2a" else 0  # a merged step's second micro-batch
     if plan.schedule == "gpipe":
         return float(m)
     if plan.schedule == "1f1b":
-        return float(min(plan.pp - rank, m))
-    chunks = min(2 * (plan.pp - rank - 1) + (plan.vpp - 1) * plan.pp + 1, m * plan.vpp)
+        return float(min(plan.pp - rank + merged, m))
+    chunks = min(2 * (plan.pp - rank - 1) + (plan.vpp - 1) * plan.pp + 1 + merged, m * plan.vpp)
     return chunks / plan.vpp
 
 

@@ -56,7 +56,10 @@ def warmup_forwards(plan: Plan, stage: int) -> int:
     if plan.schedule == "gpipe":
         return total
     pp, vpp = plan.pp, plan.vpp
-    return min(total, (pp - stage - 1) * (2 if vpp > 1 else 1) + (vpp - 1) * pp)
+    # all-to-all overlap merges a forward with a backward: Megatron-LM warms up one more
+    # forward so that the pair never holds one micro-batch's two passes
+    extra = 1 if plan.moe_overlap == "a2a" and vpp > 1 else 0
+    return min(total, (pp - stage - 1) * (2 if vpp > 1 else 1) + (vpp - 1) * pp + extra)
 
 
 def stage_ops(plan: Plan, stage: int) -> list[Op]:

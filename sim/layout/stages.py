@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sim.spec.experts import expert_tp
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
 
-__all__ = ["StageLayers", "even_split", "virtual_stage_layers", "virtual_stage_moe",
+__all__ = ["StageLayers", "even_split", "tp_blocks", "virtual_stage_layers", "virtual_stage_moe",
            "pipeline_rank_layers", "edge_tp_collectives"]
 
 
@@ -32,6 +33,16 @@ def even_split(layers: int, stages: int) -> tuple[int, ...] | None:
         return None
     base, extra = divmod(layers, stages)
     return (base + 1,) * extra + (base,) * (stages - extra)
+
+
+def tp_blocks(model: ModelSpec, plan: Plan, moe: bool) -> int:
+    """Blocks of a layer whose tensor-parallel collectives run on the TP group (a pair each
+    pass: all-gather + reduce-scatter, or an all-reduce): the attention and the MLP. An MoE
+    layer whose experts are off the TP group (``etp != tp``) keeps the attention's and its
+    shared expert's (which stays tensor-parallel, as in Megatron-LM)."""
+    if moe and expert_tp(plan) != plan.tp:
+        return 2 if model.shared_expert_ffn_hidden_size else 1
+    return 2
 
 
 def virtual_stage_layers(plan: Plan, model: ModelSpec) -> list[int]:

@@ -64,14 +64,14 @@ def check_experts(plan: Plan) -> None:
         raise SpecError("plan.etp", f"must be null (= tp) or an integer in 1..{MAX_DEVICES:,}, "
                         f"got {etp!r}")
     e = expert_tp(plan)
+    if e not in (1, plan.tp):
+        raise SpecError("plan.etp", f"must be 1 or tp = {plan.tp}, got {e} (expert tensor "
+                        f"parallelism between them is not simulated)")
     ranks = plan.tp * plan.cp * plan.dp
     if ranks % (e * plan.ep):
         raise SpecError("plan.ep", f"etp x ep = {e} x {plan.ep} must divide tp x cp x dp = "
                         f"{plan.tp} x {plan.cp} x {plan.dp} = {ranks} (the ranks of a "
                         f"pipeline stage hold whole expert groups)")
-    if e not in (1, plan.tp):
-        raise SpecError("plan.etp", f"must be 1 or tp = {plan.tp}, got {e} (expert tensor "
-                        f"parallelism between them is not simulated)")
     block = e * plan.ep
     for inner, name in ((plan.tp * plan.cp, "tp x cp"), (plan.tp, "tp")):
         if block % inner and inner % block:
@@ -96,6 +96,11 @@ def check_experts_model(plan: Plan, m: ModelSpec) -> None:
     if plan.moe_overlap == "shared-expert" and not m.shared_expert_ffn_hidden_size:
         raise SpecError("plan.moe_overlap", f"shared-expert needs a model with a shared expert; "
                         f"{m.name!r} has none")
+    if plan.etp is not None and plan.etp != plan.tp and not m.is_moe:
+        raise SpecError("plan.etp", f"is for MoE models; {m.name!r} is dense")
+    if plan.moe_overlap == "a2a" and m.num_mtp_layers == 1 and plan.pp == 1:
+        raise SpecError("plan.moe_overlap", "a2a with a multi-token prediction layer needs "
+                        "pp > 1 (Megatron-LM's rule)")
     if plan.moe_overlap == "a2a" and m.num_mtp_layers > 1:
         raise SpecError("plan.moe_overlap", f"a2a takes at most one multi-token prediction "
                         f"layer (Megatron-LM's rule), the model has {m.num_mtp_layers}")
@@ -119,6 +124,11 @@ def check_overlap(plan: Plan) -> None:
     if plan.recompute == "full":
         raise SpecError("plan.moe_overlap", "a2a does not run with full recomputation "
                         "(Megatron-LM's rule): use none or selective")
+    if plan.schedule == "gpipe":
+        raise SpecError("plan.moe_overlap", "a2a merges 1F1B steps: not with gpipe")
+    if plan.dtype == "fp32":
+        raise SpecError("plan.moe_overlap", "a2a runs with 16-bit training (bf16, fp16, fp8 "
+                        "over bf16), not fp32 (Megatron-LM's rule)")
     if plan.pp > 1 and plan.schedule != "interleaved-1f1b":
         raise SpecError("plan.moe_overlap", f"a2a with pp = {plan.pp} needs the interleaved "
                         f"schedule (vpp > 1), got {plan.schedule}")
