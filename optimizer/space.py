@@ -22,9 +22,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from optimizer.constraints import Constraints
+from sim.errors import SpecError
 from sim.layout.memory import memory_verdict
 from sim.layout.stages import even_split
 from sim.spec.cluster import ClusterSpec
+from sim.spec.experts import check_experts_model
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
 
@@ -127,15 +129,15 @@ class SearchSpace:
 
     def _overlapped(self, plan: Plan) -> Plan:
         """The plan with Megatron-LM's all-to-all overlap (merged forward/backward steps)
-        wherever its rules allow it and it still fits in memory (a merged step holds one
-        more micro-batch): trainsim's model never makes a step slower with it."""
-        m = self.model
-        if plan.ep == 1 or plan.recompute == "full" or m.num_mtp_layers > 1 or (
-                plan.pp > 1 and plan.schedule != "interleaved-1f1b") or (
-                plan.pp == 1 and m.num_mtp_layers) or plan.dtype == "fp32":
+        wherever its rules (:mod:`sim.spec.experts`) allow it and it still fits in memory (a
+        merged step holds one more micro-batch): trainsim's model never makes a step slower
+        with it."""
+        try:
+            merged = dataclasses.replace(plan, moe_overlap="a2a")
+            check_experts_model(merged, self.model)
+        except SpecError:
             return plan
-        merged = dataclasses.replace(plan, moe_overlap="a2a")
-        peak, capacity = memory_verdict(m, self.cluster, merged)
+        peak, capacity = memory_verdict(self.model, self.cluster, merged)
         return merged if peak <= capacity else plan
 
     def __iter__(self) -> Iterator[Plan]:

@@ -50,7 +50,6 @@ from typing import Any
 from sim.layout.memory import chunk_edge_params, layer_rank_params, rank_params
 from sim.layout.routing import ep_bytes
 from sim.layout.stages import StageLayers, pipeline_rank_layers, tp_blocks, virtual_stage_moe
-from sim.spec.experts import expert_tp
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan, replica_plan
 
@@ -107,7 +106,7 @@ def _tp(t: _Tally, m: ModelSpec, p: Plan, st: StageLayers, conv: Conventions) ->
     kinds = ("all_gather", "reduce_scatter") if p.sequence_parallel else ("all_reduce",)
     # two of each kind per layer and pass (fewer in an MoE layer whose experts are off the
     # tensor-parallel group: sim.layout.stages.tp_blocks)
-    blocks = 2 * layers if expert_tp(p) == p.tp else 2 * st.dense + tp_blocks(m, p, True) * st.moe
+    blocks = 2 * st.dense + tp_blocks(m, p, True) * st.moe
     for kind in kinds:
         t.add("tp", kind, act, blocks * passes * n)
     if first:  # embedding: forward reduce (SP: a reduce-scatter, gathered in backward)
