@@ -19,6 +19,7 @@ from sim.spec.cluster import ClusterSpec
 from sim.spec.limits import MAX_DES_MICROBATCHES
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan, validate
+from sim.spec.sync import is_default_sync
 from sim.spec.workload import Workload
 
 if TYPE_CHECKING:
@@ -41,6 +42,9 @@ def simulate(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan,
     (:class:`sim.spec.workload.Workload`) runs in the analytic tier (:mod:`sim.analytic.graph`)."""
     if fidelity not in FIDELITIES:
         raise SpecError("fidelity", f"must be one of {', '.join(FIDELITIES)}, got {fidelity!r}")
+    if not is_default_sync(plan):
+        raise SpecError("plan.sync", f"{strategy_of(plan)} runs over many steps: simulate it "
+                        "with sim.strategies.simulate_sync (trainsim simulate does)")
     if isinstance(model, Workload):
         return _graph(model, cluster, plan, fidelity, faults)
     validate(plan, model, cluster)
@@ -55,6 +59,14 @@ def simulate(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan,
     timing = _des(model, cluster, plan, cost, reduce, trace, NO_PERTURBATION.with_scale(scales),
                   watch) if fidelity == "des" else _analytic(model, cluster, plan, cost, scales)
     return _result(model, cluster, plan, fidelity, timing, cost)
+
+
+def strategy_of(plan: Plan) -> str:
+    """``ssp over ps`` (the strategy and the architecture in effect)."""
+    from sim.spec.sync import architecture
+
+    return f"{plan.sync.kind} over {architecture(plan)}" + (
+        f" with {plan.compression.kind} compression" if plan.compression.kind != "none" else "")
 
 
 def _with_faults(model: ModelSpec, cluster: ClusterSpec, plan: Plan, fidelity: str,

@@ -101,6 +101,16 @@ class _Pairs:
         uniq, inv = np.unique(links, return_inverse=True)
         return cls(flows, owner, links, w, uniq, inv)
 
+    @classmethod
+    def few(cls, flows: list[Flow]) -> _Pairs:
+        """:meth:`of` without numpy's per-call overhead, for a handful of flows."""
+        links = [int(x) for f in flows for x in f.links]
+        order = sorted(set(links))
+        index = {x: i for i, x in enumerate(order)}
+        return cls(flows, np.array([i for i, f in enumerate(flows) for _ in f.links]),
+                   np.array(links), np.array([float(x) for f in flows for x in f.weights]),
+                   np.array(order), np.array([index[x] for x in links]))
+
 
 def _fill(p: _Pairs, cap: np.ndarray) -> np.ndarray:
     """Weighted progressive filling: all unfrozen rates grow alike until a link is full;
@@ -123,6 +133,38 @@ def _fill(p: _Pairs, cap: np.ndarray) -> np.ndarray:
         hit = hit[active[hit]]
         rate[hit] = level
         active[hit] = False
+    return rate
+
+
+def fill_few(flows: Sequence[Flow], cap: np.ndarray) -> list[float]:
+    """:func:`_fill` in plain Python, for a handful of flows (numpy's per-call overhead
+    dominates there): the same weighted progressive filling, link by link."""
+    load: dict[int, float] = {}
+    for f in flows:
+        for link, w in zip(f.links, f.weights, strict=True):
+            load[int(link)] = load.get(int(link), 0.0) + float(w)
+    left = {link: float(cap[link]) for link in load}
+    rate = [0.0] * len(flows)
+    active = set(range(len(flows)))
+    level = 0.0
+    while active:
+        used = {link: x for link, x in load.items() if x > _EPS}
+        if not used:
+            break
+        step = min(left[link] / x for link, x in used.items())
+        level += step
+        full = set()
+        for link, x in used.items():
+            left[link] -= step * x
+            if left[link] <= _EPS * float(cap[link]):
+                full.add(link)
+        for i in sorted(active):
+            f = flows[i]
+            if any(int(link) in full for link in f.links):
+                rate[i] = level
+                active.discard(i)
+                for link, w in zip(f.links, f.weights, strict=True):
+                    load[int(link)] -= float(w)
     return rate
 
 
@@ -192,6 +234,7 @@ class Network:
         self.stats = _LinkStats(np.zeros(len(cap)), np.zeros(len(cap)))
         self.rerates = 0  # re-ratings run (for benchmarks)
         self.check = True  # check aggregate flows (:func:`check_aggregates`)
+        self.few = 0  # up to this many flows are rated by fill_few (plain Python)
         self._pairs: _Pairs | None = None
         self._rates = np.zeros(0)
         self._left = np.zeros(0)  # remaining bytes, aligned with self.flows
@@ -291,8 +334,12 @@ class Network:
 
     def _rates_for_flows(self) -> None:
         self.rerates += 1
-        p = self._pairs = _Pairs.of(self.flows)
-        self._rates = _fill(p, self.cap)
+        if len(self.flows) <= self.few and all(f.members is None for f in self.flows):
+            p = self._pairs = _Pairs.few(self.flows)
+            self._rates = np.asarray(fill_few(self.flows, self.cap))
+        else:
+            p = self._pairs = _Pairs.of(self.flows)
+            self._rates = _fill(p, self.cap)
         if self.check and any(f.members is not None for f in self.flows):
             check_aggregates(p, self._rates, self.cap, self.env.now)
         self._link_Bps = np.bincount(p.inv, weights=p.w * self._rates[p.owner],

@@ -25,7 +25,7 @@ import networkx as nx
 from sim.network.alphabeta import NIC_EFFICIENCY, PCIE_EFFICIENCY
 from sim.spec.cluster import ClusterSpec
 
-__all__ = ["Topology", "build_topology", "bisection_Bps", "check_route", "torus_dims",
+__all__ = ["Topology", "build_topology", "add_nics", "bisection_Bps", "check_route", "torus_dims",
            "vertex_name"]
 
 Vertex = object
@@ -109,7 +109,8 @@ def _node_fabric(t: Topology, node: int) -> None:
         t.add_link(d, ("sw", node), rate_Bps * eff, lat / 2)
 
 
-def _nics(t: Topology, node: int) -> None:
+def add_nics(t: Topology, node: int) -> None:
+    """Node ``node``'s NICs, each joined to the devices it serves."""
     c = t.cluster
     g, n_nics = c.gpus_per_node, c.node_nics(node)[1]
     nic_Bps = _nic_Bps(c, node)
@@ -215,7 +216,7 @@ def build_topology(cluster: ClusterSpec) -> Topology:
         _node_fabric(t, node)
     if cluster.nodes > 1:
         for node in range(cluster.nodes):
-            _nics(t, node)
+            add_nics(t, node)
         {"fat-tree": _fat_tree, "rail-optimized": _rail, "torus2d": lambda x: _torus(x, 2),
          "torus3d": lambda x: _torus(x, 3), "dragonfly": _dragonfly}[
             cluster.inter_node.topology](t)

@@ -17,6 +17,7 @@ from sim.spec.experts import check_experts, check_experts_model, expert_tp
 from sim.spec.hardware import DTYPE_BYTES, DTYPES
 from sim.spec.limits import MAX_DEVICES, MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_SEQ_LEN, at_most
 from sim.spec.routing import check_routing, check_routing_model
+from sim.spec.sync import Communication, Compression, Sync, check_sync, coerce_sync, sync_to_dict
 
 if TYPE_CHECKING:
     from sim.spec.cluster import ClusterSpec
@@ -85,8 +86,13 @@ class Plan:
     # what hides the expert all-to-alls: `none`, `shared-expert` or `a2a` (another micro-batch)
     moe_overlap: str = "none"
     etp: int | None = None  # expert-tensor-parallel degree: 1 or tp (null: tp)
+    # how data-parallel workers synchronise, over what, compressed how (sim.spec.sync)
+    sync: Sync = Sync()
+    communication: Communication = Communication()
+    compression: Compression = Compression()
 
     def __post_init__(self) -> None:
+        coerce_sync(self)
         validate(self)
 
     @property
@@ -143,7 +149,7 @@ class Plan:
             self.placement)
         for name in ("layers_per_stage", "micro_batches_per_replica", "moe_expert_load"):
             d[name] = None if d[name] is None else list(d[name])
-        return {"schema_version": SCHEMA_VERSION, **d}
+        return {"schema_version": SCHEMA_VERSION, **d, **sync_to_dict(self)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Plan:
@@ -201,6 +207,7 @@ def validate(plan: Plan, model: ModelSpec | None = None, cluster: ClusterSpec | 
     _check_placement(plan)
     check_experts(plan)
     check_routing(plan)
+    check_sync(plan)
     if model is not None:
         _check_model(plan, model)
         check_routing_model(plan, model)

@@ -38,6 +38,7 @@ from sim.io import read_toml
 from sim.spec.cluster import PCIE_GBPS, ClusterSpec, InterNode, IntraNode, cluster_from_dict
 from sim.spec.hardware import get_hardware
 from sim.spec.plan import Plan
+from sim.spec.sync import SECTIONS
 
 __all__ = ["Scenario", "Edit", "CLUSTER_KEYS", "PLAN_KEYS", "FAULT_KEYS", "parse_value",
            "parse_assignment", "flatten_edits", "check_key", "is_cluster_key",
@@ -49,7 +50,8 @@ Edit = tuple[str, Any]
 CLUSTER_KEYS = (("nodes", "gpus_per_node", "gpu", "profile", "compute_stat", "node_groups")
                 + tuple(f"intra_node.{f.name}" for f in dataclasses.fields(IntraNode))
                 + tuple(f"inter_node.{f.name}" for f in dataclasses.fields(InterNode)))
-PLAN_KEYS = tuple(f.name for f in dataclasses.fields(Plan))
+PLAN_KEYS = tuple(f.name for f in dataclasses.fields(Plan)) + tuple(
+    f"{name}.{f.name}" for name, cls in SECTIONS for f in dataclasses.fields(cls))
 FAULT_KEYS = ("faults.straggler", "faults.straggler_dist", "faults.seed", "faults.fail_link")
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
 
@@ -173,7 +175,22 @@ def _intra_is_default(cluster: ClusterSpec) -> bool:
 def apply_plan_edits(plan: Plan, edits: Iterable[Edit]) -> Plan:
     """``plan`` with the plan keys of ``edits`` replaced, validated by :class:`Plan`."""
     edits = [e for e in edits if not is_cluster_key(e[0]) and e[0] not in FAULT_KEYS]
-    return plan_from_fields({**plan.to_dict(), **dict(edits)}) if edits else plan
+    if not edits:
+        return plan
+    fields = plan.to_dict()
+    keyed = {key.partition(".")[0] for key, _ in edits if key in _SECTION_KEYS}
+    for section in keyed:  # a new kind starts from its own defaults
+        fields[section] = {}
+    for key, value in edits:  # ``sync.staleness``: a field of a plan section
+        section, _, name = key.partition(".")
+        if name:
+            fields[section] = {**fields[section], name: value}
+        else:
+            fields[key] = value
+    return plan_from_fields(fields)
+
+
+_SECTION_KEYS = ("sync.kind", "communication.architecture", "compression.kind")
 
 
 def plan_from_fields(fields: dict[str, Any]) -> Plan:

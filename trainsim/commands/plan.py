@@ -32,6 +32,9 @@ def cmd_plan_new(args: argparse.Namespace) -> int:
         if getattr(args, k) is not None:
             fields[k] = getattr(args, k)
     fields["sequence_parallel"] = args.sequence_parallel
+    from trainsim.commands.sync import section_fields
+
+    fields.update(section_fields(args))
     for k in ("moe_max_load", "moe_capacity_factor", "moe_dispatcher", "moe_overlap"):
         if getattr(args, k) is not None:
             fields[k] = getattr(args, k)
@@ -87,6 +90,9 @@ def add_plan_parser(sub: Any) -> None:
     new.add_argument("--moe-overlap", choices=["none", "shared-expert", "a2a"],
                      help="MoE: what hides the expert all-to-alls: the shared expert, or "
                      "another micro-batch's compute (a2a) (default none)")
+    from trainsim.commands.sync import plan_sections
+
+    plan_sections(new)
     new.add_argument("--model", help="also check against this model: " + MODEL_HELP)
     new.add_argument("--cluster", help="also check against this cluster: " + CLUSTER_HELP)
     new.add_argument("--out", metavar="FILE", help="write the plan here (atomically)")

@@ -31,6 +31,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     model, cluster = load_any(args.model), load_cluster(args.cluster)
     cluster = with_profile_options(cluster, args)
     plan = load_plan(args.plan)
+    from sim.spec.sync import is_default_sync
+
+    if not is_default_sync(plan):
+        from trainsim.commands.sync import run_sync
+
+        return run_sync(args, model, cluster, plan, faults_of(args))
+    if args.steps is not None or args.jitter:
+        raise SpecError("--steps/--jitter", "are for plans with a sync strategy other than "
+                        "bsp over all-reduce (plan new --sync ...)")
     limit = max_wall_s(args)
     if args.fidelity != "des" and (args.trace or args.no_reduce or limit):
         raise SpecError("--trace/--no-reduce/--max-wall-s", "need --fidelity des")
@@ -74,4 +83,7 @@ def add_simulate_parser(sub: Any) -> None:
     p.add_argument("--out", metavar="DIR", help="also write inputs.json, result.json and "
                    "summary.txt to this run folder")
     add_watch_options(p, "a des run")
+    from trainsim.commands.sync import add_sync_options
+
+    add_sync_options(p)
     p.set_defaults(func=cmd_simulate)

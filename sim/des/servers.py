@@ -1,0 +1,181 @@
+"""Parameter-server synchronisation in the multi-step DES (:mod:`sim.des.workers`):
+``bsp``, ``asp``, ``ssp`` and ``backup-workers`` over sharded CPU servers."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Generator
+from typing import Any
+
+import numpy as np
+import simpy
+
+from sim.des.worker_run import WorkerRun
+
+__all__ = ["start"]
+
+
+class _Shards:
+    """Server-side state: pushes applied per (shard, worker), versions, SSP waiters,
+    and for backup workers the steps each shard closed."""
+
+    def __init__(self, run: WorkerRun) -> None:
+        n, servers = run.s.workers, len(run.s.shards)
+        self.applied = np.zeros((servers, n), dtype=np.int64)
+        self.version = [0] * servers
+        self.waiters: list[list[tuple[int, simpy.Event]]] = [[] for _ in range(servers)]
+        self.read = [0] * n  # shard-0 version each worker last read
+        self.closed = [0] * servers  # backup workers: steps closed per shard
+        self.count: list[dict[int, int]] = [{} for _ in range(servers)]
+        self.step_done: list[dict[int, simpy.Event]] = [{} for _ in range(servers)]
+
+    def wait_min(self, env: simpy.Environment, shard: int, clocks: float) -> simpy.Event:
+        """An event that succeeds once every worker has ``clocks`` pushes applied on
+        ``shard``."""
+        ev = env.event()
+        if self.applied[shard].min() >= clocks:
+            ev.succeed()
+        else:
+            self.waiters[shard].append((int(clocks), ev))
+        return ev
+
+    def applied_one(self, shard: int, w: int, marks: list[float], now: float) -> None:
+        before = int(self.applied[shard].min())
+        self.applied[shard, w] += 1
+        low = int(self.applied[shard].min())
+        if shard == 0 and low > before:  # every worker has this clock in: a renewal point
+            marks.append(now)
+        if self.waiters[shard] and low >= min(c for c, _ in self.waiters[shard]):
+            keep = []
+            for clocks, ev in self.waiters[shard]:
+                if low >= clocks:
+                    ev.succeed()
+                else:
+                    keep.append((clocks, ev))
+            self.waiters[shard] = keep
+
+    def step_event(self, env: simpy.Environment, shard: int, step: int) -> simpy.Event:
+        d = self.step_done[shard]
+        if step not in d:
+            d[step] = env.event()
+        return d[step]
+
+
+def start(run: WorkerRun) -> None:
+    state = _Shards(run)
+    body = _backup_worker if run.s.plan.sync.kind == "backup-workers" else _worker
+    for w in range(run.s.workers):
+        run.env.process(body(run, state, w))
+
+
+def _server_sum(run: WorkerRun, shard: int) -> Generator[simpy.Event, Any, None]:
+    """The shard's CPU sums (or applies) one push of its share of the gradient."""
+    s = run.s
+    with run.cpus[shard].request() as turn:
+        yield turn
+        t0 = run.env.now
+        busy = s.server_bytes * s.shards[shard] / s.servers.cpu_Bps  # type: ignore[union-attr]
+        yield run.env.timeout(busy)
+        run.rec.server_busy_s[shard] += busy
+        run.span(f"server{shard}", "sum", t0, 0)
+
+
+def _push(run: WorkerRun, state: _Shards, w: int, k: int, shard: int
+          ) -> Generator[simpy.Event, Any, None]:
+    s = run.s
+    t0 = run.env.now
+    yield run.flows(w, lambda d: s.servers.push_route(d, shard),  # type: ignore[union-attr]
+                    s.push_bytes * s.shards[shard])
+    run.span(f"worker{w}", f"push{shard}", t0, k)
+    yield from _server_sum(run, shard)
+    if shard == 0 and run.s.plan.sync.kind != "bsp":
+        run.rec.staleness.append((run.env.now, state.version[0] - state.read[w]))
+    state.version[shard] += 1
+    state.applied_one(shard, w, run.rec.marks if run.s.plan.sync.kind != "bsp" else [],
+                      run.env.now)
+
+
+def _pull(run: WorkerRun, state: _Shards, w: int, k: int, shard: int
+          ) -> Generator[simpy.Event, Any, None]:
+    """Wait until the slowest worker is within ``staleness`` clocks here, then pull."""
+    s = run.s
+    kind = s.plan.sync.kind
+    bound = 0 if kind == "bsp" else math.inf if kind == "asp" else s.plan.sync.staleness
+    t0 = run.env.now
+    if bound != math.inf:
+        yield state.wait_min(run.env, shard, k + 1 - bound)
+    run.span(f"worker{w}", "wait", t0, k)
+    if shard == 0:
+        state.read[w] = state.version[0]
+    t0 = run.env.now
+    yield run.flows(w, lambda d: s.servers.pull_route(d, shard),  # type: ignore[union-attr]
+                    s.pull_bytes * s.shards[shard])
+    run.span(f"worker{w}", f"pull{shard}", t0, k)
+
+
+def _worker(run: WorkerRun, state: _Shards, w: int) -> Generator[simpy.Event, Any, None]:
+    env, shards = run.env, range(len(run.s.shards))
+    bsp = run.s.plan.sync.kind == "bsp"
+    for k in range(run.steps):
+        yield from run.compute(w, k)
+        if len(shards) == 1:  # no concurrent shards: no processes to join
+            yield from _push(run, state, w, k, 0)
+        else:
+            yield env.all_of([env.process(_push(run, state, w, k, i)) for i in shards])
+        if not bsp:
+            run.done(run.s.samples_per_step)
+        if len(shards) == 1:
+            yield from _pull(run, state, w, k, 0)
+        else:
+            yield env.all_of([env.process(_pull(run, state, w, k, i)) for i in shards])
+        if bsp:  # the summed update is in once every pull can start
+            run.done(run.s.samples_per_step, update=w == 0)
+            if w == 0:
+                run.rec.marks.append(run.env.now)
+
+
+# Backup workers ------------------------------------------------------------------------------
+def _backup_push(run: WorkerRun, state: _Shards, w: int, tag: int, shard: int
+                 ) -> Generator[simpy.Event, Any, None]:
+    """Push a gradient of step ``tag``; the shard sums it unless that step is closed."""
+    s = run.s
+    t0 = run.env.now
+    yield run.flows(w, lambda d: s.servers.push_route(d, shard),  # type: ignore[union-attr]
+                    s.push_bytes * s.shards[shard])
+    run.span(f"worker{w}", f"push{shard}", t0, tag)
+    if tag < state.closed[shard]:
+        if shard == 0:
+            run.rec.dropped += 1
+        return
+    yield from _server_sum(run, shard)
+    if tag < state.closed[shard]:  # closed while it queued for the CPU
+        if shard == 0:
+            run.rec.dropped += 1
+        return
+    if shard == 0:
+        run.done(s.samples_per_step, update=False)
+    c = state.count[shard]
+    c[tag] = c.get(tag, 0) + 1
+    if c[tag] == s.workers - s.plan.sync.backups:
+        state.closed[shard] = tag + 1
+        del c[tag]
+        state.step_event(run.env, shard, tag).succeed()
+        if shard == 0:
+            run.rec.updates.append(run.env.now)
+
+
+def _backup_worker(run: WorkerRun, state: _Shards, w: int) -> Generator[simpy.Event, Any, None]:
+    env, s = run.env, run.s
+    shards = range(len(s.shards))
+    tag = 0
+    for k in range(run.steps):
+        yield from run.compute(w, k)
+        yield env.all_of([env.process(_backup_push(run, state, w, tag, i)) for i in shards])
+        t0 = env.now
+        yield env.all_of([state.step_event(env, i, tag) for i in shards])
+        run.span(f"worker{w}", "wait", t0, k)
+        t0 = env.now
+        yield env.all_of([run.flows(w, lambda d, i=i: s.servers.pull_route(d, i),  # type: ignore
+                                    s.pull_bytes * s.shards[i]) for i in shards])
+        run.span(f"worker{w}", "pull", t0, k)
+        tag = min(state.closed)

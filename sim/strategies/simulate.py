@@ -1,0 +1,208 @@
+"""``simulate_sync``: data-parallel synchronisation strategies over many steps.
+
+The one-step tiers (:func:`sim.api.simulate`) price one BSP step; this runs a clock per
+worker (a data-parallel replica) for many steps. A worker's local step is the tier's BSP
+iteration without its data-parallel reduction (compute, pipeline, TP/CP collectives,
+optimizer), scaled by its slowest device (``--straggler``, heterogeneous GPUs) and a
+per-step jitter draw, plus what compression and averaging compute. What it synchronises
+with is the plan's ``sync`` over its ``communication`` (:mod:`sim.spec.sync`):
+
+- ``fidelity="des"``: the multi-step DES (:mod:`sim.des.workers`): flows on the topology
+  with parameter servers as vertices, staleness recorded per update, warm-up dropped by
+  MSER-5;
+- ``fidelity="analytic"``: the closed forms (:mod:`sim.analytic.sync`).
+
+BSP over all-reduce with identical workers reproduces the one-step tier: its step is the
+tier's iteration time (the reduction as the tier exposes it, the rest overlapped).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import TYPE_CHECKING
+
+from sim.api import simulate
+from sim.cost.scales import combine_scales, gpu_compute_scales
+from sim.cost.sync import compression_s, elementwise_s, outer_step_s
+from sim.errors import SpecError
+from sim.layout.placement import group_span
+from sim.layout.sync import PAYLOAD_BYTES, gradient, shard_fractions, worker_devices
+from sim.network.algorithms import collective_time
+from sim.network.alphabeta import fabric_for
+from sim.network.servers import add_servers
+from sim.network.topology import Topology, build_topology
+from sim.network.workers import SyncSetup
+from sim.spec.cluster import ClusterSpec
+from sim.spec.gossip import gossip_edges
+from sim.spec.model import ModelSpec
+from sim.spec.plan import Plan, validate
+from sim.spec.sync import Communication, Compression, Sync, architecture
+from sim.spec.workload import Workload
+from sim.strategies.result import SyncResult, summarise
+
+if TYPE_CHECKING:
+    from sim.spec.faults import Dist, Faults
+
+__all__ = ["simulate_sync", "build_setup", "MAX_SYNC_STEPS"]
+
+MAX_SYNC_STEPS = 100_000  # local steps per worker a run may simulate
+MAX_SYNC_WORK = 20_000_000  # workers x steps x (servers or peers): bounds a run's events
+
+
+def simulate_sync(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan,
+                  fidelity: str = "des", *, steps: int = 200, faults: Faults | None = None,
+                  jitter: Dist | None = None, seed: int = 0, trace: str | None = None,
+                  trace_steps: int = 5) -> SyncResult:
+    """Simulate ``steps`` local steps of every data-parallel worker under ``plan.sync``."""
+    if fidelity not in ("analytic", "des"):
+        raise SpecError("fidelity", f"must be analytic or des, got {fidelity!r}")
+    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_SYNC_STEPS:
+        raise SpecError("steps", f"must be an integer in 1..{MAX_SYNC_STEPS:,}, got {steps!r}")
+    if not isinstance(model, Workload):
+        validate(plan, model, cluster)
+    t0 = time.perf_counter()
+    setup, tier = build_setup(model, cluster, plan, fidelity, faults, jitter, seed)
+    fan = max(1, len(setup.shards), max((len(setup.neighbours(w)) for w in
+                                         range(setup.workers)), default=1))
+    if setup.workers * steps * fan * len(setup.devices[0]) > MAX_SYNC_WORK:
+        raise SpecError("steps", f"{setup.workers:,} workers x {steps:,} steps x {fan} "
+                        f"servers or peers x {len(setup.devices[0])} ranks is over "
+                        f"{MAX_SYNC_WORK:,} transfers: simulate fewer steps")
+    if fidelity == "analytic":
+        from sim.analytic.sync import sync_closed_form
+
+        return summarise(setup, tier, fidelity, rates=sync_closed_form(setup),
+                         wall_s=time.perf_counter() - t0, model=model, cluster=cluster)
+    from sim.des.workers import run_workers
+
+    rec = run_workers(setup, steps, trace_steps if trace else 0)
+    out = summarise(setup, tier, fidelity, record=rec, wall_s=time.perf_counter() - t0,
+                    model=model, cluster=cluster)
+    if trace:
+        from sim.strategies.result import write_sync_trace
+
+        write_sync_trace(trace, rec, setup)
+    return out
+
+
+def _bsp(plan: Plan) -> Plan:
+    return dataclasses.replace(plan, sync=Sync(), communication=Communication(),
+                               compression=Compression())
+
+
+def build_setup(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan,
+                fidelity: str, faults: Faults | None = None, jitter: Dist | None = None,
+                seed: int = 0) -> tuple[SyncSetup, object]:
+    """The workers, their step times and their traffic for ``plan`` (and the one-step
+    tier's BSP result it starts from)."""
+    tier = simulate(model, cluster, _bsp(plan), fidelity)
+    if not math.isfinite(tier.iteration_time_s):
+        raise SpecError("plan", "the BSP step it starts from cannot complete")
+    exposed = tier.breakdown.get("dp", 0.0)
+    local = tier.iteration_time_s - exposed
+    devices = worker_devices(plan)
+    factors, topo = _worker_factors(model, cluster, plan, devices, faults)
+    hidden = None if isinstance(model, Workload) else model.hidden_size
+    grad = gradient(model, plan, hidden)
+    ranks = len(devices[0])
+    gpu = cluster.gpu
+    extra = compression_s(gpu, plan.compression, grad.elements / ranks,
+                          int(grad.raw_bytes / grad.elements), plan.dtype, hidden)
+    s = SyncSetup(plan, topo, devices, [], plan.global_batch_size / plan.dp,
+                  exposed_s=exposed, jitter=jitter, seed=seed)
+    _traffic(s, model, cluster, grad, ranks)
+    if plan.sync.kind == "two-stage":
+        extra += elementwise_s(gpu, grad.raw_bytes / ranks * (1 - _important(s, model)), 2.0)
+    if plan.sync.kind == "gossip":
+        degree = max(len(s.neighbours(w)) for w in range(s.workers))
+        extra += elementwise_s(gpu, grad.raw_bytes / ranks, 1.0 + degree)  # the average
+    s.compute_s = [(local + extra) * f for f in factors]
+    if plan.compression.kind != "none" and plan.compression.warmup_steps:
+        s.notes.append(f"compression warm-up ({plan.compression.warmup_steps} uncompressed "
+                       "steps) is not simulated: every step is compressed")
+    return s, tier
+
+
+def _worker_factors(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan,
+                    devices: list[list[int]], faults: Faults | None
+                    ) -> tuple[list[float], Topology]:
+    """Each worker's slow-down (its slowest device: GPU type and stragglers) and the
+    topology with slowed links."""
+    scales = None if isinstance(model, Workload) else gpu_compute_scales(model, cluster, plan)
+    topo = None
+    if faults is not None and not faults.empty:
+        from sim.network.failures import fault_inputs
+
+        f = fault_inputs(faults, cluster, plan, "des", True)
+        scales = combine_scales(scales, f.perturbation.compute_scale)
+        topo = f.perturbation.topology
+        if f.perturbation.link_failures:
+            raise SpecError("--fail-link", "link failures are not simulated across steps "
+                            "yet (stragglers and slowed links are)")
+    topo = topo or build_topology(cluster)
+    if scales is None:
+        return [1.0] * len(devices), topo
+    return [max(scales[d] for d in ranks) for ranks in devices], topo
+
+
+def _allreduce_s(cluster: ClusterSpec, plan: Plan, nbytes: float, kind: str = "all_reduce"
+                 ) -> float:
+    """One whole all-reduce (all-gather for top-k) of ``nbytes`` per rank over the
+    data-parallel group, closed form (:func:`sim.network.algorithms.collective_time`)."""
+    fabric = fabric_for(cluster, group_span(plan, cluster, "dp"))
+    return collective_time(kind, fabric, nbytes, plan.algorithm("dp"))
+
+
+def _traffic(s: SyncSetup, model: ModelSpec | Workload, cluster: ClusterSpec, grad: object,
+             ranks: int) -> None:
+    plan = s.plan
+    arch, kind = architecture(plan), plan.sync.kind
+    wire, raw = grad.wire_bytes, grad.raw_bytes  # type: ignore[attr-defined]
+    elements = grad.elements  # type: ignore[attr-defined]
+    coll = "all_gather" if plan.compression.kind == "topk" else "all_reduce"
+    per_rank = wire / ranks * (plan.dp if coll == "all_gather" else 1)
+    s.allreduce_s = _allreduce_s(cluster, plan, per_rank, coll)
+    if arch == "allreduce" and plan.compression.kind != "none":
+        # the tier overlapped the uncompressed reduction; compressed, it exposes at most
+        # what remains of the whole compressed one
+        s.exposed_s = min(s.exposed_s, s.allreduce_s)
+    if kind == "local-sgd":  # H = 1 is BSP: DDP's reduction, overlapped as the tier has it
+        s.average_s = s.allreduce_s if plan.sync.period > 1 else s.exposed_s
+    elif kind == "diloco":
+        pseudo = elements * PAYLOAD_BYTES[plan.sync.pseudo_gradient_dtype] / ranks
+        s.average_s = _allreduce_s(cluster, plan, pseudo) + outer_step_s(
+            cluster.gpu, elements / ranks)
+    elif kind == "two-stage":
+        f = _important(s, model)
+        s.stage1_s = _allreduce_s(cluster, plan, per_rank * f, coll)
+        s.stage2_s = _allreduce_s(cluster, plan, per_rank * (1 - f), coll)
+    s.push_bytes = wire
+    s.pull_bytes = wire if plan.compression.kind in ("none", "fp16", "int8", "onebit") else raw
+    s.server_bytes = raw
+    if arch == "ps":
+        from sim.layout.sync import parameter_tensors
+
+        comm = plan.communication
+        s.shards = shard_fractions(parameter_tensors(model), comm.servers, comm.sharding)
+        s.servers = add_servers(s.topo, comm, [d for w in s.devices for d in w])
+    if kind == "gossip":
+        s.edges = gossip_edges(plan.sync.graph, plan.sync.edges, plan.dp)
+
+
+def _important(s: SyncSetup, model: ModelSpec | Workload) -> float:
+    """Two-stage's share of the gradient synchronised at once."""
+    names = s.plan.sync.important_layers
+    if not names:
+        return s.plan.sync.important_fraction
+    if not isinstance(model, Workload):
+        raise SpecError("plan.sync.important_layers", "names layers of a workload graph; for a "
+                        "transformer spec give important_fraction")
+    known = {layer.name: layer.params for layer in model.layers}
+    missing = [n for n in names if n not in known]
+    if missing:
+        raise SpecError("plan.sync.important_layers", f"{missing[0]!r} is not a layer of "
+                        f"{model.name} (e.g. {', '.join(list(known)[:4])})")
+    total = sum(known.values())
+    return max(1e-9, sum(known[n] for n in names) / total)
