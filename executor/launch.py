@@ -29,7 +29,7 @@ from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
 from sim.spec.workload import Workload
 
-__all__ = ["execute", "check_runnable", "ExecutionError", "summarize_ranks"]
+__all__ = ["execute", "launch", "check_runnable", "ExecutionError", "summarize_ranks"]
 
 
 class ExecutionError(RuntimeError):
@@ -41,10 +41,10 @@ def _config(spec: ModelSpec | Workload, plan: Plan, **run: Any) -> dict[str, Any
     return {key: spec.to_dict(), "plan": plan.to_dict(), **run}
 
 
-def _command(nproc: int, config: Path) -> list[str]:
+def _command(nproc: int, config: Path, module: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone",
             f"--nproc-per-node={nproc}", "--max-restarts=0", "--monitor-interval=0.2",
-            "-m", "executor.worker", str(config)]
+            "-m", module, str(config)]
 
 
 def _children(pid: int) -> list[int]:
@@ -203,27 +203,34 @@ def execute(spec: ModelSpec | Workload, plan: Plan, nproc: int | None = None, st
     for name, value, low in (("steps", steps, 1), ("warmup", warmup, 0), ("threads", threads, 1)):
         if value < low:
             raise SpecError(f"execute.{name}", f"must be >= {low}, got {value}")
+    ranks = launch("executor.worker", _config(
+        spec, plan, steps=steps, warmup=warmup, timeout_s=timeout_s, device=device,
+        threads=threads, seed=seed, lr=lr, fault=fault), nproc, timeout_s, threads, workdir)
+    summary = summarize_ranks(ranks, plan)
+    summary.update(measured(summary, warmup), warmup=warmup, steps=steps, nproc=nproc,
+                   device=device, model=spec.to_dict(), plan=plan.to_dict())
+    return summary
+
+
+def launch(module: str, config: dict[str, Any], nproc: int, timeout_s: float, threads: int,
+           workdir: Path | None = None) -> list[dict[str, Any]]:
+    """Run ``python -m MODULE CONFIG.json`` on ``nproc`` local ranks under torchrun
+    (:func:`executor.rank.rank_main` on each), watched for crashes and hangs; each rank's
+    ``rank<R>.json``. :class:`ExecutionError` (one line) when the run fails."""
     with tempfile.TemporaryDirectory(prefix="trainsim-exec-", dir=workdir) as tmp:
         folder = Path(tmp)
-        config = folder / "config.json"
-        config.write_text(json.dumps(_config(spec, plan, steps=steps, warmup=warmup,
-                                             timeout_s=timeout_s, device=device,
-                                             threads=threads, seed=seed, lr=lr,
-                                             fault=fault)))
+        path = folder / "config.json"
+        path.write_text(json.dumps(config))
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
                "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
                                               os.environ.get("PYTHONPATH", "")])}
         log = (folder / "torchrun.log").open("w")
-        proc = subprocess.Popen(_command(nproc, config), stdout=log, stderr=subprocess.STDOUT,
-                                env=env, start_new_session=True)
+        proc = subprocess.Popen(_command(nproc, path, module), stdout=log,
+                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
         seen: set[int] = set()
         try:
             _watch(proc, folder, nproc, timeout_s, seen)
         finally:
             _stop(proc, seen)
             log.close()
-        ranks = [json.loads((folder / f"rank{r}.json").read_text()) for r in range(nproc)]
-    summary = summarize_ranks(ranks, plan)
-    summary.update(measured(summary, warmup), warmup=warmup, steps=steps, nproc=nproc,
-                   device=device, model=spec.to_dict(), plan=plan.to_dict())
-    return summary
+        return [json.loads((folder / f"rank{r}.json").read_text()) for r in range(nproc)]

@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import resource
 import sys
 import time
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +24,7 @@ import torch.nn.functional as F
 from executor.collectives import CollectiveRecorder, attribute, summarize, trace_collectives
 from executor.model import Transformer
 from executor.parallel import Parallel, parallelize
+from executor.rank import progress, rank_main
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
 
@@ -210,14 +209,6 @@ def record_step(runner: Any, step: int, trace_path: Path) -> list[tuple[str, str
     return attribute(recorder.log, traced, nested)
 
 
-def _progress(out: Path, rank: int, stage: int, text: str) -> None:
-    """Atomic (rename), so the launcher never reads a half-written file. ``stage`` counts
-    how far the rank got (it only grows), so the launcher can blame the rank behind."""
-    tmp = out / f".progress{rank}"
-    tmp.write_text(f"{time.time()} {stage} {text}\n")
-    tmp.replace(out / f"progress{rank}")
-
-
 def run(cfg: dict[str, Any], out: Path, rank: int) -> dict[str, Any]:
     base_rss = _rss_bytes()
     if "workload" in cfg:  # a workload graph (executor/graph_run.py)
@@ -234,13 +225,13 @@ def run(cfg: dict[str, Any], out: Path, rank: int) -> dict[str, Any]:
             if fault["kind"] == "crash":
                 raise RuntimeError(f"injected crash at step {step}")
             time.sleep(10**6)  # injected hang
-        _progress(out, rank, 2 * step + 1, f"in step {step + 1} of {total}")
+        progress(out, rank, 2 * step + 1, f"in step {step + 1} of {total}")
         dist.barrier()
         t0 = time.perf_counter()
         loss = runner.step(step)
         times.append(time.perf_counter() - t0)
         losses.append(loss)
-        _progress(out, rank, 2 * step + 2, f"finished step {step + 1} of {total}")
+        progress(out, rank, 2 * step + 2, f"finished step {step + 1} of {total}")
     log = record_step(runner, total, out / f"trace{rank}.json")
     peak = torch.cuda.max_memory_allocated() if runner.device.type == "cuda" else _rss_bytes()
     return {"rank": rank, "step_s": times, "loss": losses, "peak_bytes": peak,
@@ -249,39 +240,8 @@ def run(cfg: dict[str, Any], out: Path, rank: int) -> dict[str, Any]:
             "torch": torch.__version__, "threads": torch.get_num_threads()}
 
 
-def _pin(local_rank: int, threads: int) -> None:
-    """Give each CPU rank cores of its own when there are enough: unpinned ranks migrate
-    between cores and share them unevenly, which made one rank of a pair up to 30% slower
-    for a whole step on our 2-core VM (the step waits for the slower one)."""
-    cores = sorted(os.sched_getaffinity(0))
-    world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    if world * threads <= len(cores):
-        os.sched_setaffinity(0, cores[local_rank * threads:(local_rank + 1) * threads])
-
-
 def main(argv: list[str] | None = None) -> int:
-    path = Path((argv or sys.argv[1:])[0])
-    cfg = json.loads(path.read_text())
-    out = path.parent
-    rank = int(os.environ.get("RANK", "0"))
-    try:
-        if cfg["device"] == "cpu":
-            torch.set_num_threads(cfg["threads"])
-            if os.environ.get("TRAINSIM_PIN", "1").lower() not in ("0", "false", "no", "off"):
-                _pin(int(os.environ.get("LOCAL_RANK", "0")), cfg["threads"])
-        else:
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        backend = "gloo" if cfg["device"] == "cpu" else "nccl"
-        dist.init_process_group(backend, timeout=timedelta(seconds=cfg["timeout_s"]))
-        result = run(cfg, out, rank)
-        (out / f"rank{rank}.json").write_text(json.dumps(result))
-        dist.destroy_process_group()
-    except BaseException as exc:  # one line for the launcher, then a non-zero exit
-        lines = [x.strip() for x in str(exc).splitlines() if x.strip()]
-        text = " / ".join(lines[:3]) if lines else "(no message)"  # one line
-        (out / f"error{rank}.txt").write_text(f"{type(exc).__name__}: {text[:400]}")
-        raise
-    return 0
+    return rank_main(run, argv)
 
 
 if __name__ == "__main__":

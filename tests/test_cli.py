@@ -213,7 +213,7 @@ HELP_OPTIONS: dict[tuple[str, ...], list[str]] = {
     ("profile", "import-trace"): ["trace", "--top", "--json"],
     ("execute",): ["--model", "--plan", "--nproc", "--steps", "--warmup", "--device",
                    "--threads", "--timeout", "--scale-layers", "--scale-hidden",
-                   "--inject-fault", "--json"],
+                   "--inject-fault", "--json", "--task", "--lr", "--eval-every"],
     ("compare",): ["--model", "--plan", "--nproc", "--steps", "--warmup", "--device",
                    "--threads", "--timeout", "--scale-layers", "--scale-hidden",
                    "--inject-fault", "--json", "--cluster", "--profile", "--compute-stat",

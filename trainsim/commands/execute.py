@@ -17,6 +17,9 @@ def _model(args: argparse.Namespace) -> Any:
     from sim.spec.workload import Workload
     from sim.spec.zoo import load_any
 
+    if args.model is None:
+        raise SpecError("--model", "is required (or --task with a plan that has a sync "
+                        "strategy)")
     model = load_any(args.model)
     if args.scale_layers or args.scale_hidden:
         if isinstance(model, Workload):
@@ -36,7 +39,7 @@ def _run_kwargs(args: argparse.Namespace) -> dict[str, Any]:
             raise SpecError("--inject-fault", f"must be crash@RANK:STEP or hang@RANK:STEP, "
                             f"got {args.inject_fault!r}")
         fault = {"kind": kind, "rank": int(rank), "step": int(step)}
-    return {"nproc": args.nproc, "steps": args.steps, "warmup": args.warmup,
+    return {"nproc": args.nproc, "steps": args.steps or 5, "warmup": args.warmup,
             "timeout_s": args.timeout, "device": args.device, "threads": args.threads,
             "fault": fault}
 
@@ -53,7 +56,14 @@ def cmd_execute(args: argparse.Namespace) -> int:
     from sim.spec.plan import validate
     from sim.spec.workload import Workload
 
-    model, plan = _model(args), load_plan(args.plan)
+    plan = load_plan(args.plan)
+    from sim.spec.sync import is_default_sync
+
+    if args.task or not is_default_sync(plan):
+        from trainsim.commands.execute_sync import cmd_execute_sync
+
+        return cmd_execute_sync(args, plan)
+    model = _model(args)
     if isinstance(model, Workload):
         if plan.pp > 1 and plan.layers_per_stage is None:  # where the run can split
             from sim import load_cluster
@@ -141,11 +151,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def _common(p: argparse.ArgumentParser, model_help: str) -> None:
     from trainsim.commands.profile import int_at_least, positive_seconds
 
-    p.add_argument("--model", required=True, help=model_help)
+    p.add_argument("--model", help=model_help)
     p.add_argument("--plan", required=True, help="plan JSON file")
     p.add_argument("--nproc", type=int_at_least(1), default=None,
                    help="ranks on this host (default: the plan's world size)")
-    p.add_argument("--steps", type=int_at_least(1), default=5, help="timed steps (default 5)")
+    p.add_argument("--steps", type=int_at_least(1), default=None,
+                   help="timed steps (default 5; --task: local steps a worker, default 200)")
     p.add_argument("--warmup", type=int_at_least(0), default=2,
                    help="untimed first steps (default 2)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
@@ -168,6 +179,9 @@ def add_execute_parsers(sub: Any, model_help: str, cluster_help: str) -> None:
 
     p = sub.add_parser("execute", help="run a plan for real with torch.distributed")
     _common(p, model_help)
+    from trainsim.commands.execute_sync import add_sync_execute_options
+
+    add_sync_execute_options(p)
     p.set_defaults(func=cmd_execute)
     c = sub.add_parser("compare", help="run a plan and compare it with the simulator")
     _common(c, model_help)

@@ -1,0 +1,139 @@
+"""Launch a real synchronisation run (:mod:`executor.sync.worker`) and summarise what its
+ranks measured: updates/s and samples/s in the steady part, the staleness the servers saw,
+the test accuracy against updates and wall time."""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from executor.launch import launch
+from executor.sync.task import TASKS
+from sim.errors import SpecError
+from sim.spec.plan import Plan
+from sim.spec.sync import architecture
+from sim.strategies.result import SCOPES
+
+__all__ = ["execute_sync", "execute_sync_batch", "runnable", "summarize_sync", "updates_to"]
+
+
+def runnable(plan: Plan) -> tuple[str, str] | None:
+    """(field, rule) of what the real runs do not do yet, or None."""
+    s = plan.sync
+    if s.kind == "two-stage":
+        return "plan.sync.kind", "two-stage is simulated only: the real runs do not split " \
+            "the gradient yet"
+    if s.kind == "gossip" and s.gossip_mode == "ad-psgd":
+        return "plan.sync.gossip_mode", "ad-psgd is simulated only: the real runs have no " \
+            "asynchronous pairing thread yet"
+    if plan.compression.kind != "none":
+        return "plan.compression.kind", "compression is simulated only: the real runs send " \
+            "fp32 gradients"
+    if plan.tp * plan.pp * plan.cp != 1:
+        return "plan.tp", "the real sync runs train one-process workers (tp = pp = cp = 1)"
+    return None
+
+
+def execute_sync(plan: Plan, task: str = "digits", steps: int = 200, lr: float = 0.1,
+                 hidden: tuple[int, ...] | None = None, eval_every: int = 10, seed: int = 0,
+                 timeout_s: float = 60.0, threads: int = 1, workdir: Path | None = None
+                 ) -> dict[str, Any]:
+    """Run ``plan``'s strategy for ``steps`` local steps a worker on ``task``."""
+    why = runnable(plan)
+    if why is not None:
+        raise SpecError(*why)
+    if task not in TASKS:
+        raise SpecError("task", f"must be one of {', '.join(TASKS)}, got {task!r}")
+    for name, value in (("steps", steps), ("eval_every", eval_every)):
+        if value < 1:
+            raise SpecError(name, f"must be >= 1, got {value}")
+    servers = plan.communication.servers if architecture(plan) == "ps" else 0
+    cfg = {"plan": plan.to_dict(), "task": task, "hidden": list(hidden or TASKS[task]),
+           "steps": steps, "lr": lr, "seed": seed, "eval_every": eval_every,
+           "device": "cpu", "threads": threads, "timeout_s": timeout_s}
+    ranks = launch("executor.sync.worker", cfg, plan.dp + servers, timeout_s, threads,
+                   workdir)
+    return summarize_sync(ranks, plan, cfg)
+
+
+def execute_sync_batch(runs: list[tuple[Plan, float, int]], task: str = "digits",
+                       steps: int = 200, hidden: tuple[int, ...] | None = None,
+                       eval_every: int = 10, timeout_s: float = 60.0, threads: int = 1
+                       ) -> list[dict[str, Any]]:
+    """Several runs, each ``(plan, lr, seed)``, on one torchrun start (their plans must
+    have the same workers and servers): torchrun's start-up (~10 s here) paid once."""
+    if not runs:
+        return []
+    ranks_of = {p.dp + (p.communication.servers if architecture(p) == "ps" else 0)
+                for p, _, _ in runs}
+    if len({p.dp for p, _, _ in runs}) > 1 or len(ranks_of) > 1:
+        raise SpecError("runs", "a batch's plans need the same dp and servers")
+    for p, _, _ in runs:
+        why = runnable(p)
+        if why is not None:
+            raise SpecError(*why)
+    base = {"task": task, "hidden": list(hidden or TASKS[task]), "steps": steps,
+            "eval_every": eval_every, "device": "cpu", "threads": threads,
+            "timeout_s": timeout_s, "plan": runs[0][0].to_dict(), "lr": runs[0][1],
+            "seed": runs[0][2],
+            "runs": [{"plan": p.to_dict(), "lr": lr, "seed": seed} for p, lr, seed in runs]}
+    ranks = launch("executor.sync.worker", base, ranks_of.pop(), timeout_s, threads)
+    out = []
+    for i, (p, lr, seed) in enumerate(runs):
+        cfg = {**base, "plan": p.to_dict(), "lr": lr, "seed": seed}
+        out.append(summarize_sync([r["runs"][i] for r in ranks], p, cfg))
+    return out
+
+
+def _window(times: list[float], until: float, warmup: float = 0.1) -> tuple[int, float]:
+    """(events, seconds) of ``times`` after the first ``warmup`` share, up to ``until``."""
+    ts = sorted(t for t in times if t <= until)
+    ts = ts[int(len(ts) * warmup):]
+    if len(ts) < 2:
+        return 0, 0.0
+    return len(ts) - 1, ts[-1] - ts[0]
+
+
+def summarize_sync(ranks: list[dict[str, Any]], plan: Plan, cfg: dict[str, Any]
+                   ) -> dict[str, Any]:
+    workers = [r for r in ranks if r["role"] == "worker"]
+    servers = [r for r in ranks if r["role"] == "server"]
+    scope = SCOPES[plan.sync.kind]
+    until = min(w["step_end"][-1] for w in workers)  # while every worker still runs
+    if servers:
+        times = servers[0]["applied_at"]
+    elif scope == "local":
+        times = [t for w in workers for t in w["step_end"]]
+    else:
+        times = workers[0]["step_end"]
+    count, span = _window(times, until)
+    per = count / span if span else 0.0
+    if scope == "local":
+        per /= plan.dp
+    batch = plan.global_batch_size // plan.dp
+    per_update = {"global": batch * (plan.dp - plan.sync.backups), "server": batch,
+                  "local": batch * plan.dp}[scope]
+    stale = servers[0]["staleness"] if servers else []
+    hist = Counter(stale)
+    return {"strategy": plan.sync.to_dict(), "architecture": architecture(plan),
+            "workers": plan.dp, "servers": len(servers), "update_scope": scope,
+            "updates_per_s": per, "samples_per_s": per * per_update,
+            "compute_s": statistics.median(x for w in workers for x in w["compute_s"][1:]),
+            "staleness": {"mean": statistics.fmean(stale) if stale else 0.0,
+                          "histogram": {str(k): hist[k] for k in sorted(hist)}},
+            "server_busy_s": [s["busy_s"] for s in servers],
+            "dropped": sum(s.get("dropped", 0) for s in servers),
+            "evals": workers[0]["evals"], "steps": cfg["steps"], "lr": cfg["lr"],
+            "task": cfg["task"], "hidden": cfg["hidden"],
+            "wall_s": max(w["step_end"][-1] for w in workers) - workers[0]["start"][0]}
+
+
+def updates_to(summary: dict[str, Any], accuracy: float) -> int | None:
+    """Updates (in the strategy's scope) until worker 0 first measured ``accuracy`` on the
+    test split; None if it never did."""
+    for e in summary["evals"]:
+        if e["accuracy"] >= accuracy:
+            return int(e["updates"])
+    return None

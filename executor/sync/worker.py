@@ -1,0 +1,248 @@
+"""One rank of a real synchronisation run; started by torchrun (:mod:`executor.sync.launch`).
+
+``python -m executor.sync.worker CONFIG.json``. Ranks ``0..dp-1`` are workers, the rest
+parameter servers (:mod:`executor.sync.server`). Every worker trains the task's MLP with
+plain SGD on its own shard and synchronises as ``plan.sync`` says:
+
+- ``bsp`` over all-reduce: the mean gradient (``dist.all_reduce``) every step; over servers,
+  and ``asp``, ``ssp``, ``backup-workers``: push the gradient's shards, pull the parameters;
+- ``local-sgd``: torch's ``PeriodicModelAverager`` (period H, its warm-up steps);
+- ``diloco``: H inner SGD steps, then the mean pseudo-gradient (all-reduced in its dtype)
+  through an outer Nesterov SGD;
+- ``gossip`` ``d-psgd``: after each step average the parameters with the neighbours'
+  (Metropolis-Hastings weights); ``sgp``: push-sum to one peer a step.
+
+Worker 0 evaluates its parameters on the test split every ``eval_every`` steps. Times are
+``time.monotonic()`` (one clock for every process on the host).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from executor.rank import progress, rank_main
+from executor.sync.server import DONE, HEADER, PUSH, Server
+from executor.sync.task import Task, load_task, mlp
+from sim.spec.gossip import gossip_edges
+from sim.spec.plan import Plan
+from sim.spec.sync import architecture
+
+__all__ = ["main", "shard_bounds"]
+
+vec = torch.nn.utils.parameters_to_vector
+
+
+def shard_bounds(numel: int, servers: int) -> list[tuple[int, int]]:
+    """Contiguous, nearly equal slices of the flat parameter vector, one per server."""
+    cuts = [numel * s // servers for s in range(servers + 1)]
+    return list(zip(cuts[:-1], cuts[1:], strict=True))
+
+
+class Worker:
+    def __init__(self, cfg: dict[str, Any], rank: int, task: Task) -> None:
+        self.cfg, self.rank, self.task = cfg, rank, task
+        self.plan = Plan.from_dict(cfg["plan"])
+        self.n = self.plan.dp
+        self.model = mlp(task, tuple(cfg["hidden"]), cfg["seed"])
+        self.params = list(self.model.parameters())
+        self.x, self.y = task.shard(rank, self.n)
+        self.batch = self.plan.global_batch_size // self.n
+        self.gen = torch.Generator().manual_seed(cfg["seed"] * 7919 + rank)
+        self.opt = torch.optim.SGD(self.params, lr=cfg["lr"])
+        self.read, self.tag, self.updates = 0, 0, 0
+        self.log: dict[str, list[Any]] = {"step_end": [], "compute_s": [], "loss": [],
+                                          "evals": []}
+
+    def gradient(self) -> float:
+        """Forward and backward on a fresh mini-batch of this worker's shard."""
+        idx = torch.randint(0, len(self.x), (self.batch,), generator=self.gen)
+        self.opt.zero_grad()
+        loss = F.cross_entropy(self.model(self.x[idx]), self.y[idx])
+        loss.backward()
+        return float(loss.detach())
+
+    def evaluate(self, step: int, start: float) -> None:
+        loss, acc = self.task.evaluate(self.model)
+        self.log["evals"].append({"step": step, "updates": self.updates,
+                                  "time_s": time.monotonic() - start, "loss": loss,
+                                  "accuracy": acc})
+
+    # strategies ---------------------------------------------------------------------------
+    def allreduce_step(self, k: int) -> None:
+        flat = vec([p.grad for p in self.params])
+        dist.all_reduce(flat)
+        torch.nn.utils.vector_to_parameters(flat / self.n, [p.grad for p in self.params])
+        self.opt.step()
+        self.updates = k + 1
+
+    def ps_step(self, k: int) -> None:
+        servers = self.plan.communication.servers
+        flat = vec([p.grad for p in self.params])
+        msgs, replies, reqs = [], [], []
+        for s, (a, b) in enumerate(shard_bounds(flat.numel(), servers)):
+            head = torch.tensor([PUSH, float(self.rank), float(self.tag), float(self.read)])
+            msgs.append(torch.cat([head, flat[a:b]]))
+            replies.append(torch.empty(HEADER + b - a))
+            reqs.append(dist.isend(msgs[-1], dst=self.n + s))
+        for s, buf in enumerate(replies):
+            dist.recv(buf, src=self.n + s)
+        for req in reqs:
+            req.wait()
+        self.read, self.tag = int(replies[0][0]), int(replies[0][1])
+        new = torch.cat([r[HEADER:] for r in replies])
+        torch.nn.utils.vector_to_parameters(new, self.params)
+        self.updates = self.read
+
+    def finish_ps(self) -> None:
+        numel = vec(self.params).numel()
+        for s, (a, b) in enumerate(shard_bounds(numel, self.plan.communication.servers)):
+            msg = torch.zeros(HEADER + b - a)
+            msg[0], msg[1] = DONE, float(self.rank)
+            dist.send(msg, dst=self.n + s)
+
+
+def _gossip_weights(plan: Plan, rank: int) -> dict[int, float]:
+    """Metropolis-Hastings mixing weights of ``rank``'s neighbours (itself: the rest)."""
+    edges = gossip_edges(plan.sync.graph, plan.sync.edges, plan.dp)
+    degree = [0] * plan.dp
+    for a, b in edges:
+        degree[a] += 1
+        degree[b] += 1
+    return {(b if a == rank else a): 1.0 / (1 + max(degree[a], degree[b]))
+            for a, b in edges if rank in (a, b)}
+
+
+def _gossip(w: Worker, weights: dict[int, float]) -> None:
+    mine = vec(w.params)
+    bufs = {j: torch.empty_like(mine) for j in weights}
+    reqs = [dist.isend(mine, dst=j) for j in weights] + [dist.irecv(bufs[j], src=j)
+                                                         for j in weights]
+    for r in reqs:
+        r.wait()
+    mixed = mine * (1.0 - sum(weights.values()))
+    for j, x in bufs.items():
+        mixed += weights[j] * x
+    torch.nn.utils.vector_to_parameters(mixed, w.params)
+
+
+def _sgp(w: Worker, k: int, state: dict[str, Any]) -> None:
+    """Push-sum: keep half of (x, weight), send half to the out-peer, add the in-peer's."""
+    from sim.network.workers import sgp_peer
+
+    n = w.n
+    out = sgp_peer(w.rank, k, n)
+    into = next(j for j in range(n) if sgp_peer(j, k, n) == w.rank)
+    x = vec(w.params) * state["weight"]  # the push-sum numerator
+    half = torch.cat([x / 2, torch.tensor([state["weight"] / 2])])
+    got = torch.empty_like(half)
+    reqs = [dist.isend(half, dst=out), dist.irecv(got, src=into)]
+    for r in reqs:
+        r.wait()
+    num = half[:-1] + got[:-1]
+    state["weight"] = float(half[-1] + got[-1])
+    torch.nn.utils.vector_to_parameters(num / state["weight"], w.params)
+
+
+def _diloco(w: Worker, state: dict[str, Any]) -> None:
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
+             "int8": torch.float32}[w.plan.sync.pseudo_gradient_dtype]
+    pseudo = (state["global"] - vec(w.params)).to(dtype).to(torch.float32)
+    dist.all_reduce(pseudo)
+    g = state["global"]
+    g.grad = pseudo / w.n
+    state["outer"].step()
+    torch.nn.utils.vector_to_parameters(g.detach(), w.params)
+
+
+def _worker_loop(w: Worker, out: Path) -> None:
+    plan, cfg = w.plan, w.cfg
+    kind, arch = plan.sync.kind, architecture(plan)
+    state: dict[str, Any] = {"weight": 1.0}
+    if kind == "local-sgd":
+        from torch.distributed.algorithms.model_averaging.averagers import (
+            PeriodicModelAverager,
+        )
+
+        state["averager"] = PeriodicModelAverager(period=plan.sync.period,
+                                                  warmup_steps=plan.sync.warmup_steps)
+    if kind == "diloco":
+        g = torch.nn.Parameter(vec(w.params).detach().clone())
+        state["global"] = g
+        state["outer"] = torch.optim.SGD([g], lr=plan.sync.outer_lr, nesterov=True,
+                                         momentum=plan.sync.outer_momentum)
+    weights = _gossip_weights(plan, w.rank) if kind == "gossip" else {}
+    start = time.monotonic()
+    for k in range(cfg["steps"]):
+        if w.rank == 0 and k % cfg["eval_every"] == 0:
+            w.evaluate(k, start)
+        progress(out, w.rank, cfg.get("stage0", 0) + k + 1, f"step {k + 1} of {cfg['steps']}")
+        t0 = time.monotonic()
+        w.log["loss"].append(w.gradient())
+        w.log["compute_s"].append(time.monotonic() - t0)
+        if arch == "ps":
+            w.ps_step(k)
+        elif kind == "bsp":
+            w.allreduce_step(k)
+        else:
+            w.opt.step()
+            w.updates = k + 1
+            if kind == "local-sgd":
+                state["averager"].average_parameters(w.params)
+            elif kind == "diloco" and (k + 1) % plan.sync.period == 0:
+                _diloco(w, state)
+            elif kind == "gossip" and plan.sync.gossip_mode == "sgp":
+                _sgp(w, k, state)
+            elif kind == "gossip":
+                _gossip(w, weights)
+        w.log["step_end"].append(time.monotonic())
+    if w.rank == 0:
+        w.evaluate(cfg["steps"], start)
+    if arch == "ps":
+        w.finish_ps()
+    w.log["start"] = [start]
+
+
+def _one(cfg: dict[str, Any], out: Path, rank: int) -> dict[str, Any]:
+    task = load_task(cfg["task"], cfg["seed"])
+    plan = Plan.from_dict(cfg["plan"])
+    if rank >= plan.dp:  # a parameter server
+        model = mlp(task, tuple(cfg["hidden"]), cfg["seed"])
+        flat = vec(model.parameters()).detach()
+        s = rank - plan.dp
+        a, b = shard_bounds(flat.numel(), plan.communication.servers)[s]
+        server = Server(cfg, flat[a:b], plan.dp)
+        stage = cfg.get("stage0", 0)
+        return {"rank": rank, "role": "server", **server.serve(
+            lambda: progress(out, rank, stage + server.version + 1, "serving"))}
+    w = Worker(cfg, rank, task)
+    _worker_loop(w, out)
+    return {"rank": rank, "role": "worker", **w.log, "torch": torch.__version__}
+
+
+def run(cfg: dict[str, Any], out: Path, rank: int) -> dict[str, Any]:
+    """One run, or each of ``cfg["runs"]`` in turn (the same ranks, one torchrun start):
+    a run's fields override the config's."""
+    if "runs" not in cfg:
+        return _one(cfg, out, rank)
+    results = []
+    for i, over in enumerate(cfg["runs"]):
+        results.append(_one({**cfg, **over, "stage0": i * 10**7}, out, rank))
+        dist.barrier()
+    return {"rank": rank, "runs": results}
+
+
+def main(argv: list[str] | None = None) -> int:
+    return rank_main(run, argv)
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())
+

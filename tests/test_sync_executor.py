@@ -1,0 +1,105 @@
+"""Real runs of the synchronisation strategies: torchrun + gloo on cpu, scikit-learn's
+bundled digits, workers and parameter-server ranks."""
+
+from __future__ import annotations
+
+import pytest
+
+from executor.sync.launch import execute_sync, execute_sync_batch, runnable, updates_to
+from executor.sync.task import load_task, mlp
+from executor.sync.worker import _gossip_weights, shard_bounds
+from sim.errors import SpecError
+from sim.spec.plan import Plan
+
+
+def plan(sync: object = "bsp", comm: object = "auto", dp: int = 2, **kw: object) -> Plan:
+    return Plan(global_batch_size=32 * dp, seq_len=1, dp=dp, sync=sync,  # type: ignore[arg-type]
+                communication=comm, **kw)  # type: ignore[arg-type]
+
+
+def test_asp_run_learns_and_its_server_measures_staleness() -> None:
+    r = execute_sync(plan("asp"), "digits", steps=60, lr=0.2, eval_every=20)
+    assert r["servers"] == 1 and r["update_scope"] == "server"
+    hist = {int(k): v for k, v in r["staleness"]["histogram"].items()}
+    assert sum(hist.values()) == 2 * 60  # every push applied once
+    assert 0.2 < r["staleness"]["mean"] < 2.0  # n - 1 = 1 for alike workers
+    first, last = r["evals"][0], r["evals"][-1]
+    assert first["updates"] == 0 and 60 <= last["updates"] <= 120  # its last read
+    assert last["accuracy"] > first["accuracy"] + 0.4
+    assert r["updates_per_s"] > 0 and r["samples_per_s"] == pytest.approx(
+        32 * r["updates_per_s"])
+
+
+def test_one_start_runs_bsp_local_sgd_diloco_and_gossip() -> None:
+    runs = [(plan("bsp", dp=4), 0.2, 0), (plan({"kind": "local-sgd", "period": 4}, dp=4),
+                                          0.2, 0),
+            (plan({"kind": "diloco", "period": 5}, dp=4), 0.2, 0),
+            (plan("gossip", dp=4), 0.2, 0),
+            (plan({"kind": "gossip", "gossip_mode": "sgp", "graph": "exponential"}, dp=4),
+             0.2, 0)]
+    out = execute_sync_batch([(p, 0.5, s) for p, _, s in runs], "digits", steps=60,
+                             eval_every=60)
+    for (p, _, _), r in zip(runs, out, strict=True):
+        assert r["strategy"]["kind"] == p.sync.kind
+        assert r["evals"][-1]["accuracy"] > 0.8, (p.sync, r["evals"])
+        assert r["updates_per_s"] > 0
+    assert out[0]["update_scope"] == "global" and out[1]["update_scope"] == "local"
+
+
+def test_bsp_over_two_servers_equals_the_mean_gradient_step() -> None:
+    """BSP over servers applies the mean of the workers' gradients, as all-reduce BSP does:
+    same seed, same batches, the same accuracy curve."""
+    a = execute_sync(plan("bsp", {"architecture": "ps", "servers": 2}), "digits", steps=20,
+                     lr=0.2, eval_every=10)
+    b = execute_sync(plan("bsp"), "digits", steps=20, lr=0.2, eval_every=10)
+    assert [e["accuracy"] for e in a["evals"]] == pytest.approx(
+        [e["accuracy"] for e in b["evals"]], abs=1e-6)
+    assert a["staleness"]["mean"] == 0 and a["servers"] == 2
+
+
+def test_updates_to_target() -> None:
+    r = {"evals": [{"updates": 0, "accuracy": 0.1}, {"updates": 50, "accuracy": 0.96}]}
+    assert updates_to(r, 0.95) == 50 and updates_to(r, 0.99) is None
+
+
+def test_task_model_and_shards() -> None:
+    t = load_task("digits")
+    assert t.x_train.shape[1] == 64 and t.classes == 10 and len(t.x_test) == 360
+    m = mlp(t, (64,), 0)
+    assert sum(p.numel() for p in m.parameters()) == 64 * 64 + 64 + 64 * 10 + 10
+    assert shard_bounds(10, 3) == [(0, 3), (3, 6), (6, 10)]
+    x0, _ = t.shard(0, 4)
+    assert len(x0) == (len(t.x_train) + 3) // 4
+
+
+def test_gossip_weights_are_doubly_stochastic() -> None:
+    p = plan({"kind": "gossip", "graph": "edges", "edges": [[0, 1], [1, 2], [2, 3], [1, 3]]},
+             dp=4)
+    w = [_gossip_weights(p, r) for r in range(4)]
+    for r in range(4):
+        assert sum(w[r].values()) < 1
+        for j, x in w[r].items():
+            assert w[j][r] == x  # symmetric
+
+
+@pytest.mark.parametrize("sync,comp,match", [
+    ("two-stage", "none", "two-stage is simulated only"),
+    ({"kind": "gossip", "gossip_mode": "ad-psgd"}, "none", "ad-psgd"),
+    ("bsp", "fp16", "compression is simulated only"),
+])
+def test_what_the_real_runs_refuse(sync: object, comp: str, match: str) -> None:
+    p = Plan(global_batch_size=64, seq_len=1, dp=2, sync=sync,  # type: ignore[arg-type]
+             compression=comp)  # type: ignore[arg-type]
+    assert match in runnable(p)[1]  # type: ignore[index]
+    with pytest.raises(SpecError, match=match):
+        execute_sync(p, "digits", steps=5)
+
+
+def test_cli_needs_a_task_for_a_sync_plan(tmp_path, capsys) -> None:
+    from sim.spec.plan import save_plan
+    from trainsim.cli import main
+
+    path = tmp_path / "p.json"
+    save_plan(plan("asp"), path)
+    assert main(["execute", "--plan", str(path)]) == 2
+    assert "--task" in capsys.readouterr().err
