@@ -5,7 +5,8 @@ Run: ``.venv/bin/python experiments/sync_runs_cpu.py [--quick]`` (about 5 minute
 with a progress bar; ``--quick`` one seed). Each batch of runs shares one torchrun start
 (``executor.sync.launch.execute_sync_batch``). Writes
 ``experiments/results/sync_runs_cpu.csv`` (a row per run) and ``sync_curves_cpu.csv`` (test
-loss and accuracy of worker 0 every 5 steps, against updates and wall time).
+loss and accuracy of worker 0 every 5 steps, against updates and wall time), and the runs
+the bundled statistical-efficiency model is fitted to, ``sim/data/convergence/digits_cpu.csv``.
 
 - Strategies: 4 workers (batch 32 each), 300 steps, lr 0.2: BSP over all-reduce and over 2
   server shards, ASP and SSP(2) over one server, backup workers (b = 1), local SGD (H = 8),
@@ -30,6 +31,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from executor.sync.launch import execute_sync_batch, updates_to
+from sim.cost.convergence import BUNDLED
 from sim.io import atomic_write_text
 from sim.spec.plan import Plan
 from sim.spec.sync import architecture
@@ -116,6 +118,11 @@ def main() -> None:
                                                                float_format="%.6g"))
     atomic_write_text(RESULTS / "sync_curves_cpu.csv", pd.DataFrame(curves).to_csv(
         index=False, float_format="%.6g"))
+    # the runs the bundled statistical-efficiency model (digits-cpu) is fitted to
+    fit = df[df.kind.isin(["ssp", "asp", "local-sgd", "bsp"])][[
+        "kind", "lr", "staleness_mean", "period", "seed", "updates_to_90", "updates_to_95",
+        "final_accuracy", "diverged", "grid", "strategy"]]
+    atomic_write_text(BUNDLED / "digits_cpu.csv", fit.to_csv(index=False, float_format="%.6g"))
     show = df[df.grid == "strategies"][["strategy", "updates_per_s", "samples_per_s",
                                         "staleness_mean", "updates_to_95", "final_accuracy"]]
     print(show.to_string(index=False))

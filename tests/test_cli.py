@@ -173,7 +173,7 @@ HELP_OPTIONS: dict[tuple[str, ...], list[str]] = {
                     "--compute-stat", "--trace",
                     "--no-reduce", "--json", "--out", "--set", "--scenario", "--straggler",
                     "--straggler-dist", "--seed", "--fail-link", "--max-wall-s", "--no-progress",
-                    "--steps", "--jitter"],
+                    "--steps", "--jitter", "--convergence", "--lr", "--target"],
     ("goodput",): ["--iteration-s", "--model", "--cluster", "--plan", "--fidelity", "--gpus",
                    "--mtbf-hours", "--mtbf-node-hours", "--iterations", "--checkpoint-every",
                    "--ckpt-write-s", "--restart-s", "--monte-carlo", "--seed", "--json"],

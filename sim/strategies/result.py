@@ -68,6 +68,8 @@ class SyncResult:
     dropped_fraction: float = 0.0  # backup workers: pushes that came too late
     warnings: list[str] = field(default_factory=list)
     simulation: dict[str, Any] = field(default_factory=dict)
+    # updates and seconds to a target accuracy from a measured model (sim.strategies.accuracy)
+    time_to_target: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}

@@ -54,8 +54,26 @@ MAX_SYNC_WORK = 20_000_000  # workers x steps x (servers or peers): bounds a run
 def simulate_sync(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan,
                   fidelity: str = "des", *, steps: int = 200, faults: Faults | None = None,
                   jitter: Dist | None = None, seed: int = 0, trace: str | None = None,
-                  trace_steps: int = 5) -> SyncResult:
-    """Simulate ``steps`` local steps of every data-parallel worker under ``plan.sync``."""
+                  trace_steps: int = 5, convergence: str | None = None,
+                  lr: float | None = None, target: float = 0.95) -> SyncResult:
+    """Simulate ``steps`` local steps of every data-parallel worker under ``plan.sync``;
+    with ``convergence`` (a bundled model name or a CSV of measured runs) and ``lr``, also
+    the time to ``target`` test accuracy (:mod:`sim.strategies.accuracy`)."""
+    out = _simulate(model, cluster, plan, fidelity, steps, faults, jitter, seed, trace,
+                    trace_steps)
+    if convergence is None:
+        return out
+    from sim.strategies.accuracy import time_to_target
+
+    if lr is None:
+        raise SpecError("lr", "time-to-accuracy needs the learning rate the runs use")
+    return dataclasses.replace(out, time_to_target=time_to_target(out, plan, convergence,
+                                                                  lr, target))
+
+
+def _simulate(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan, fidelity: str,
+              steps: int, faults: Faults | None, jitter: Dist | None, seed: int,
+              trace: str | None, trace_steps: int) -> SyncResult:
     if fidelity not in ("analytic", "des"):
         raise SpecError("fidelity", f"must be analytic or des, got {fidelity!r}")
     if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_SYNC_STEPS:

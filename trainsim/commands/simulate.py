@@ -37,9 +37,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         from trainsim.commands.sync import run_sync
 
         return run_sync(args, model, cluster, plan, faults_of(args))
-    if args.steps is not None or args.jitter:
-        raise SpecError("--steps/--jitter", "are for plans with a sync strategy other than "
-                        "bsp over all-reduce (plan new --sync ...)")
+    if args.steps is not None or args.jitter or args.convergence:
+        raise SpecError("--steps/--jitter/--convergence", "are for plans with a sync "
+                        "strategy other than bsp over all-reduce (plan new --sync ...)")
     limit = max_wall_s(args)
     if args.fidelity != "des" and (args.trace or args.no_reduce or limit):
         raise SpecError("--trace/--no-reduce/--max-wall-s", "need --fidelity des")

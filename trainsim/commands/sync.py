@@ -16,6 +16,13 @@ def add_sync_options(p: Any) -> None:
     p.add_argument("--steps", type=int, default=None, metavar="N",
                    help="plans with a sync strategy: local steps each worker runs (default "
                    "200, or 20 averaging periods when longer)")
+    p.add_argument("--convergence", metavar="MODEL|CSV", help="plans with a sync strategy: "
+                   "time to --target accuracy from a statistical-efficiency model fitted to "
+                   "measured runs: digits-cpu (bundled) or a CSV of your runs "
+                   "(docs/guide/sync.md)")
+    p.add_argument("--lr", type=float, metavar="LR", help="--convergence: the learning rate")
+    p.add_argument("--target", type=float, default=0.95, metavar="ACC",
+                   help="--convergence: test accuracy to reach, 0.9 or 0.95 (default 0.95)")
     p.add_argument("--jitter", metavar="DIST", help="plans with a sync strategy: a per-step "
                    "slow-down of every worker's compute drawn from DIST (lognormal:SIGMA or "
                    "uniform:LO:HI), seeded by --seed")
@@ -62,7 +69,8 @@ def run_sync(args: argparse.Namespace, model: Any, cluster: Any, plan: Any, faul
     jitter = parse_dist(args.jitter, "--jitter") if args.jitter else None
     result = simulate_sync(model, cluster, plan, args.fidelity,
                            steps=args.steps or default_steps(plan), faults=faults,
-                           jitter=jitter, seed=args.seed, trace=args.trace)
+                           jitter=jitter, seed=args.seed, trace=args.trace,
+                           convergence=args.convergence, lr=args.lr, target=args.target)
     if args.out:
         from sim.io import atomic_write_text
 
@@ -102,5 +110,22 @@ def format_sync(r: Any) -> str:
         lines.append(f"  dropped pushes        {r.dropped_fraction:.1%} (backup workers)")
     if r.warmup_updates_dropped:
         lines.append(f"  warm-up dropped       {r.warmup_updates_dropped} updates (MSER-5)")
+    lines += _time_lines(r.time_to_target)
     lines += [f"  note: {w}" for w in r.warnings]
     return "\n".join(lines)
+
+
+def _time_lines(t: dict[str, Any]) -> list[str]:
+    if not t:
+        return []
+    head = f"  to {t['target']:.0%} accuracy   "
+    if t["diverges"]:
+        out = [head + f"diverges (lr {t['lr']:g} x (1 + {t['k']:.3g}) over the measured "
+               f"threshold {t['model']['threshold']:.3g})"]
+    else:
+        out = [head + f"{t['updates']:.0f} updates ({t['updates_low']:.0f}-"
+               f"{t['updates_high']:.0f}), {t['seconds']:.4g} s ({t['seconds_low']:.4g}-"
+               f"{t['seconds_high']:.4g})"]
+    out.append(f"  statistical efficiency from: {t['task']}")
+    out += [f"  note: {x} (extrapolated)" for x in t["extrapolated"]]
+    return out
