@@ -58,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     from trainsim.commands.trace import add_trace_parser
 
     add_trace_parser(sub)
+    from trainsim.commands.optimize_sync import add_optimize_sync_parser
+
+    add_optimize_sync_parser(sub, MODEL_HELP, CLUSTER_HELP)
     return parser
 
 
