@@ -177,11 +177,14 @@ def _worker_loop(w: Worker, out: Path) -> None:
         state["outer"] = torch.optim.SGD([g], lr=plan.sync.outer_lr, nesterov=True,
                                          momentum=plan.sync.outer_momentum)
     weights = _gossip_weights(plan, w.rank) if kind == "gossip" else {}
-    start = time.monotonic()
+    start = last = time.monotonic()
     for k in range(cfg["steps"]):
         if w.rank == 0 and k % cfg["eval_every"] == 0:
             w.evaluate(k, start)
-        progress(out, w.rank, cfg.get("stage0", 0) + k + 1, f"step {k + 1} of {cfg['steps']}")
+        if k == 0 or time.monotonic() - last > 0.5:  # a file write: not every short step
+            progress(out, w.rank, cfg.get("stage0", 0) + k + 1, f"step {k + 1} of "
+                     f"{cfg['steps']}")
+            last = time.monotonic()
         t0 = time.monotonic()
         w.log["loss"].append(w.gradient())
         w.log["compute_s"].append(time.monotonic() - t0)
@@ -209,6 +212,10 @@ def _worker_loop(w: Worker, out: Path) -> None:
 
 
 def _one(cfg: dict[str, Any], out: Path, rank: int) -> dict[str, Any]:
+    if cfg.get("probe"):
+        from executor.sync.probe import probe
+
+        return probe(cfg, out, rank)
     task = load_task(cfg["task"], cfg["seed"])
     plan = Plan.from_dict(cfg["plan"])
     if rank >= plan.dp:  # a parameter server

@@ -80,13 +80,19 @@ def _server_sum(run: WorkerRun, shard: int) -> Generator[simpy.Event, Any, None]
         run.span(f"server{shard}", "sum", t0, 0)
 
 
-def _push(run: WorkerRun, state: _Shards, w: int, k: int, shard: int
-          ) -> Generator[simpy.Event, Any, None]:
+def _send_push(run: WorkerRun, w: int, shard: int, step: int
+               ) -> Generator[simpy.Event, Any, None]:
+    """Worker ``w``'s share of the gradient to server ``shard``, over the network."""
     s = run.s
     t0 = run.env.now
     yield run.flows(w, lambda d: s.servers.push_route(d, shard),  # type: ignore[union-attr]
                     s.push_bytes * s.shards[shard])
-    run.span(f"worker{w}", f"push{shard}", t0, k)
+    run.span(f"worker{w}", f"push{shard}", t0, step)
+
+
+def _push(run: WorkerRun, state: _Shards, w: int, k: int, shard: int
+          ) -> Generator[simpy.Event, Any, None]:
+    yield from _send_push(run, w, shard, k)
     yield from _server_sum(run, shard)
     if shard == 0 and run.s.plan.sync.kind != "bsp":
         run.rec.staleness.append((run.env.now, state.version[0] - state.read[w]))
@@ -137,18 +143,13 @@ def _worker(run: WorkerRun, state: _Shards, w: int) -> Generator[simpy.Event, An
 # Backup workers ------------------------------------------------------------------------------
 def _backup_push(run: WorkerRun, state: _Shards, w: int, tag: int, shard: int
                  ) -> Generator[simpy.Event, Any, None]:
-    """Push a gradient of step ``tag``; the shard sums it unless that step is closed."""
+    """Push a gradient of step ``tag``; the shard sums it unless that step is closed (when
+    it arrives, or while it queued for the CPU)."""
     s = run.s
-    t0 = run.env.now
-    yield run.flows(w, lambda d: s.servers.push_route(d, shard),  # type: ignore[union-attr]
-                    s.push_bytes * s.shards[shard])
-    run.span(f"worker{w}", f"push{shard}", t0, tag)
+    yield from _send_push(run, w, shard, tag)
+    if tag >= state.closed[shard]:
+        yield from _server_sum(run, shard)
     if tag < state.closed[shard]:
-        if shard == 0:
-            run.rec.dropped += 1
-        return
-    yield from _server_sum(run, shard)
-    if tag < state.closed[shard]:  # closed while it queued for the CPU
         if shard == 0:
             run.rec.dropped += 1
         return

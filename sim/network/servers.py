@@ -85,7 +85,7 @@ def _colocate(topo: Topology, vertices: list[Vertex]) -> None:
     for s, v in enumerate(vertices):
         node = s % c.nodes
         for d in range(node * g, (node + 1) * g):
-            topo.add_link(d, v, local_Bps, c.intra_node.latency_us * 5e-7)
+            topo.add_link(d, v, local_Bps, c.intra_node.latency_us * 1e-6)  # one full hop
 
 
 def _server_switches(topo: Topology) -> list[Vertex]:

@@ -55,12 +55,13 @@ def simulate_sync(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan,
                   fidelity: str = "des", *, steps: int = 200, faults: Faults | None = None,
                   jitter: Dist | None = None, seed: int = 0, trace: str | None = None,
                   trace_steps: int = 5, convergence: str | None = None,
-                  lr: float | None = None, target: float = 0.95) -> SyncResult:
+                  lr: float | None = None, target: float = 0.95,
+                  measured: dict[str, float] | None = None) -> SyncResult:
     """Simulate ``steps`` local steps of every data-parallel worker under ``plan.sync``;
     with ``convergence`` (a bundled model name or a CSV of measured runs) and ``lr``, also
     the time to ``target`` test accuracy (:mod:`sim.strategies.accuracy`)."""
     out = _simulate(model, cluster, plan, fidelity, steps, faults, jitter, seed, trace,
-                    trace_steps)
+                    trace_steps, measured)
     if convergence is None:
         return out
     from sim.strategies.accuracy import time_to_target
@@ -73,7 +74,8 @@ def simulate_sync(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan,
 
 def _simulate(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan, fidelity: str,
               steps: int, faults: Faults | None, jitter: Dist | None, seed: int,
-              trace: str | None, trace_steps: int) -> SyncResult:
+              trace: str | None, trace_steps: int, measured: dict[str, float] | None
+              ) -> SyncResult:
     if fidelity not in ("analytic", "des"):
         raise SpecError("fidelity", f"must be analytic or des, got {fidelity!r}")
     if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_SYNC_STEPS:
@@ -81,7 +83,7 @@ def _simulate(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan, fid
     if not isinstance(model, Workload):
         validate(plan, model, cluster)
     t0 = time.perf_counter()
-    setup, tier = build_setup(model, cluster, plan, fidelity, faults, jitter, seed)
+    setup, tier = build_setup(model, cluster, plan, fidelity, faults, jitter, seed, measured)
     fan = max(1, len(setup.shards), max((len(setup.neighbours(w)) for w in
                                          range(setup.workers)), default=1))
     if setup.workers * steps * fan * len(setup.devices[0]) > MAX_SYNC_WORK:
@@ -112,9 +114,12 @@ def _bsp(plan: Plan) -> Plan:
 
 def build_setup(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan,
                 fidelity: str, faults: Faults | None = None, jitter: Dist | None = None,
-                seed: int = 0) -> tuple[SyncSetup, object]:
+                seed: int = 0, measured: dict[str, float] | None = None
+                ) -> tuple[SyncSetup, object]:
     """The workers, their step times and their traffic for ``plan`` (and the one-step
-    tier's BSP result it starts from)."""
+    tier's BSP result it starts from). ``measured``: a profile of the workers themselves
+    (``step_s``: a local step; ``allreduce_s``: a whole all-reduce of the gradient over
+    them, not overlapped) in place of the tier's figures."""
     tier = simulate(model, cluster, _bsp(plan), fidelity)
     if not math.isfinite(tier.iteration_time_s):
         raise SpecError("plan", "the BSP step it starts from cannot complete")
@@ -136,11 +141,36 @@ def build_setup(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan,
     if plan.sync.kind == "gossip":
         degree = max(len(s.neighbours(w)) for w in range(s.workers))
         extra += elementwise_s(gpu, grad.raw_bytes / ranks, 1.0 + degree)  # the average
+    if measured:
+        _measured(s, measured)
+        local = measured.get("step_s", local)
     s.compute_s = [(local + extra) * f for f in factors]
     if plan.compression.kind != "none" and plan.compression.warmup_steps:
         s.notes.append(f"compression warm-up ({plan.compression.warmup_steps} uncompressed "
                        "steps) is not simulated: every step is compressed")
     return s, tier
+
+
+def _measured(s: SyncSetup, measured: dict[str, float]) -> None:
+    """A measured whole all-reduce replaces the collective model's (and BSP's exposed
+    share: a step measured without overlap)."""
+    known = {"step_s", "allreduce_s"}
+    for key, value in measured.items():
+        if key not in known:
+            raise SpecError(f"measured.{key}", f"unknown (known: {', '.join(sorted(known))})")
+        if not (isinstance(value, (int, float)) and 0 <= value < math.inf):
+            raise SpecError(f"measured.{key}", f"must be seconds >= 0, got {value!r}")
+    if "allreduce_s" not in measured:
+        return
+    t, kind = measured["allreduce_s"], s.plan.sync.kind
+    s.exposed_s = t
+    s.average_s = t + (s.average_s - s.allreduce_s if kind == "diloco" else 0.0)
+    if kind == "local-sgd" or kind == "bsp":
+        s.average_s = t
+    if kind == "two-stage":
+        f = s.stage1_s / max(s.stage1_s + s.stage2_s, 1e-30)
+        s.stage1_s, s.stage2_s = t * f, t * (1 - f)
+    s.allreduce_s = t
 
 
 def _worker_factors(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan,
