@@ -4,7 +4,7 @@ Run: ``.venv/bin/python experiments/sync_convergence.py`` (seconds; it reads the
 ``experiments/sync_runs_cpu.py``). Writes ``experiments/results/sync_convergence.csv``.
 
 Leave one configuration out: a configuration is a (strategy, its staleness bound or period,
-learning rate) cell of the measured grids, over its seeds. For each cell the model of its
+learning rate, straggler) cell of the measured grids, over its seeds. For each cell the model of its
 family (``sim.cost.convergence``) is fitted to every *other* cell's runs and predicts this
 one from its measured mean staleness (or period) and learning rate: updates to 95% test
 accuracy, and whether it diverges. Measured: the median over the cell's seeds that reached
@@ -31,12 +31,11 @@ def _cell(o: Observation) -> tuple[str, float, float]:
 
 def main() -> None:
     obs = load_observations(RUNS, 0.95)
-    staleness_bound = {}  # the cell key for SSP: the configured bound, not the measured mean
+    # a cell: the configured bound (not the measured mean staleness) and the straggler
     df = pd.read_csv(RUNS)
-    for i, row in df[df.kind.isin(["ssp", "asp", "local-sgd", "bsp"])].reset_index().iterrows():
-        staleness_bound[i] = row["staleness"]
-    keys = [(o.kind, o.lr, o.period if o.family == "local" else staleness_bound[i])
-            for i, o in enumerate(obs)]
+    rows_of = df[df.kind.isin(["ssp", "asp", "local-sgd", "bsp"])].reset_index()
+    keys = [(o.kind, o.lr, o.period if o.family == "local" else rows_of.staleness[i],
+             rows_of.straggler_factor[i]) for i, o in enumerate(obs)]
     rows = []
     for cell in sorted(set(keys), key=str):
         held = [o for o, k in zip(obs, keys, strict=True) if k == cell]
@@ -50,6 +49,7 @@ def main() -> None:
         diverged = sum(o.diverged for o in held) > len(held) / 2
         err = None if measured is None or pred.diverges else pred.updates / measured - 1
         rows.append({"kind": cell[0], "lr": cell[1], "bound_or_period": cell[2],
+                     "straggler": cell[3],
                      "family": family, "k_measured": k, "seeds": len(held),
                      "measured_updates_to_95": measured, "predicted_updates_to_95":
                      None if pred.diverges else pred.updates,
@@ -67,8 +67,9 @@ def main() -> None:
           f"|error| {errs.median():.1%}, worst {errs.max():.1%}; divergence verdict right in "
           f"{int(out.verdict_right.sum())} of {len(out)} cells")
     wrong = out[~out.verdict_right]
-    print("held-out verdicts wrong:\n" + wrong[["kind", "lr", "bound_or_period", "k_measured",
-                                              "measured_diverged"]].to_string(index=False))
+    print("held-out verdicts wrong:\n" + wrong[["kind", "lr", "bound_or_period", "straggler",
+                                              "k_measured", "measured_diverged"]].to_string(
+                                                  index=False))
     models = {f: fit_convergence(obs, f) for f in ("async", "local")}
     for family, m in models.items():
         print(f"{family}: log U = {m.coef[0]:.3f} {m.coef[1]:+.3f} log lr {m.coef[2]:+.3f} "

@@ -13,6 +13,9 @@ the bundled statistical-efficiency model is fitted to, ``sim/data/convergence/di
   DiLoCo (H = 10), D-PSGD on a ring, SGP over the exponential graph.
 - A staleness x learning-rate grid: SSP with s in {0, 1, 2, 4, 8, inf} and lr from 0.05 to
   6.4 (doubling), seeds 0 and 1, 150 steps.
+- Stragglers: worker 0 computing 2x and 4x slower (it idles the difference) under ASP,
+  SSP(1), SSP(4) and BSP over one server, lr 0.1 and 0.2, seeds 0 and 1, 150 steps: the
+  staleness spreads (the fast workers' pushes see few updates, the straggler's many).
 - A period x learning-rate grid: local SGD with H in {1, 2, 4, 8, 16, 32}, lr in {0.1, 0.4,
   1.6}, seeds 0 and 1, 160 steps.
 
@@ -73,9 +76,14 @@ def _row(label: str, grid: str, p: Plan, lr: float, seed: int, r: dict[str, Any]
             "seed": seed, "steps": r["steps"], "update_scope": r["update_scope"],
             "updates_per_s": r["updates_per_s"], "samples_per_s": r["samples_per_s"],
             "compute_ms": r["compute_s"] * 1e3, "staleness_mean": r["staleness"]["mean"],
+            "straggler_factor": (r["straggler"] or {}).get("factor", 1.0),
             "updates_to_90": updates_to(r, 0.90), "updates_to_95": updates_to(r, 0.95),
             "final_accuracy": r["evals"][-1]["accuracy"],
             "final_loss": r["evals"][-1]["loss"], "diverged": diverged(r)}
+
+
+SLOW = [("ASP", "asp"), ("SSP(1)", {"kind": "ssp", "staleness": 1}),
+        ("SSP(4)", {"kind": "ssp", "staleness": 4}), ("BSP, 1 server", "bsp")]
 
 
 def _batches(seeds: list[int]) -> list[tuple[str, int, list[tuple[str, Plan, float, int]]]]:
@@ -91,6 +99,9 @@ def _batches(seeds: list[int]) -> list[tuple[str, int, list[tuple[str, Plan, flo
         out.append(("staleness", 150, [
             (f"SSP({s})", _plan({"kind": "ssp", "staleness": s}), lr, seed)
             for s in (0, 1, 2, 4, 8, "inf") for lr in LRS]))
+        out.append(("straggler", 150, [
+            (f"{label}, worker 0 x{f}", _plan(sync, {"architecture": "ps"}), lr, seed)
+            for label, sync in SLOW for f in (2, 4) for lr in (0.1, 0.2)]))
         out.append(("period", 160, [
             (f"local SGD H={h}", _plan({"kind": "local-sgd", "period": h}), lr, seed)
             for h in (1, 2, 4, 8, 16, 32) for lr in (0.1, 0.4, 1.6)]))
@@ -105,8 +116,10 @@ def main() -> None:
     batches = _batches([0] if args.quick else [0, 1])
     with tqdm(total=sum(len(b[2]) for b in batches), unit="run") as bar:
         for grid, steps, runs in batches:
+            slow = [{"worker": 0, "factor": float(label.rsplit("x", 1)[1])}
+                    if grid == "straggler" else None for label, _, _, _ in runs]
             out = execute_sync_batch([(p, lr, seed) for _, p, lr, seed in runs], "digits",
-                                     steps=steps, eval_every=5, timeout_s=120)
+                                     steps=steps, eval_every=5, timeout_s=120, stragglers=slow)
             for (label, p, lr, seed), r in zip(runs, out, strict=True):
                 row = _row(label, grid, p, lr, seed, r)
                 rows.append(row)
@@ -121,13 +134,16 @@ def main() -> None:
     # the runs the bundled statistical-efficiency model (digits-cpu) is fitted to
     fit = df[df.kind.isin(["ssp", "asp", "local-sgd", "bsp"])][[
         "kind", "lr", "staleness_mean", "period", "seed", "updates_to_90", "updates_to_95",
-        "final_accuracy", "diverged", "grid", "strategy"]]
+        "final_accuracy", "diverged", "grid", "strategy", "straggler_factor"]]
     atomic_write_text(BUNDLED / "digits_cpu.csv", fit.to_csv(index=False, float_format="%.6g"))
     show = df[df.grid == "strategies"][["strategy", "updates_per_s", "samples_per_s",
                                         "staleness_mean", "updates_to_95", "final_accuracy"]]
     print(show.to_string(index=False))
     grid = df[df.grid == "staleness"].groupby(["strategy", "lr"]).diverged.mean().unstack()
     print("share of seeds diverged, SSP staleness x lr:\n" + grid.to_string())
+    slow = df[df.grid == "straggler"].groupby("strategy")[
+        ["updates_per_s", "samples_per_s", "staleness_mean", "updates_to_95"]].mean()
+    print("stragglers (mean over lr and seeds):\n" + slow.round(2).to_string())
     print(f"wrote {RESULTS}/sync_runs_cpu.csv and sync_curves_cpu.csv")
 
 

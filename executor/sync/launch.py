@@ -60,10 +60,13 @@ def execute_sync(plan: Plan, task: str = "digits", steps: int = 200, lr: float =
 
 def execute_sync_batch(runs: list[tuple[Plan, float, int]], task: str = "digits",
                        steps: int = 200, hidden: tuple[int, ...] | None = None,
-                       eval_every: int = 10, timeout_s: float = 60.0, threads: int = 1
+                       eval_every: int = 10, timeout_s: float = 60.0, threads: int = 1,
+                       stragglers: list[dict[str, float] | None] | None = None
                        ) -> list[dict[str, Any]]:
     """Several runs, each ``(plan, lr, seed)``, on one torchrun start (their plans must
-    have the same workers and servers): torchrun's start-up (~10 s here) paid once."""
+    have the same workers and servers): torchrun's start-up (~10 s here) paid once.
+    ``stragglers[i]``: run ``i``'s slowed worker, ``{"worker": w, "factor": f}`` (its
+    compute takes ``f`` times as long)."""
     if not runs:
         return []
     ranks_of = {p.dp + (p.communication.servers if architecture(p) == "ps" else 0)
@@ -74,15 +77,26 @@ def execute_sync_batch(runs: list[tuple[Plan, float, int]], task: str = "digits"
         why = runnable(p)
         if why is not None:
             raise SpecError(*why)
+    if stragglers is not None:
+        if len(stragglers) != len(runs):
+            raise SpecError("stragglers", f"one entry (or None) a run: {len(runs)} runs, "
+                            f"{len(stragglers)} entries")
+        for slow in stragglers:
+            if slow is not None and not (0 <= slow.get("worker", -1) < runs[0][0].dp
+                                         and slow.get("factor", 0) >= 1):
+                raise SpecError("stragglers", f"need worker in 0..dp-1 and factor >= 1, "
+                                f"got {slow!r}")
     base = {"task": task, "hidden": list(hidden or TASKS[task]), "steps": steps,
             "eval_every": eval_every, "device": "cpu", "threads": threads,
             "timeout_s": timeout_s, "plan": runs[0][0].to_dict(), "lr": runs[0][1],
             "seed": runs[0][2],
-            "runs": [{"plan": p.to_dict(), "lr": lr, "seed": seed} for p, lr, seed in runs]}
+            "runs": [{"plan": p.to_dict(), "lr": lr, "seed": seed,
+                      "straggler": (stragglers or [None] * len(runs))[i]}
+                     for i, (p, lr, seed) in enumerate(runs)]}
     ranks = launch("executor.sync.worker", base, ranks_of.pop(), timeout_s, threads)
     out = []
-    for i, (p, lr, seed) in enumerate(runs):
-        cfg = {**base, "plan": p.to_dict(), "lr": lr, "seed": seed}
+    for i, (p, _, _) in enumerate(runs):
+        cfg = {**base, **base["runs"][i]}
         out.append(summarize_sync([r["runs"][i] for r in ranks], p, cfg))
     return out
 
@@ -126,7 +140,7 @@ def summarize_sync(ranks: list[dict[str, Any]], plan: Plan, cfg: dict[str, Any]
             "server_busy_s": [s["busy_s"] for s in servers],
             "dropped": sum(s.get("dropped", 0) for s in servers),
             "evals": workers[0]["evals"], "steps": cfg["steps"], "lr": cfg["lr"],
-            "task": cfg["task"], "hidden": cfg["hidden"],
+            "task": cfg["task"], "hidden": cfg["hidden"], "straggler": cfg.get("straggler"),
             "wall_s": max(w["step_end"][-1] for w in workers) - workers[0]["start"][0]}
 
 

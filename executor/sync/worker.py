@@ -60,11 +60,17 @@ class Worker:
                                           "evals": []}
 
     def gradient(self) -> float:
-        """Forward and backward on a fresh mini-batch of this worker's shard."""
+        """Forward and backward on a fresh mini-batch of this worker's shard; a straggler
+        (``cfg["straggler"]``: ``{"worker": w, "factor": f}``) then idles ``f - 1`` times
+        that long, as a device ``f`` times slower would take."""
+        t0 = time.perf_counter()
         idx = torch.randint(0, len(self.x), (self.batch,), generator=self.gen)
         self.opt.zero_grad()
         loss = F.cross_entropy(self.model(self.x[idx]), self.y[idx])
         loss.backward()
+        slow = self.cfg.get("straggler") or {}
+        if slow.get("worker") == self.rank:
+            time.sleep((float(slow["factor"]) - 1.0) * (time.perf_counter() - t0))
         return float(loss.detach())
 
     def evaluate(self, step: int, start: float) -> None:
