@@ -86,17 +86,17 @@ def execute_sync_batch(runs: list[tuple[Plan, float, int]], task: str = "digits"
                                          and slow.get("factor", 0) >= 1):
                 raise SpecError("stragglers", f"need worker in 0..dp-1 and factor >= 1, "
                                 f"got {slow!r}")
-    base = {"task": task, "hidden": list(hidden or TASKS[task]), "steps": steps,
-            "eval_every": eval_every, "device": "cpu", "threads": threads,
-            "timeout_s": timeout_s, "plan": runs[0][0].to_dict(), "lr": runs[0][1],
-            "seed": runs[0][2],
-            "runs": [{"plan": p.to_dict(), "lr": lr, "seed": seed,
-                      "straggler": (stragglers or [None] * len(runs))[i]}
-                     for i, (p, lr, seed) in enumerate(runs)]}
+    each = [{"plan": p.to_dict(), "lr": lr, "seed": seed,
+             "straggler": (stragglers or [None] * len(runs))[i]}
+            for i, (p, lr, seed) in enumerate(runs)]
+    base: dict[str, Any] = {
+        "task": task, "hidden": list(hidden or TASKS[task]), "steps": steps,
+        "eval_every": eval_every, "device": "cpu", "threads": threads, "timeout_s": timeout_s,
+        "plan": runs[0][0].to_dict(), "lr": runs[0][1], "seed": runs[0][2], "runs": each}
     ranks = launch("executor.sync.worker", base, ranks_of.pop(), timeout_s, threads)
     out = []
     for i, (p, _, _) in enumerate(runs):
-        cfg = {**base, **base["runs"][i]}
+        cfg = {**base, **each[i]}
         out.append(summarize_sync([r["runs"][i] for r in ranks], p, cfg))
     return out
 
