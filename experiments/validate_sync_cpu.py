@@ -7,10 +7,10 @@ Four workers train the digits MLP (batch 32 each, lr 0.1, 300 steps) under BSP (
 all-reduce), local SGD (H = 8), D-PSGD on a ring, ASP and SSP(2) over one parameter server,
 and BSP over two server shards. Each torchrun start first **profiles its own ranks**
 (``executor/sync/probe.py``: a worker's local step with every worker stepping, a one-way
-message of the gradient, an all-reduce over the workers, a server's update), and the
-multi-step DES predicts each strategy from that profile alone: the local step and the
-all-reduce as measured, the loopback latency set so one message takes the measured time,
-the servers' CPU rate from the measured update. The runs are then compared with the
+message of the gradient, an all-reduce over the workers, a server's whole handling of one
+push), and the multi-step DES predicts each strategy from that profile alone: the local step
+and the all-reduce as measured, the loopback latency set so one message takes the measured
+time, the servers' CPU time per push the measured handling. The runs are then compared with the
 predictions: updates/s in each strategy's scope and the servers' mean staleness.
 """
 
@@ -65,6 +65,7 @@ def _world(world: list[tuple[str, object, object]], reps: int) -> tuple[dict, li
                                                 if "allreduce_s" in r),
                "p2p_s": next(r["p2p_s"] for r in prof if "p2p_s" in r),
                "apply_s": max((r["apply_s"] for r in prof if "apply_s" in r), default=None),
+               "service_s": next((r["service_s"] for r in prof if "service_s" in r), None),
                "numel": prof[0]["numel"]}
     runs = [summarize_sync([r["runs"][i + 1] for r in ranks], p, {**base, "plan": p.to_dict()})
             for i, p in enumerate(plans)]
@@ -77,11 +78,11 @@ def _predict(label: str, p: Plan, profile: dict[str, Any], workload: Any) -> Any
     bw = cluster.intra_node.bandwidth_GBps * 1e9
     lat_us = max(1.0, (profile["p2p_s"] - payload / bw) * 1e6)
     cluster = apply_cluster_edits(cluster, [("intra_node.latency_us", lat_us)])
-    if profile["apply_s"]:
+    if profile["service_s"]:  # a server's whole handling of a push, as its CPU time
         shard = payload / p.communication.servers
         d = p.to_dict()
         d["communication"] = {**d["communication"],
-                              "server_cpu_GBps": shard / profile["apply_s"] / 1e9}
+                              "server_cpu_GBps": shard / profile["service_s"] / 1e9}
         p = Plan.from_dict(d)
     return simulate_sync(workload, cluster, p, "des", steps=STEPS, measured={
         "step_s": profile["step_s"], "allreduce_s": profile["allreduce_s"]})

@@ -80,8 +80,43 @@ def probe(cfg: dict[str, Any], out: Path, rank: int) -> dict[str, Any]:
             dist.recv(buf, src=0)
             dist.send(buf, dst=0)
     dist.barrier()
-    if architecture(plan) == "ps" and rank >= n:
-        g = torch.randn(numel // plan.communication.servers)
-        w = torch.randn_like(g)
-        res["apply_s"] = _median(lambda: w.add_(g, alpha=-0.1), reps)
+    if architecture(plan) == "ps":
+        res.update(_service(cfg, plan, rank, numel, reps))
     return res
+
+
+def _service(cfg: dict[str, Any], plan: Plan, rank: int, numel: int, reps: int
+             ) -> dict[str, float]:
+    """A server's whole handling of one push, measured on the server: parse the header,
+    apply the gradient, reply with its parameters (:class:`executor.sync.server.Server`'s
+    own code, asynchronous), worker 0 pushing one message at a time."""
+    from executor.sync.server import HEADER, PUSH, Server
+
+    n = plan.dp
+    shard = numel // plan.communication.servers
+    out: dict[str, float] = {}
+    if rank >= n:
+        g = torch.randn(shard)
+        w = torch.randn_like(g)
+        out["apply_s"] = _median(lambda: w.add_(g, alpha=-0.1), reps)
+    if rank == n:
+        asp = {**cfg, "plan": {**cfg["plan"], "sync": {"kind": "asp"}}}
+        server = Server(asp, torch.randn(shard), n)
+        buf = torch.empty(HEADER + shard)
+        times = []
+        for _ in range(reps + reps // 5):
+            dist.recv(buf, src=0)
+            t0 = time.perf_counter()
+            kind, worker, tag, read = (int(x) for x in buf[:HEADER].tolist())
+            server._push(worker, tag, read, buf[HEADER:])
+            server._release()
+            times.append(time.perf_counter() - t0)
+        out["service_s"] = statistics.median(times[reps // 5:])
+    elif rank == 0:
+        msg = torch.cat([torch.tensor([PUSH, 0.0, 0.0, 0.0]), torch.randn(shard)])
+        reply = torch.empty(HEADER + shard)
+        for _ in range(reps + reps // 5):
+            dist.send(msg, dst=n)
+            dist.recv(reply, src=n)
+    dist.barrier()
+    return out
