@@ -62,7 +62,7 @@ def _exactness() -> pd.DataFrame:
 
     rows = []
     slow = faults_from_options(["gpu:0=1.3"])
-    pairs = [("SSP(0) vs BSP over one server: end time", plan({"kind": "ssp", "staleness": 0},
+    pairs = [("SSP(0) vs BSP over two servers: end time", plan({"kind": "ssp", "staleness": 0},
                                                              PS2), plan("bsp", PS2), None),
              ("SSP(inf) vs ASP, 1.3x straggler: whole record",
               plan({"kind": "ssp", "staleness": "inf"}, PS2), plan("asp", PS2), slow),

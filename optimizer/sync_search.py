@@ -82,7 +82,7 @@ class SyncSearch:
 def _row(r: Any, plan: Plan) -> dict[str, Any]:
     t = r.time_to_target
     batch = plan.global_batch_size / plan.dp
-    per_update = {"global": plan.global_batch_size, "server": batch,
+    per_update = {"global": batch * (plan.dp - plan.sync.backups), "server": batch,
                   "local": batch * plan.dp}[r.update_scope]
     samples = t["updates"] * per_update if t and not t["diverges"] else math.inf
     return {"strategy": r.strategy, "plan": plan, "fidelity": r.fidelity,
@@ -106,13 +106,16 @@ def _key(objective: str) -> Any:
 def _simulate(model: Any, cluster: ClusterSpec, p: Plan, fidelity: str,
               kw: dict[str, Any]) -> dict[str, Any]:
     conv = kw.get("convergence")
+    steps = kw["steps"]
+    if p.sync.kind in ("local-sgd", "diloco"):  # whole averaging periods, many of them
+        steps = max(steps, 20 * p.sync.period + p.sync.warmup_steps)
     try:
-        r = simulate_sync(model, cluster, p, fidelity, steps=kw["steps"], faults=kw["faults"],
+        r = simulate_sync(model, cluster, p, fidelity, steps=steps, faults=kw["faults"],
                           convergence=conv, lr=kw.get("lr"), target=kw["target"])
     except SpecError as exc:
         if conv is None or not str(exc).startswith("plan.sync.kind: no measured"):
             raise
-        r = simulate_sync(model, cluster, p, fidelity, steps=kw["steps"], faults=kw["faults"])
+        r = simulate_sync(model, cluster, p, fidelity, steps=steps, faults=kw["faults"])
     return _row(r, p)
 
 

@@ -138,6 +138,9 @@ def test_simulate_refuses_a_multi_step_plan() -> None:
     ({"sync": {"kind": "asp", "period": 4}}, "parameter of local-sgd"),
     ({"sync": "asp", "zero_stage": 1}, "plan.zero_stage"),
     ({"sync": "asp", "dp": 1, "global_batch_size": 64}, "dp >= 2"),
+    ({"sync": {"kind": "gossip", "graph": "edges", "edges": 5}}, "list of worker pairs"),
+    ({"sync": {"kind": "gossip", "gossip_mode": "sgp"}}, "exponential"),
+    ({"compression": {"kind": "none", "warmup_steps": 5}}, "not of kind 'none'"),
 ])
 def test_bad_sync_fields_are_one_line_errors(fields: dict, match: str) -> None:
     with pytest.raises(SpecError, match=match):
@@ -179,3 +182,21 @@ def test_fill_few_equals_the_numpy_water_filling() -> None:
         few = fill_few(flows, cap)
         ref = _fill(_Pairs.of(flows), cap)
         assert np.allclose(few, ref, rtol=1e-12, atol=0)
+
+
+def test_staleness_does_not_depend_on_the_number_of_shards() -> None:
+    """Each shard answers on its own (as the real servers do): alike workers see n - 1."""
+    for servers in (1, 4):
+        r = simulate_sync(MODEL, load_cluster("dgx-h100:2"), Plan(
+            global_batch_size=64, seq_len=4096, dp=4, tp=4, sync="asp",
+            communication={"architecture": "ps", "servers": servers}), "des", steps=80)
+        assert r.staleness["mean"] == pytest.approx(3.0, abs=0.05), servers
+        assert r.warmup_updates_dropped < 4 * 80
+
+
+def test_backup_workers_let_a_straggler_finish() -> None:
+    r = simulate_sync(load_any("resnet50"), load_cluster("dgx-h100:1"), Plan(
+        global_batch_size=256, seq_len=1, dp=8, sync={"kind": "backup-workers", "backups": 1}),
+        "des", steps=50, faults=faults_from_options(["gpu:0=5"]))
+    assert r.steps == 50 and not r.warnings
+    assert 0 < r.dropped_fraction < 0.5

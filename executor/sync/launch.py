@@ -28,6 +28,9 @@ def runnable(plan: Plan) -> tuple[str, str] | None:
     if s.kind == "gossip" and s.gossip_mode == "ad-psgd":
         return "plan.sync.gossip_mode", "ad-psgd is simulated only: the real runs have no " \
             "asynchronous pairing thread yet"
+    if s.kind == "diloco" and s.pseudo_gradient_dtype == "int8":
+        return "plan.sync.pseudo_gradient_dtype", "int8 pseudo-gradients are simulated only: " \
+            "the real runs round to fp32, bf16 or fp16"
     if plan.compression.kind != "none":
         return "plan.compression.kind", "compression is simulated only: the real runs send " \
             "fp32 gradients"
@@ -138,7 +141,7 @@ def summarize_sync(ranks: list[dict[str, Any]], plan: Plan, cfg: dict[str, Any]
             "staleness": {"mean": statistics.fmean(stale) if stale else 0.0,
                           "histogram": {str(k): hist[k] for k in sorted(hist)}},
             "server_busy_s": [s["busy_s"] for s in servers],
-            "dropped": sum(s.get("dropped", 0) for s in servers),
+            "dropped": servers[0].get("dropped", 0) if servers else 0,  # pushes (shard 0)
             "evals": workers[0]["evals"], "steps": cfg["steps"], "lr": cfg["lr"],
             "task": cfg["task"], "hidden": cfg["hidden"], "straggler": cfg.get("straggler"),
             "wall_s": max(w["step_end"][-1] for w in workers) - workers[0]["start"][0]}

@@ -6,9 +6,10 @@ plain SGD on its own shard and synchronises as ``plan.sync`` says:
 
 - ``bsp`` over all-reduce: the mean gradient (``dist.all_reduce``) every step; over servers,
   and ``asp``, ``ssp``, ``backup-workers``: push the gradient's shards, pull the parameters;
-- ``local-sgd``: torch's ``PeriodicModelAverager`` (period H, its warm-up steps);
-- ``diloco``: H inner SGD steps, then the mean pseudo-gradient (all-reduced in its dtype)
-  through an outer Nesterov SGD;
+- ``local-sgd``: BSP for the warm-up steps, then torch's ``average_parameters`` after every
+  H-th local step (as the simulator times it);
+- ``diloco``: H inner SGD steps, then the mean pseudo-gradient (rounded to its dtype,
+  all-reduced in fp32: gloo has no 16-bit sums) through an outer Nesterov SGD;
 - ``gossip`` ``d-psgd``: after each step average the parameters with the neighbours'
   (Metropolis-Hastings weights); ``sgp``: push-sum to one peer a step.
 
@@ -55,7 +56,8 @@ class Worker:
         self.batch = self.plan.global_batch_size // self.n
         self.gen = torch.Generator().manual_seed(cfg["seed"] * 7919 + rank)
         self.opt = torch.optim.SGD(self.params, lr=cfg["lr"])
-        self.read, self.tag, self.updates = 0, 0, 0
+        self.read, self.updates = 0, 0
+        self.tags = [0] * max(1, self.plan.communication.servers)  # each shard's step
         self.log: dict[str, list[Any]] = {"step_end": [], "compute_s": [], "loss": [],
                                           "evals": []}
 
@@ -92,7 +94,8 @@ class Worker:
         flat = vec([p.grad for p in self.params])
         msgs, replies, reqs = [], [], []
         for s, (a, b) in enumerate(shard_bounds(flat.numel(), servers)):
-            head = torch.tensor([PUSH, float(self.rank), float(self.tag), float(self.read)])
+            head = torch.tensor([PUSH, float(self.rank), float(self.tags[s]),
+                                 float(self.read)])
             msgs.append(torch.cat([head, flat[a:b]]))
             replies.append(torch.empty(HEADER + b - a))
             reqs.append(dist.isend(msgs[-1], dst=self.n + s))
@@ -100,7 +103,8 @@ class Worker:
             dist.recv(buf, src=self.n + s)
         for req in reqs:
             req.wait()
-        self.read, self.tag = int(replies[0][0]), int(replies[0][1])
+        self.read = int(replies[0][0])
+        self.tags = [int(r[1]) for r in replies]
         new = torch.cat([r[HEADER:] for r in replies])
         torch.nn.utils.vector_to_parameters(new, self.params)
         self.updates = self.read
@@ -171,12 +175,9 @@ def _worker_loop(w: Worker, out: Path) -> None:
     kind, arch = plan.sync.kind, architecture(plan)
     state: dict[str, Any] = {"weight": 1.0}
     if kind == "local-sgd":
-        from torch.distributed.algorithms.model_averaging.averagers import (
-            PeriodicModelAverager,
-        )
+        from torch.distributed.algorithms.model_averaging.utils import average_parameters
 
-        state["averager"] = PeriodicModelAverager(period=plan.sync.period,
-                                                  warmup_steps=plan.sync.warmup_steps)
+        state["average"] = average_parameters
     if kind == "diloco":
         g = torch.nn.Parameter(vec(w.params).detach().clone())
         state["global"] = g
@@ -194,15 +195,16 @@ def _worker_loop(w: Worker, out: Path) -> None:
         t0 = time.monotonic()
         w.log["loss"].append(w.gradient())
         w.log["compute_s"].append(time.monotonic() - t0)
+        warm = kind == "local-sgd" and k < plan.sync.warmup_steps  # post-local SGD: BSP first
         if arch == "ps":
             w.ps_step(k)
-        elif kind == "bsp":
+        elif kind == "bsp" or warm:
             w.allreduce_step(k)
         else:
             w.opt.step()
             w.updates = k + 1
-            if kind == "local-sgd":
-                state["averager"].average_parameters(w.params)
+            if kind == "local-sgd" and (k + 1 - plan.sync.warmup_steps) % plan.sync.period == 0:
+                state["average"](iter(w.params), dist.group.WORLD)
             elif kind == "diloco" and (k + 1) % plan.sync.period == 0:
                 _diloco(w, state)
             elif kind == "gossip" and plan.sync.gossip_mode == "sgp":

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any
 
 import numpy as np
@@ -26,6 +26,7 @@ class _Shards:
         self.waiters: list[list[tuple[int, simpy.Event]]] = [[] for _ in range(servers)]
         self.read = [0] * n  # shard-0 version each worker last read
         self.closed = [0] * servers  # backup workers: steps closed per shard
+        self.finished = 0  # backup workers: workers done with their steps
         self.count: list[dict[int, int]] = [{} for _ in range(servers)]
         self.step_done: list[dict[int, simpy.Event]] = [{} for _ in range(servers)]
 
@@ -68,16 +69,21 @@ def start(run: WorkerRun) -> None:
         run.env.process(body(run, state, w))
 
 
-def _server_sum(run: WorkerRun, shard: int) -> Generator[simpy.Event, Any, None]:
-    """The shard's CPU sums (or applies) one push of its share of the gradient."""
+def _server_sum(run: WorkerRun, shard: int, skip: Callable[[], bool] | None = None
+                ) -> Generator[simpy.Event, Any, bool]:
+    """The shard's CPU sums (or applies) one push of its share of the gradient; with
+    ``skip``, asked once the CPU is free, a push it says is stale is dropped unsummed."""
     s = run.s
     with run.cpus[shard].request() as turn:
         yield turn
+        if skip is not None and skip():
+            return False
         t0 = run.env.now
         busy = s.server_bytes * s.shards[shard] / s.servers.cpu_Bps  # type: ignore[union-attr]
         yield run.env.timeout(busy)
         run.rec.server_busy_s[shard] += busy
         run.span(f"server{shard}", "sum", t0, 0)
+    return True
 
 
 def _send_push(run: WorkerRun, w: int, shard: int, step: int
@@ -90,33 +96,35 @@ def _send_push(run: WorkerRun, w: int, shard: int, step: int
     run.span(f"worker{w}", f"push{shard}", t0, step)
 
 
-def _push(run: WorkerRun, state: _Shards, w: int, k: int, shard: int
-          ) -> Generator[simpy.Event, Any, None]:
+def _pull_flows(run: WorkerRun, w: int, shard: int, step: int
+                ) -> Generator[simpy.Event, Any, None]:
+    s = run.s
+    t0 = run.env.now
+    yield run.flows(w, lambda d: s.servers.pull_route(d, shard),  # type: ignore[union-attr]
+                    s.pull_bytes * s.shards[shard])
+    run.span(f"worker{w}", f"pull{shard}", t0, step)
+
+
+def _round(run: WorkerRun, state: _Shards, w: int, k: int, shard: int
+           ) -> Generator[simpy.Event, Any, None]:
+    """Push to ``shard``, its CPU applies it, wait for the SSP bound, pull: each shard on
+    its own, as the real servers answer (executor/sync/server.py)."""
+    kind = run.s.plan.sync.kind
     yield from _send_push(run, w, shard, k)
     yield from _server_sum(run, shard)
-    if shard == 0 and run.s.plan.sync.kind != "bsp":
+    if shard == 0 and kind != "bsp":
         run.rec.staleness.append((run.env.now, state.version[0] - state.read[w]))
+        run.done(run.s.samples_per_step)  # an update: this push applied
     state.version[shard] += 1
-    state.applied_one(shard, w, run.rec.marks if run.s.plan.sync.kind != "bsp" else [],
-                      run.env.now)
-
-
-def _pull(run: WorkerRun, state: _Shards, w: int, k: int, shard: int
-          ) -> Generator[simpy.Event, Any, None]:
-    """Wait until the slowest worker is within ``staleness`` clocks here, then pull."""
-    s = run.s
-    kind = s.plan.sync.kind
-    bound = 0 if kind == "bsp" else math.inf if kind == "asp" else s.plan.sync.staleness
+    state.applied_one(shard, w, run.rec.marks if kind != "bsp" else [], run.env.now)
+    bound = 0 if kind == "bsp" else math.inf if kind == "asp" else run.s.plan.sync.staleness
     t0 = run.env.now
     if bound != math.inf:
         yield state.wait_min(run.env, shard, k + 1 - bound)
     run.span(f"worker{w}", "wait", t0, k)
     if shard == 0:
         state.read[w] = state.version[0]
-    t0 = run.env.now
-    yield run.flows(w, lambda d: s.servers.pull_route(d, shard),  # type: ignore[union-attr]
-                    s.pull_bytes * s.shards[shard])
-    run.span(f"worker{w}", f"pull{shard}", t0, k)
+    yield from _pull_flows(run, w, shard, k)
 
 
 def _worker(run: WorkerRun, state: _Shards, w: int) -> Generator[simpy.Event, Any, None]:
@@ -125,15 +133,9 @@ def _worker(run: WorkerRun, state: _Shards, w: int) -> Generator[simpy.Event, An
     for k in range(run.steps):
         yield from run.compute(w, k)
         if len(shards) == 1:  # no concurrent shards: no processes to join
-            yield from _push(run, state, w, k, 0)
+            yield from _round(run, state, w, k, 0)
         else:
-            yield env.all_of([env.process(_push(run, state, w, k, i)) for i in shards])
-        if not bsp:
-            run.done(run.s.samples_per_step)
-        if len(shards) == 1:
-            yield from _pull(run, state, w, k, 0)
-        else:
-            yield env.all_of([env.process(_pull(run, state, w, k, i)) for i in shards])
+            yield env.all_of([env.process(_round(run, state, w, k, i)) for i in shards])
         if bsp:  # the summed update is in once every pull can start
             run.done(run.s.samples_per_step, update=w == 0)
             if w == 0:
@@ -141,42 +143,52 @@ def _worker(run: WorkerRun, state: _Shards, w: int) -> Generator[simpy.Event, An
 
 
 # Backup workers ------------------------------------------------------------------------------
-def _backup_push(run: WorkerRun, state: _Shards, w: int, tag: int, shard: int
-                 ) -> Generator[simpy.Event, Any, None]:
-    """Push a gradient of step ``tag``; the shard sums it unless that step is closed (when
-    it arrives, or while it queued for the CPU)."""
+def _close(run: WorkerRun, state: _Shards, shard: int) -> None:
+    """Close the shard's open step once ``n - b`` pushes of it are in (fewer once workers
+    have finished their steps, as the real server does)."""
     s = run.s
-    yield from _send_push(run, w, shard, tag)
-    if tag >= state.closed[shard]:
-        yield from _server_sum(run, shard)
-    if tag < state.closed[shard]:
-        if shard == 0:
-            run.rec.dropped += 1
-        return
-    if shard == 0:
-        run.done(s.samples_per_step, update=False)
-    c = state.count[shard]
-    c[tag] = c.get(tag, 0) + 1
-    if c[tag] == s.workers - s.plan.sync.backups:
-        state.closed[shard] = tag + 1
-        del c[tag]
-        state.step_event(run.env, shard, tag).succeed()
+    need = min(s.workers - s.plan.sync.backups, s.workers - state.finished)
+    step = state.closed[shard]
+    if state.count[shard].get(step, 0) >= max(1, need):
+        state.closed[shard] = step + 1
+        state.count[shard].pop(step, None)
+        state.step_event(run.env, shard, step).succeed()
         if shard == 0:
             run.rec.updates.append(run.env.now)
 
 
+def _backup_round(run: WorkerRun, state: _Shards, w: int, tags: list[int], k: int,
+                  shard: int) -> Generator[simpy.Event, Any, None]:
+    """Push a gradient of step ``tags[shard]``; the shard sums it unless that step is
+    closed (on arrival, or by the time its CPU is free); wait for the step to close,
+    pull, and go on from the shard's newest step."""
+    s, tag = run.s, tags[shard]
+    yield from _send_push(run, w, shard, k)
+    summed = False
+    if tag >= state.closed[shard]:
+        summed = yield from _server_sum(run, shard, lambda: tag < state.closed[shard])
+    if not summed:
+        if shard == 0:
+            run.rec.dropped += 1
+    else:
+        if shard == 0:
+            run.done(s.samples_per_step, update=False)
+        state.count[shard][tag] = state.count[shard].get(tag, 0) + 1
+        _close(run, state, shard)
+    t0 = run.env.now
+    yield state.step_event(run.env, shard, tag)
+    run.span(f"worker{w}", "wait", t0, k)
+    yield from _pull_flows(run, w, shard, k)
+    tags[shard] = state.closed[shard]
+
+
 def _backup_worker(run: WorkerRun, state: _Shards, w: int) -> Generator[simpy.Event, Any, None]:
-    env, s = run.env, run.s
-    shards = range(len(s.shards))
-    tag = 0
+    env, shards = run.env, range(len(run.s.shards))
+    tags = [0] * len(shards)  # the step of each shard's parameters this worker holds
     for k in range(run.steps):
         yield from run.compute(w, k)
-        yield env.all_of([env.process(_backup_push(run, state, w, tag, i)) for i in shards])
-        t0 = env.now
-        yield env.all_of([state.step_event(env, i, tag) for i in shards])
-        run.span(f"worker{w}", "wait", t0, k)
-        t0 = env.now
-        yield env.all_of([run.flows(w, lambda d, i=i: s.servers.pull_route(d, i),  # type: ignore
-                                    s.pull_bytes * s.shards[i]) for i in shards])
-        run.span(f"worker{w}", "pull", t0, k)
-        tag = min(state.closed)
+        yield env.all_of([env.process(_backup_round(run, state, w, tags, k, i))
+                          for i in shards])
+    state.finished += 1
+    for i in shards:  # fewer workers left: a step may close with fewer pushes now
+        _close(run, state, i)

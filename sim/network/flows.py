@@ -28,6 +28,7 @@ __all__ = ["Network", "Flow", "Members", "AsymmetricFlows", "max_min_rates",
            "check_aggregates"]
 
 _EPS = 1e-12
+_NONE = np.zeros(0, dtype=np.int64)
 
 
 class AsymmetricFlows(RuntimeError):
@@ -101,15 +102,6 @@ class _Pairs:
         uniq, inv = np.unique(links, return_inverse=True)
         return cls(flows, owner, links, w, uniq, inv)
 
-    @classmethod
-    def few(cls, flows: list[Flow]) -> _Pairs:
-        """:meth:`of` without numpy's per-call overhead, for a handful of flows."""
-        links = [int(x) for f in flows for x in f.links]
-        order = sorted(set(links))
-        index = {x: i for i, x in enumerate(order)}
-        return cls(flows, np.array([i for i, f in enumerate(flows) for _ in f.links]),
-                   np.array(links), np.array([float(x) for f in flows for x in f.weights]),
-                   np.array(order), np.array([index[x] for x in links]))
 
 
 def _fill(p: _Pairs, cap: np.ndarray) -> np.ndarray:
@@ -335,17 +327,31 @@ class Network:
     def _rates_for_flows(self) -> None:
         self.rerates += 1
         if len(self.flows) <= self.few and all(f.members is None for f in self.flows):
-            p = self._pairs = _Pairs.few(self.flows)
-            self._rates = np.asarray(fill_few(self.flows, self.cap))
-        else:
-            p = self._pairs = _Pairs.of(self.flows)
-            self._rates = _fill(p, self.cap)
+            self._few_rates()
+            return
+        p = self._pairs = _Pairs.of(self.flows)
+        self._rates = _fill(p, self.cap)
         if self.check and any(f.members is not None for f in self.flows):
             check_aggregates(p, self._rates, self.cap, self.env.now)
         self._link_Bps = np.bincount(p.inv, weights=p.w * self._rates[p.owner],
                                      minlength=len(p.uniq)).astype(np.float64)
         for f, r in zip(self.flows, self._rates.tolist(), strict=True):
             f.rate = r
+
+    def _few_rates(self) -> None:
+        """:meth:`_rates_for_flows` for a handful of plain flows, in plain Python (only the
+        links' ids and bytes/s are kept for the statistics)."""
+        rates = fill_few(self.flows, self.cap)
+        on: dict[int, float] = {}
+        for f, r in zip(self.flows, rates, strict=True):
+            f.rate = r
+            for link, w in zip(f.links, f.weights, strict=True):
+                on[int(link)] = on.get(int(link), 0.0) + float(w) * r
+        links = sorted(on)
+        self._pairs = _Pairs(self.flows, _NONE, _NONE, _NONE, np.array(links, dtype=np.int64),
+                             _NONE)
+        self._link_Bps = np.array([on[x] for x in links])
+        self._rates = np.array(rates)
 
     def _on_wake(self, event: simpy.Event) -> None:
         if event is not self._wake:

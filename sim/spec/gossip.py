@@ -40,7 +40,7 @@ def gossip_edges(graph: str, pairs: Any, n: int) -> list[tuple[int, int]]:
 
 
 def _explicit_edges(pairs: Any, n: int) -> set[tuple[int, int]]:
-    if not pairs:
+    if not isinstance(pairs, (list, tuple)) or not pairs:
         raise SpecError("plan.sync.edges", "graph \"edges\" needs a list of worker pairs "
                         "[[0, 1], [1, 2], ...]")
     out = set()

@@ -52,7 +52,8 @@ _OWNERS = {"staleness": ("ssp",), "period": ("local-sgd", "diloco"),
            "backups": ("backup-workers",)}
 _COMM_OWNERS = {"servers": "ps", "placement": "ps", "sharding": "ps", "server_cpu_GBps": "ps",
                 "server_nic_Gbps": "ps"}
-_COMPRESSION_OWNERS = {"ratio": ("topk",), "rank": ("powersgd",)}
+_COMPRESSION_OWNERS = {"ratio": ("topk",), "rank": ("powersgd",),
+                       "error_feedback": COMPRESSIONS[1:], "warmup_steps": COMPRESSIONS[1:]}
 
 
 @dataclass(frozen=True)
@@ -226,7 +227,8 @@ def _owned(section: str, obj: Any, owners: dict[str, Any], key: str) -> None:
     kind = getattr(obj, key)
     for name, who in owners.items():
         if getattr(obj, name) != getattr(default, name) and kind not in who:
-            whom = " and ".join(who) if isinstance(who, tuple) else who
+            names = list(who) if isinstance(who, tuple) else [who]
+            whom = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
             raise SpecError(f"plan.{section}.{name}", f"is a parameter of {whom}, not of "
                             f"{key} {kind!r}")
 
@@ -250,6 +252,9 @@ def _check_sync_fields(s: Sync) -> None:
     _choice("plan.sync.graph", s.graph, GRAPHS)
     _choice("plan.sync.gossip_mode", s.gossip_mode, GOSSIP_MODES)
     _int("plan.sync.backups", s.backups, 0)
+    if s.kind == "gossip" and s.gossip_mode == "sgp" and s.graph != "exponential":
+        raise SpecError("plan.sync.graph", f"sgp pushes to one peer a step over the "
+                        f"exponential graph: give graph \"exponential\", got {s.graph!r}")
     if s.kind == "backup-workers" and s.backups < 1:
         raise SpecError("plan.sync.backups", "backup-workers needs backups >= 1 (workers "
                         "not waited for), got 0")

@@ -37,9 +37,13 @@ def time_to_target(result: Any, plan: Any, convergence: str | Path, lr: float,
                         f"({', '.join(BUNDLED_MODELS)}) nor a CSV of runs")
     family = family_of(plan.sync.kind)
     model = fit_convergence(load_observations(path, target), family)
+    notes = []
     if family == "async":
         mean = result.staleness.get("mean")
         k = float(plan.dp - 1) if mean is None else float(mean)
+        if mean is None:
+            notes.append(f"the staleness has no closed form here: n - 1 = {k:g} assumed "
+                         "(the des tier measures it)")
     else:
         k = float(plan.sync.period - 1) if plan.sync.kind == "local-sgd" else 0.0
     p = model.predict(lr, k)
@@ -49,4 +53,4 @@ def time_to_target(result: Any, plan: Any, convergence: str | Path, lr: float,
             "updates_high": p.high, "seconds": p.updates / rate if rate else math.inf,
             "seconds_low": p.low / rate if rate else math.inf,
             "seconds_high": p.high / rate if rate else math.inf,
-            "extrapolated": p.extrapolated, "model": model.to_dict()}
+            "extrapolated": p.extrapolated + notes, "model": model.to_dict()}

@@ -63,8 +63,8 @@ class SyncResult:
     idle_fraction: list[float]  # per worker: share of the time not computing
     servers: list[dict[str, float]]  # per server: cpu and ingress utilisation
     links: list[dict[str, Any]] = field(default_factory=list)  # busiest links (DES)
-    steps: int = 0  # local steps each worker ran (DES)
-    warmup_updates_dropped: int = 0  # MSER-5 truncation (DES)
+    steps: int = 0  # local steps every worker ran (DES; the fewest any ran)
+    warmup_updates_dropped: int = 0  # updates before the steady window (MSER-5; DES)
     dropped_fraction: float = 0.0  # backup workers: pushes that came too late
     warnings: list[str] = field(default_factory=list)
     simulation: dict[str, Any] = field(default_factory=dict)
@@ -130,7 +130,7 @@ def _from_record(s: SyncSetup, rec: Record, base: dict[str, Any], wall_s: float
     if scope == "local":
         per /= s.workers
     samples = sum(x for t, x in rec.samples if t0 < t <= t1)
-    stale = [tau for t, tau in rec.staleness if t > t0]
+    stale = [tau for t, tau in rec.staleness if t0 < t <= t1]  # the steady window only
     servers = []
     if s.servers is not None:
         for i in range(len(s.shards)):
@@ -139,12 +139,17 @@ def _from_record(s: SyncSetup, rec: Record, base: dict[str, Any], wall_s: float
             servers.append({"server": i, "cpu": float(rec.server_busy_s[i] / rec.end_s),
                             "ingress": used / max(1, len(ingress))})
     pushes = rec.dropped + len(rec.samples)
+    if rec.steps.min() < rec.steps.max():
+        base["warnings"] = [*base["warnings"], f"some workers did not finish their steps "
+                            f"({int(rec.steps.min())} of {int(rec.steps.max())}): the run "
+                            "could not go on without them"]
     return SyncResult(
         **base, updates_per_s=per, samples_per_s=samples / span if span > 0 else 0.0,
         step_time_s=_step(per, scope, s.workers), staleness=_staleness(stale),
         idle_fraction=[float(1 - c / rec.end_s) for c in rec.compute_s], servers=servers,
         links=link_table(s.topo, rec.link_bytes, rec.link_busy_s, rec.end_s),
-        steps=int(rec.steps.max()), warmup_updates_dropped=cut,
+        steps=int(rec.steps.min()),
+        warmup_updates_dropped=sum(1 for t in rec.updates if t <= t0),
         dropped_fraction=rec.dropped / pushes if rec.dropped else 0.0,
         simulation={"events": rec.events, "wall_s": wall_s, "simulated_s": rec.end_s})
 

@@ -97,6 +97,10 @@ def _simulate(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan, fid
                          wall_s=time.perf_counter() - t0, model=model, cluster=cluster)
     from sim.des.workers import run_workers
 
+    sync = plan.sync
+    if sync.kind in ("local-sgd", "diloco") and steps < 3 * sync.period + sync.warmup_steps:
+        setup.notes.append(f"{steps} steps cover fewer than three averaging periods of "
+                           f"{sync.period}: the rate is not a steady state (give more steps)")
     rec = run_workers(setup, steps, trace_steps if trace else 0)
     out = summarise(setup, tier, fidelity, record=rec, wall_s=time.perf_counter() - t0,
                     model=model, cluster=cluster)

@@ -13,7 +13,9 @@ __all__ = ["run_sync", "add_sync_options", "format_sync", "plan_sections"]
 
 def add_sync_options(p: Any) -> None:
     """``--steps`` and ``--jitter`` of ``trainsim simulate``."""
-    p.add_argument("--steps", type=int, default=None, metavar="N",
+    from trainsim.commands.profile import int_at_least
+
+    p.add_argument("--steps", type=int_at_least(1), default=None, metavar="N",
                    help="plans with a sync strategy: local steps each worker runs (default "
                    "200, or 20 averaging periods when longer)")
     p.add_argument("--convergence", metavar="MODEL|CSV", help="plans with a sync strategy: "
@@ -67,8 +69,12 @@ def run_sync(args: argparse.Namespace, model: Any, cluster: Any, plan: Any, faul
     if args.no_reduce:
         raise SpecError("--no-reduce", "is for one-step DES runs, not a sync strategy's")
     jitter = parse_dist(args.jitter, "--jitter") if args.jitter else None
+    if args.lr is not None and args.convergence is None:
+        raise SpecError("--lr", "is the learning rate of --convergence's time to target: "
+                        "give --convergence too")
     result = simulate_sync(model, cluster, plan, args.fidelity,
-                           steps=args.steps or default_steps(plan), faults=faults,
+                           steps=default_steps(plan) if args.steps is None else args.steps,
+                           faults=faults,
                            jitter=jitter, seed=args.seed, trace=args.trace,
                            convergence=args.convergence, lr=args.lr, target=args.target)
     if args.out:
