@@ -86,23 +86,28 @@ def _server_sum(run: WorkerRun, shard: int, skip: Callable[[], bool] | None = No
     return True
 
 
+def _transfer(run: WorkerRun, w: int, shard: int, step: int, push: bool
+              ) -> Generator[simpy.Event, Any, None]:
+    """Worker ``w``'s share of the gradient to server ``shard`` (``push``) or of the
+    parameters back, over the network."""
+    s = run.s
+    servers = s.servers
+    assert servers is not None
+    route = servers.push_route if push else servers.pull_route
+    t0 = run.env.now
+    yield run.flows(w, lambda d: route(d, shard),
+                    (s.push_bytes if push else s.pull_bytes) * s.shards[shard])
+    run.span(f"worker{w}", f"{'push' if push else 'pull'}{shard}", t0, step)
+
+
 def _send_push(run: WorkerRun, w: int, shard: int, step: int
                ) -> Generator[simpy.Event, Any, None]:
-    """Worker ``w``'s share of the gradient to server ``shard``, over the network."""
-    s = run.s
-    t0 = run.env.now
-    yield run.flows(w, lambda d: s.servers.push_route(d, shard),  # type: ignore[union-attr]
-                    s.push_bytes * s.shards[shard])
-    run.span(f"worker{w}", f"push{shard}", t0, step)
+    yield from _transfer(run, w, shard, step, True)
 
 
 def _pull_flows(run: WorkerRun, w: int, shard: int, step: int
                 ) -> Generator[simpy.Event, Any, None]:
-    s = run.s
-    t0 = run.env.now
-    yield run.flows(w, lambda d: s.servers.pull_route(d, shard),  # type: ignore[union-attr]
-                    s.pull_bytes * s.shards[shard])
-    run.span(f"worker{w}", f"pull{shard}", t0, step)
+    yield from _transfer(run, w, shard, step, False)
 
 
 def _round(run: WorkerRun, state: _Shards, w: int, k: int, shard: int
