@@ -24,8 +24,8 @@ from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
 from sim.spec.sync import Communication, Compression, Sync
 from sim.spec.workload import Workload
-from sim.strategies import simulate_sync
-from sim.strategies.result import strategy_label
+from sim.strategies import covering_steps, simulate_sync
+from sim.strategies.result import samples_per_update, strategy_label
 
 __all__ = ["optimize_sync", "sync_candidates", "SyncSearch", "OBJECTIVES"]
 
@@ -81,9 +81,7 @@ class SyncSearch:
 
 def _row(r: Any, plan: Plan) -> dict[str, Any]:
     t = r.time_to_target
-    batch = plan.global_batch_size / plan.dp
-    per_update = {"global": batch * (plan.dp - plan.sync.backups), "server": batch,
-                  "local": batch * plan.dp}[r.update_scope]
+    per_update = samples_per_update(plan, r.update_scope)
     samples = t["updates"] * per_update if t and not t["diverges"] else math.inf
     return {"strategy": r.strategy, "plan": plan, "fidelity": r.fidelity,
             "samples_per_s": r.samples_per_s, "updates_per_s": r.updates_per_s,
@@ -106,9 +104,7 @@ def _key(objective: str) -> Any:
 def _simulate(model: Any, cluster: ClusterSpec, p: Plan, fidelity: str,
               kw: dict[str, Any]) -> dict[str, Any]:
     conv = kw.get("convergence")
-    steps = kw["steps"]
-    if p.sync.kind in ("local-sgd", "diloco"):  # whole averaging periods, many of them
-        steps = max(steps, 20 * p.sync.period + p.sync.warmup_steps)
+    steps = covering_steps(p, kw["steps"])
     try:
         r = simulate_sync(model, cluster, p, fidelity, steps=steps, faults=kw["faults"],
                           convergence=conv, lr=kw.get("lr"), target=kw["target"])
@@ -136,13 +132,13 @@ def optimize_sync(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan,
                              "synchronise")
     kw = {"convergence": convergence, "lr": lr, "target": target, "steps": steps,
           "faults": faults}
-    found = [_simulate(model, cluster, p, "analytic", kw)
-             for p in sync_candidates(plan, cluster)]
+    candidates = sync_candidates(plan, cluster)
+    found = [_simulate(model, cluster, p, "analytic", kw) for p in candidates]
     key = _key(objective)
     found.sort(key=key)
     for i, row in enumerate(found[:des_top]):  # the best few again, in the DES
         found[i] = _simulate(model, cluster, row["plan"], "des", kw)
-    label = strategy_label(sync_candidates(plan, cluster)[0])
+    label = strategy_label(candidates[0])
     at = next(i for i, r in enumerate(found) if r["strategy"] == label)
     if found[at]["fidelity"] != "des":  # the baseline always in the DES
         found[at] = _simulate(model, cluster, found[at]["plan"], "des", kw)

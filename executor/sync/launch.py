@@ -14,7 +14,7 @@ from executor.sync.task import TASKS
 from sim.errors import SpecError
 from sim.spec.plan import Plan
 from sim.spec.sync import architecture
-from sim.strategies.result import SCOPES
+from sim.strategies.result import SCOPES, samples_per_update
 
 __all__ = ["execute_sync", "execute_sync_batch", "runnable", "summarize_sync", "updates_to"]
 
@@ -44,28 +44,15 @@ def execute_sync(plan: Plan, task: str = "digits", steps: int = 200, lr: float =
                  timeout_s: float = 60.0, threads: int = 1, workdir: Path | None = None
                  ) -> dict[str, Any]:
     """Run ``plan``'s strategy for ``steps`` local steps a worker on ``task``."""
-    why = runnable(plan)
-    if why is not None:
-        raise SpecError(*why)
-    if task not in TASKS:
-        raise SpecError("task", f"must be one of {', '.join(TASKS)}, got {task!r}")
-    for name, value in (("steps", steps), ("eval_every", eval_every)):
-        if value < 1:
-            raise SpecError(name, f"must be >= 1, got {value}")
-    servers = plan.communication.servers if architecture(plan) == "ps" else 0
-    cfg = {"plan": plan.to_dict(), "task": task, "hidden": list(hidden or TASKS[task]),
-           "steps": steps, "lr": lr, "seed": seed, "eval_every": eval_every,
-           "device": "cpu", "threads": threads, "timeout_s": timeout_s}
-    ranks = launch("executor.sync.worker", cfg, plan.dp + servers, timeout_s, threads,
-                   workdir)
-    return summarize_sync(ranks, plan, cfg)
+    return execute_sync_batch([(plan, lr, seed)], task, steps, hidden, eval_every, timeout_s,
+                              threads, workdir=workdir)[0]
 
 
 def execute_sync_batch(runs: list[tuple[Plan, float, int]], task: str = "digits",
                        steps: int = 200, hidden: tuple[int, ...] | None = None,
                        eval_every: int = 10, timeout_s: float = 60.0, threads: int = 1,
-                       stragglers: list[dict[str, float] | None] | None = None
-                       ) -> list[dict[str, Any]]:
+                       stragglers: list[dict[str, float] | None] | None = None,
+                       workdir: Path | None = None) -> list[dict[str, Any]]:
     """Several runs, each ``(plan, lr, seed)``, on one torchrun start (their plans must
     have the same workers and servers): torchrun's start-up (~10 s here) paid once.
     ``stragglers[i]``: run ``i``'s slowed worker, ``{"worker": w, "factor": f}`` (its
@@ -80,6 +67,11 @@ def execute_sync_batch(runs: list[tuple[Plan, float, int]], task: str = "digits"
         why = runnable(p)
         if why is not None:
             raise SpecError(*why)
+    if task not in TASKS:
+        raise SpecError("task", f"must be one of {', '.join(TASKS)}, got {task!r}")
+    for name, value in (("steps", steps), ("eval_every", eval_every)):
+        if value < 1:
+            raise SpecError(name, f"must be >= 1, got {value}")
     if stragglers is not None:
         if len(stragglers) != len(runs):
             raise SpecError("stragglers", f"one entry (or None) a run: {len(runs)} runs, "
@@ -96,7 +88,7 @@ def execute_sync_batch(runs: list[tuple[Plan, float, int]], task: str = "digits"
         "task": task, "hidden": list(hidden or TASKS[task]), "steps": steps,
         "eval_every": eval_every, "device": "cpu", "threads": threads, "timeout_s": timeout_s,
         "plan": runs[0][0].to_dict(), "lr": runs[0][1], "seed": runs[0][2], "runs": each}
-    ranks = launch("executor.sync.worker", base, ranks_of.pop(), timeout_s, threads)
+    ranks = launch("executor.sync.worker", base, ranks_of.pop(), timeout_s, threads, workdir)
     out = []
     for i, (p, _, _) in enumerate(runs):
         cfg = {**base, **each[i]}
@@ -129,9 +121,7 @@ def summarize_sync(ranks: list[dict[str, Any]], plan: Plan, cfg: dict[str, Any]
     per = count / span if span else 0.0
     if scope == "local":
         per /= plan.dp
-    batch = plan.global_batch_size // plan.dp
-    per_update = {"global": batch * (plan.dp - plan.sync.backups), "server": batch,
-                  "local": batch * plan.dp}[scope]
+    per_update = samples_per_update(plan, scope)
     stale = servers[0]["staleness"] if servers else []
     hist = Counter(stale)
     return {"strategy": plan.sync.to_dict(), "architecture": architecture(plan),

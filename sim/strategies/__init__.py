@@ -2,6 +2,6 @@
 result (:mod:`sim.strategies.simulate`, :mod:`sim.strategies.result`)."""
 
 from sim.strategies.result import SyncResult
-from sim.strategies.simulate import build_setup, simulate_sync
+from sim.strategies.simulate import build_setup, covering_steps, simulate_sync
 
-__all__ = ["simulate_sync", "build_setup", "SyncResult"]
+__all__ = ["simulate_sync", "build_setup", "covering_steps", "SyncResult"]

@@ -20,7 +20,8 @@ if TYPE_CHECKING:
     from sim.analytic.sync import SyncRates
     from sim.des.workers import Record
 
-__all__ = ["SyncResult", "summarise", "write_sync_trace", "strategy_label", "SCOPES"]
+__all__ = ["SyncResult", "summarise", "write_sync_trace", "strategy_label", "SCOPES",
+           "samples_per_update"]
 
 # What one update is: a global step of all workers, one push a server applies, or one
 # worker's local step (updates_per_s then counts an average worker's).
@@ -29,6 +30,14 @@ SCOPES = {"bsp": "global", "two-stage": "global", "backup-workers": "global", "a
 
 
 _SHOWN = ("staleness", "period", "backups", "graph")
+
+
+def samples_per_update(plan: Any, scope: str) -> float:
+    """Samples one update of ``scope`` applies: a BSP step's (the ``n - b`` pushes backup
+    workers keep), one worker's batch (a server update), or every worker's local step."""
+    batch = plan.global_batch_size / plan.dp
+    return {"global": batch * (plan.dp - plan.sync.backups), "server": batch,
+            "local": batch * plan.dp}[scope]
 
 
 def strategy_label(plan: Any) -> str:

@@ -45,7 +45,7 @@ from sim.strategies.result import SyncResult, summarise
 if TYPE_CHECKING:
     from sim.spec.faults import Dist, Faults
 
-__all__ = ["simulate_sync", "build_setup", "MAX_SYNC_STEPS"]
+__all__ = ["simulate_sync", "build_setup", "covering_steps", "MAX_SYNC_STEPS"]
 
 MAX_SYNC_STEPS = 100_000  # local steps per worker a run may simulate
 MAX_SYNC_WORK = 20_000_000  # workers x steps x (servers or peers): bounds a run's events
@@ -109,6 +109,15 @@ def _simulate(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan, fid
 
         write_sync_trace(trace, rec, setup)
     return out
+
+
+def covering_steps(plan: Plan, steps: int) -> int:
+    """``steps``, or more for local SGD and DiLoCo: their warm-up and twenty averaging
+    periods, so the rate is a steady state's."""
+    sync = plan.sync
+    if sync.kind in ("local-sgd", "diloco"):
+        return max(steps, 20 * sync.period + sync.warmup_steps)
+    return steps
 
 
 def _bsp(plan: Plan) -> Plan:

@@ -56,15 +56,11 @@ def section_fields(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def default_steps(plan: Any) -> int:
-    return max(200, 20 * plan.sync.period if plan.sync.kind in ("local-sgd", "diloco") else 0)
-
-
 def run_sync(args: argparse.Namespace, model: Any, cluster: Any, plan: Any, faults: Any
              ) -> int:
     from sim.errors import SpecError
     from sim.spec.faults import parse_dist
-    from sim.strategies import simulate_sync
+    from sim.strategies import covering_steps, simulate_sync
 
     if args.no_reduce:
         raise SpecError("--no-reduce", "is for one-step DES runs, not a sync strategy's")
@@ -73,7 +69,7 @@ def run_sync(args: argparse.Namespace, model: Any, cluster: Any, plan: Any, faul
         raise SpecError("--lr", "is the learning rate of --convergence's time to target: "
                         "give --convergence too")
     result = simulate_sync(model, cluster, plan, args.fidelity,
-                           steps=default_steps(plan) if args.steps is None else args.steps,
+                           steps=covering_steps(plan, 200) if args.steps is None else args.steps,
                            faults=faults,
                            jitter=jitter, seed=args.seed, trace=args.trace,
                            convergence=args.convergence, lr=args.lr, target=args.target)
