@@ -141,6 +141,7 @@ def test_simulate_refuses_a_multi_step_plan() -> None:
     ({"sync": {"kind": "gossip", "graph": "edges", "edges": 5}}, "list of worker pairs"),
     ({"sync": {"kind": "gossip", "gossip_mode": "sgp"}}, "exponential"),
     ({"compression": {"kind": "none", "warmup_steps": 5}}, "not of kind 'none'"),
+    ({"sync": "gossip", "dp": 2**15, "global_batch_size": 2**15, "tp": 1}, "at most 16,384"),
 ])
 def test_bad_sync_fields_are_one_line_errors(fields: dict, match: str) -> None:
     with pytest.raises(SpecError, match=match):

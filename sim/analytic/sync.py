@@ -29,8 +29,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
-
 from sim.network.workers import SyncSetup, sgp_peer
 from sim.spec.sync import architecture
 
@@ -47,13 +45,14 @@ class SyncRates:
 def _phase_s(s: SyncSetup, flows: list[tuple[tuple[int, ...], float]]) -> float:
     """Seconds until every flow of a phase that starts at once is done: the most loaded
     link's bytes over its capacity, plus the longest path's latency."""
-    load = np.zeros(len(s.topo.cap))
+    load: dict[int, float] = {}
     lat = 0.0
     for path, nbytes in flows:
-        load[list(path)] += nbytes
+        for link in path:
+            load[link] = load.get(link, 0.0) + nbytes
         lat = max(lat, s.topo.path_latency(path))
-    cap = np.asarray(s.topo.cap)
-    return float(np.max(load / cap)) + lat
+    cap = s.topo.cap
+    return max((b / cap[link] for link, b in load.items()), default=0.0) + lat
 
 
 def _ps_phases(s: SyncSetup, workers: list[int]) -> tuple[float, float]:

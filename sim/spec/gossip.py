@@ -12,12 +12,19 @@ from typing import Any
 
 from sim.errors import SpecError
 
-__all__ = ["gossip_edges"]
+__all__ = ["gossip_edges", "MAX_GOSSIP_WORKERS"]
+
+# Workers a gossip graph may join: far above published decentralised runs (SGP's 256 GPUs),
+# low enough that building and checking the graph takes about a second.
+MAX_GOSSIP_WORKERS = 16_384
 
 
 def gossip_edges(graph: str, pairs: Any, n: int) -> list[tuple[int, int]]:
     """The undirected edges of the gossip graph over ``n`` workers (for ``exponential``:
     every peer a worker cycles through, at distances 1, 2, 4, ...)."""
+    if n > MAX_GOSSIP_WORKERS:
+        raise SpecError("plan.dp", f"gossip over {n:,} workers: at most "
+                        f"{MAX_GOSSIP_WORKERS:,} (each builds and checks the whole graph)")
     edges: set[tuple[int, ...]]
     if graph == "ring":
         edges = {tuple(sorted((i, (i + 1) % n))) for i in range(n)}
