@@ -16,8 +16,18 @@ def test_catalog_has_every_device_and_field():
     assert set(REQUIRED) <= set(cat)
     for hw in cat.values():
         for f in fields(HardwareSpec):
-            if f.name not in ("name", "fp8_tflops"):
+            if f.name not in ("name", "fp8_tflops", "bf16_tflops"):
                 assert not math.isnan(getattr(hw, f.name)), (hw.name, f.name)
+
+
+def test_pre_ampere_devices_refuse_bf16_and_train_fp32_at_the_fp32_rate():
+    for name in ("v100-sxm2-16gb", "p100-pcie-16gb"):
+        hw = get_hardware(name)
+        with pytest.raises(SpecError, match="bf16 is not supported"):
+            hw.peak_tflops("bf16")
+        assert hw.peak_tflops("fp32") == hw.fp32_tflops  # no TF32 before Ampere
+    assert math.isnan(get_hardware("v100-sxm2-16gb").bf16_tflops)
+    assert get_hardware("a100-sxm4-80gb").bf16_tflops == 312
 
 
 def test_every_number_has_a_source():

@@ -34,6 +34,11 @@ def runnable(plan: Plan) -> tuple[str, str] | None:
     if plan.compression.kind != "none":
         return "plan.compression.kind", "compression is simulated only: the real runs send " \
             "fp32 gradients"
+    c = plan.communication
+    if c.partition_MB or c.aggregate != "worker":
+        field = "partition_MB" if c.partition_MB else "aggregate"
+        return f"plan.communication.{field}", "BytePS-style partitions and node " \
+            "aggregation are simulated only: the real servers take whole shards per worker"
     if plan.tp * plan.pp * plan.cp != 1:
         return "plan.tp", "the real sync runs train one-process workers (tp = pp = cp = 1)"
     return None

@@ -5,6 +5,8 @@ With ``c_i`` worker ``i``'s step, ``n`` workers and an idle network:
 
 - BSP over all-reduce: ``max c + exposed``; local SGD / DiLoCo: ``(H max c + average) / H``
   a local step; two-stage: ``stage1 + max(max c, stage2)``.
+- BSP with the gradient in partitions: a recursion over them (:func:`_partition_round`),
+  exact for identical workers.
 - BSP over servers: workers that finish computing together push together; the server sums
   each push (``b_s / cpu``, ``b_s`` the largest shard's bytes) as soon as it is in and in
   arrival order; then everyone pulls. A phase's time is its most loaded link's bytes over
@@ -84,6 +86,34 @@ def _ps_round(s: SyncSetup, waited: int) -> float:
     return done + _ps_phases(s, list(range(s.workers)))[1]
 
 
+def _partition_round(s: SyncSetup) -> float:
+    """A BSP step with the gradient in partitions (:mod:`sim.des.partitions`), identical
+    workers: partition ``j`` is ready ``c (f + (1 - f)(j + 1) / P)`` in; pushes go one at a
+    time, spread over the servers; each server's CPU sums the ``n`` pieces in turn; pulls
+    go one at a time in order."""
+    assert s.servers is not None
+    c, parts, f, n = max(s.compute_s), s.partitions, s.forward_share, s.workers
+    half = s.local_reduce_s / 2 / parts
+    shards = len(s.shards)
+    push, pull = [], []
+    for w in range(n):
+        ranks = s.devices[w]
+        for d in ranks:
+            for shard in range(shards):
+                push.append((s.servers.push_route(d, shard), s.push_bytes / parts / shards
+                             / len(ranks)))
+                pull.append((s.servers.pull_route(d, shard), s.pull_bytes / parts / shards
+                             / len(ranks)))
+    push_s, pull_s = _phase_s(s, push), _phase_s(s, pull)
+    sums_s = n * s.server_bytes / parts / shards / s.servers.cpu_Bps
+    free = pushed = pulled = 0.0
+    for j in range(parts):
+        pushed = max(c * (f + (1 - f) * (j + 1) / parts), pushed) + half + push_s
+        free = max(pushed, free) + sums_s
+        pulled = max(free, pulled) + pull_s + half
+    return pulled
+
+
 def _sum_s(s: SyncSetup) -> float:
     assert s.servers is not None
     return s.server_bytes * max(s.shards) / s.servers.cpu_Bps
@@ -139,7 +169,7 @@ def _ps_rates(s: SyncSetup) -> SyncRates:
     everyone = list(range(n))
     if sync.kind in ("bsp", "backup-workers") or (sync.kind == "ssp" and sync.staleness == 0):
         k = n - sync.backups
-        step = _ps_round(s, k)
+        step = _partition_round(s) if s.partitions else _ps_round(s, k)
         if sync.kind == "ssp":
             return SyncRates(n / step, n * spp / step, (n - 1) / 2)
         return SyncRates(1 / step, k * spp / step, 0.0)

@@ -15,6 +15,8 @@ Every worker runs its own loop of local steps (:class:`sim.network.workers.SyncS
   applied there (SSP; ``bsp`` is the same wait with the pushes summed into one update;
   ``asp`` never waits). ``backup-workers``: a shard closes step ``t`` at its ``n - b``-th
   push; later pushes of ``t`` are dropped, and their workers go on from the newest step.
+  BSP with the gradient in partitions pipelines them with the backward
+  (:mod:`sim.des.partitions`).
 - **gossip**: ``d-psgd`` sends the worker's parameters to every neighbour and waits for
   theirs of the same step; ``sgp`` pushes to one peer a step (distance ``2^(k mod log n)``)
   and waits for its in-peer; ``ad-psgd`` swaps with a random neighbour without waiting for
@@ -33,7 +35,7 @@ from typing import Any
 import numpy as np
 import simpy
 
-from sim.des import gossip, servers
+from sim.des import gossip, partitions, servers
 from sim.des.worker_run import Record, WorkerRun
 from sim.network.workers import SyncSetup
 from sim.spec.sync import architecture
@@ -46,7 +48,7 @@ def run_workers(s: SyncSetup, steps: int, trace_steps: int = 0) -> Record:
     run = WorkerRun(s, steps, trace_steps)
     kind, arch = s.plan.sync.kind, architecture(s.plan)
     if arch == "ps":
-        servers.start(run)
+        (partitions if s.partitions else servers).start(run)
     elif kind == "gossip":
         gossip.start(run)
     elif kind == "two-stage":

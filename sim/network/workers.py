@@ -26,6 +26,10 @@ class SyncSetup:
     DiLoCo's outer step); ``stage1_s`` / ``stage2_s``: two-stage's two all-reduces.
     ``push_bytes`` / ``pull_bytes``: per worker and step, all its ranks together;
     ``server_bytes``: what a server's CPU sums per push (uncompressed), all shards together.
+    ``partitions``: BSP's gradient in this many partitions, pipelined with the backward (0:
+    whole shards after the step), which starts ``forward_share`` into the local step and
+    produces them evenly; ``local_reduce_s``: a node's sum of its workers' gradients
+    and the broadcast back (``aggregate = node``: a worker is then a node's workers).
     """
 
     plan: Plan
@@ -42,6 +46,9 @@ class SyncSetup:
     pull_bytes: float = 0.0
     server_bytes: float = 0.0
     shards: list[float] = field(default_factory=list)  # share of the parameters per server
+    partitions: int = 0
+    forward_share: float = 1 / 3  # of a local step: the backward does twice its FLOPs
+    local_reduce_s: float = 0.0
     servers: Servers | None = None
     edges: list[tuple[int, int]] = field(default_factory=list)  # gossip graph
     jitter: object | None = None  # a sim.spec.faults.Dist (scope ignored) drawn per step

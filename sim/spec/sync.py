@@ -51,7 +51,9 @@ _OWNERS = {"staleness": ("ssp",), "period": ("local-sgd", "diloco"),
            "graph": ("gossip",), "edges": ("gossip",), "gossip_mode": ("gossip",),
            "backups": ("backup-workers",)}
 _COMM_OWNERS = {"servers": "ps", "placement": "ps", "sharding": "ps", "server_cpu_GBps": "ps",
-                "server_nic_Gbps": "ps"}
+                "server_nic_Gbps": "ps", "aggregate": "ps", "partition_MB": "ps"}
+AGGREGATES = ("worker", "node")
+MAX_PARTITION_MB = 1e6  # a partition of a terabyte: beyond any gradient
 _COMPRESSION_OWNERS = {"ratio": ("topk",), "rank": ("powersgd",),
                        "error_feedback": COMPRESSIONS[1:], "warmup_steps": COMPRESSIONS[1:]}
 
@@ -106,6 +108,13 @@ class Communication:
     # (docs/guide/sync.md), about a third of one socket's ~60 GB/s STREAM bandwidth
     server_cpu_GBps: float = 20.0
     server_nic_Gbps: float | None = None  # a dedicated server's NIC (null: the nodes' NIC)
+    # worker: every worker pushes its own gradient; node: a node's workers sum theirs over
+    # the node fabric first and the node pushes once (BytePS; staleness then counts nodes)
+    aggregate: str = "worker"
+    # 0: a worker pushes its shards after its whole step; > 0: BSP's gradient travels in
+    # partitions of this many MB, each pushed as the backward produces it and pulled once
+    # its server has every worker's (BytePS' pipelining; its default is 4 MB)
+    partition_MB: float = 0.0
 
     @classmethod
     def from_dict(cls, data: Any) -> Communication:
@@ -271,6 +280,9 @@ def _check_communication(c: Communication) -> None:
     if c.server_nic_Gbps is not None:
         _real("plan.communication.server_nic_Gbps", c.server_nic_Gbps, "a finite number > 0 "
               "or null", lambda v: 0 < v < math.inf)
+    _choice("plan.communication.aggregate", c.aggregate, AGGREGATES)
+    _real("plan.communication.partition_MB", c.partition_MB, f"0 (whole shards) or in (0, "
+          f"{MAX_PARTITION_MB:g}]", lambda v: 0 <= v <= MAX_PARTITION_MB)
 
 
 def _check_compression(c: Compression) -> None:
@@ -313,6 +325,9 @@ def _check_combination(plan: Any) -> None:
     if plan.compression.kind == "powersgd" and arch != "allreduce":
         raise SpecError("plan.compression.kind", f"powersgd all-reduces its low-rank factors: "
                         f"needs communication over allreduce, got {arch}")
+    if plan.communication.partition_MB and kind != "bsp":
+        raise SpecError("plan.communication.partition_MB", f"partitions pipeline BSP's "
+                        f"pushes and pulls: needs sync bsp, got {kind!r} (use 0)")
     if kind == "backup-workers" and plan.sync.backups >= plan.dp:
         raise SpecError("plan.sync.backups", f"must be below dp = {plan.dp} (someone must "
                         f"finish the step), got {plan.sync.backups}")

@@ -40,6 +40,7 @@ from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan, validate
 from sim.spec.sync import Communication, Compression, Sync, architecture
 from sim.spec.workload import Workload
+from sim.strategies.byteps import aggregate_nodes, partition_count
 from sim.strategies.result import SyncResult, summarise
 
 if TYPE_CHECKING:
@@ -84,8 +85,8 @@ def _simulate(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan, fid
         validate(plan, model, cluster)
     t0 = time.perf_counter()
     setup, tier = build_setup(model, cluster, plan, fidelity, faults, jitter, seed, measured)
-    fan = max(1, len(setup.shards), max((len(setup.neighbours(w)) for w in
-                                         range(setup.workers)), default=1))
+    fan = max(1, len(setup.shards) * max(1, setup.partitions),
+              max((len(setup.neighbours(w)) for w in range(setup.workers)), default=1))
     if setup.workers * steps * fan * len(setup.devices[0]) > MAX_SYNC_WORK:
         raise SpecError("steps", f"{setup.workers:,} workers x {steps:,} steps x {fan} "
                         f"servers or peers x {len(setup.devices[0])} ranks is over "
@@ -158,6 +159,10 @@ def build_setup(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan,
         _measured(s, measured)
         local = measured.get("step_s", local)
     s.compute_s = [(local + extra) * f for f in factors]
+    if architecture(plan) == "ps":
+        s.partitions = partition_count(grad.raw_bytes, plan.communication.partition_MB)
+        if plan.communication.aggregate == "node":
+            aggregate_nodes(s, cluster, grad.raw_bytes)
     if plan.compression.kind != "none" and plan.compression.warmup_steps:
         s.notes.append(f"compression warm-up ({plan.compression.warmup_steps} uncompressed "
                        "steps) is not simulated: every step is compressed")
