@@ -1,12 +1,14 @@
 """The statistical-efficiency model against held-out measured runs (issue 16).
 
 Run: ``.venv/bin/python experiments/sync_convergence.py`` (seconds; it reads the runs of
-``experiments/sync_runs_cpu.py``). Writes ``experiments/results/sync_convergence.csv``.
+``experiments/sync_runs_cpu.py`` the bundled model is fitted to,
+``sim/data/convergence/digits_cpu.csv``). Writes ``experiments/results/sync_convergence.csv``.
 
-Leave one configuration out: a configuration is a (strategy, its staleness bound or period,
-learning rate, straggler) cell of the measured grids, over its seeds. For each cell the model of its
-family (``sim.cost.convergence``) is fitted to every *other* cell's runs and predicts this
-one from its measured mean staleness (or period) and learning rate: updates to 95% test
+Leave one configuration out: a configuration is a (strategy with its staleness bound,
+period, graph or straggler; learning rate) cell of the measured grids, over its seeds. For
+each cell the model of its family (``sim.cost.convergence``) is fitted to every *other*
+cell's runs and predicts this one from its k (measured mean staleness, period, dropped
+gradients or graph mixing) and learning rate: updates to 95% test
 accuracy, and whether it diverges. Measured: the median over the cell's seeds that reached
 95% (a cell none of whose seeds reached it is "not reached"), diverged when most seeds did.
 """
@@ -18,24 +20,19 @@ from pathlib import Path
 
 import pandas as pd
 
-from sim.cost.convergence import Observation, fit_convergence, load_observations
+from sim.cost.convergence import BUNDLED, fit_convergence, load_observations
 from sim.io import atomic_write_text
 
 HERE = Path(__file__).resolve().parent
-RUNS = HERE / "results" / "sync_runs_cpu.csv"
-
-
-def _cell(o: Observation) -> tuple[str, float, float]:
-    return (o.kind, o.lr, float(o.period) if o.family == "local" else round(o.k))
+FITTED = BUNDLED / "digits_cpu.csv"
 
 
 def main() -> None:
-    obs = load_observations(RUNS, 0.95)
-    # a cell: the configured bound (not the measured mean staleness) and the straggler
-    df = pd.read_csv(RUNS)
-    rows_of = df[df.kind.isin(["ssp", "asp", "local-sgd", "bsp"])].reset_index()
-    keys = [(o.kind, o.lr, o.period if o.family == "local" else rows_of.staleness[i],
-             rows_of.straggler_factor[i]) for i, o in enumerate(obs)]
+    # the bundled runs (sync_runs_cpu.py writes them); a cell is a configured strategy
+    # (its label names the bound, period, graph or straggler) at one learning rate
+    obs = load_observations(FITTED, 0.95)
+    df = pd.read_csv(FITTED)
+    keys = [(o.kind, o.lr, label) for o, label in zip(obs, df.strategy, strict=True)]
     rows = []
     for cell in sorted(set(keys), key=str):
         held = [o for o, k in zip(obs, keys, strict=True) if k == cell]
@@ -48,8 +45,7 @@ def main() -> None:
         measured = statistics.median(reached) if reached else None  # type: ignore[type-var]
         diverged = sum(o.diverged for o in held) > len(held) / 2
         err = None if measured is None or pred.diverges else pred.updates / measured - 1
-        rows.append({"kind": cell[0], "lr": cell[1], "bound_or_period": cell[2],
-                     "straggler": cell[3],
+        rows.append({"kind": cell[0], "lr": cell[1], "strategy": cell[2],
                      "family": family, "k_measured": k, "seeds": len(held),
                      "measured_updates_to_95": measured, "predicted_updates_to_95":
                      None if pred.diverges else pred.updates,
@@ -67,13 +63,13 @@ def main() -> None:
           f"|error| {errs.median():.1%}, worst {errs.max():.1%}; divergence verdict right in "
           f"{int(out.verdict_right.sum())} of {len(out)} cells")
     wrong = out[~out.verdict_right]
-    print("held-out verdicts wrong:\n" + wrong[["kind", "lr", "bound_or_period", "straggler",
-                                              "k_measured", "measured_diverged"]].to_string(
-                                                  index=False))
-    models = {f: fit_convergence(obs, f) for f in ("async", "local")}
+    print("held-out verdicts wrong:\n" + wrong[["strategy", "lr", "k_measured",
+                                              "measured_diverged"]].to_string(index=False))
+    models = {f: fit_convergence(obs, f) for f in sorted({o.family for o in obs})}
     for family, m in models.items():
         print(f"{family}: log U = {m.coef[0]:.3f} {m.coef[1]:+.3f} log lr {m.coef[2]:+.3f} "
-              f"log(1+k); sigma {m.sigma:.3f}; diverges when lr(1+k) > {m.threshold:.3g}")
+              f"log(1+k); sigma {m.sigma:.3f}; diverges when lr(1+k)^{m.gamma:g} > "
+              f"{m.threshold:.3g}")
     right = sum(models[r.family].predict(r.lr, r.k_measured).diverges == r.measured_diverged
                 for r in out.itertuples())
     print(f"fitted on every cell: divergence verdict right in {right} of {len(out)} cells")

@@ -18,6 +18,9 @@ the bundled statistical-efficiency model is fitted to, ``sim/data/convergence/di
   staleness spreads (the fast workers' pushes see few updates, the straggler's many).
 - A period x learning-rate grid: local SGD with H in {1, 2, 4, 8, 16, 32}, lr in {0.1, 0.4,
   1.6}, seeds 0 and 1, 160 steps.
+- The other families' grids, lr in {0.1, 0.4, 1.6}, seeds 0 and 1, 200 steps: DiLoCo with
+  H in {2, 5, 10, 20}; backup workers with b in {1, 2, 3}; D-PSGD over a complete graph, a
+  ring and a path (mixing gaps 1, 2/3 and about 0.2).
 
 A run **diverged** when its last test loss is not finite or above its first, or its last
 accuracy is below 20% (chance is 10%).
@@ -34,7 +37,8 @@ import pandas as pd
 from tqdm import tqdm
 
 from executor.sync.launch import execute_sync_batch, updates_to
-from sim.cost.convergence import BUNDLED
+from sim.cost.convergence import BUNDLED, k_of
+from sim.errors import SpecError
 from sim.io import atomic_write_text
 from sim.spec.plan import Plan
 from sim.spec.sync import architecture
@@ -79,9 +83,22 @@ def _row(label: str, grid: str, p: Plan, lr: float, seed: int, r: dict[str, Any]
             "straggler_factor": (r["straggler"] or {}).get("factor", 1.0),
             "updates_to_90": updates_to(r, 0.90), "updates_to_95": updates_to(r, 0.95),
             "final_accuracy": r["evals"][-1]["accuracy"],
-            "final_loss": r["evals"][-1]["loss"], "diverged": diverged(r)}
+            "final_loss": r["evals"][-1]["loss"], "diverged": diverged(r),
+            "k": _k(p, r["staleness"]["mean"])}
 
 
+def _k(p: Plan, staleness: float | None) -> float | None:
+    """The run's k in its statistical-efficiency family (None: no family, e.g. SGP)."""
+    try:
+        return k_of(p.sync, p.dp, staleness)
+    except SpecError:
+        return None
+
+
+# D-PSGD graphs over the 4 workers, slowest mixing last (k = 1/gap - 1: 0, 0.5, 4.1)
+GRAPHS = [("complete", [[a, b] for a in range(N) for b in range(a + 1, N)]),
+          ("ring", [[i, (i + 1) % N] for i in range(N)]),
+          ("path", [[i, i + 1] for i in range(N - 1)])]
 SLOW = [("ASP", "asp"), ("SSP(1)", {"kind": "ssp", "staleness": 1}),
         ("SSP(4)", {"kind": "ssp", "staleness": 4}), ("BSP, 1 server", "bsp")]
 
@@ -105,6 +122,15 @@ def _batches(seeds: list[int]) -> list[tuple[str, int, list[tuple[str, Plan, flo
         out.append(("period", 160, [
             (f"local SGD H={h}", _plan({"kind": "local-sgd", "period": h}), lr, seed)
             for h in (1, 2, 4, 8, 16, 32) for lr in (0.1, 0.4, 1.6)]))
+        out.append(("diloco", 200, [
+            (f"DiLoCo H={h}", _plan({"kind": "diloco", "period": h}), lr, seed)
+            for h in (2, 5, 10, 20) for lr in (0.1, 0.4, 1.6)]))
+        out.append(("backup", 200, [
+            (f"backup workers b={b}", _plan({"kind": "backup-workers", "backups": b}), lr,
+             seed) for b in (1, 2, 3) for lr in (0.1, 0.4, 1.6)]))
+        out.append(("graph", 200, [
+            (f"D-PSGD {name}", _plan({"kind": "gossip", "graph": "edges", "edges": edges}),
+             lr, seed) for name, edges in GRAPHS for lr in (0.1, 0.4, 1.6)]))
     return out
 
 
@@ -132,9 +158,9 @@ def main() -> None:
     atomic_write_text(RESULTS / "sync_curves_cpu.csv", pd.DataFrame(curves).to_csv(
         index=False, float_format="%.6g"))
     # the runs the bundled statistical-efficiency model (digits-cpu) is fitted to
-    fit = df[df.kind.isin(["ssp", "asp", "local-sgd", "bsp"])][[
-        "kind", "lr", "staleness_mean", "period", "seed", "updates_to_90", "updates_to_95",
-        "final_accuracy", "diverged", "grid", "strategy", "straggler_factor"]]
+    fit = df[df.k.notna()][[
+        "kind", "lr", "staleness_mean", "period", "k", "seed", "updates_to_90",
+        "updates_to_95", "final_accuracy", "diverged", "grid", "strategy", "straggler_factor"]]
     atomic_write_text(BUNDLED / "digits_cpu.csv", fit.to_csv(index=False, float_format="%.6g"))
     show = df[df.grid == "strategies"][["strategy", "updates_per_s", "samples_per_s",
                                         "staleness_mean", "updates_to_95", "final_accuracy"]]

@@ -27,7 +27,8 @@ from sim.spec.workload import Workload
 from sim.strategies import covering_steps, simulate_sync
 from sim.strategies.result import samples_per_update, strategy_label
 
-__all__ = ["optimize_sync", "sync_candidates", "SyncSearch", "OBJECTIVES"]
+__all__ = ["optimize_sync", "sync_candidates", "SyncSearch", "OBJECTIVES", "ranking_key",
+           "pareto_of"]
 
 OBJECTIVES = ("time-to-accuracy", "throughput")
 
@@ -37,7 +38,8 @@ def _servers(cluster: ClusterSpec, dp: int) -> list[int]:
 
 
 def sync_candidates(plan: Plan, cluster: ClusterSpec) -> list[Plan]:
-    """The strategies tried for ``plan`` (its own, BSP over all-reduce, first)."""
+    """The strategies tried for ``plan`` (its own, BSP over all-reduce, first; the others
+    without ZeRO, since each worker keeps whole replicas of its state)."""
     base = dataclasses.replace(plan, sync=Sync(), communication=Communication(),
                                compression=Compression())
     out: list[dict[str, Any]] = [{}]
@@ -61,6 +63,8 @@ def sync_candidates(plan: Plan, cluster: ClusterSpec) -> list[Plan]:
     plans = []
     for fields in out:
         d = base.to_dict()
+        if fields:  # every other strategy keeps whole replicas: no ZeRO sharding
+            d["zero_stage"] = 0
         d.update({k: v for k, v in fields.items()})
         plans.append(Plan.from_dict(d))
     return plans
@@ -89,15 +93,17 @@ def _row(r: Any, plan: Plan) -> dict[str, Any]:
             "time_to_target_s": t["seconds"] if t else None,
             "time_band_s": (t["seconds_low"], t["seconds_high"]) if t else None,
             "diverges": bool(t and t["diverges"]), "samples_to_target": samples if t else None,
-            "extrapolated": t.get("extrapolated", []) if t else []}
+            "extrapolated": t.get("extrapolated", []) if t else [],
+            "fits_in_memory": r.fits_in_memory}
 
 
-def _key(objective: str) -> Any:
-    def key(row: dict[str, Any]) -> tuple[float, str]:
+def ranking_key(objective: str) -> Any:
+    def key(row: dict[str, Any]) -> tuple[bool, float, str]:
+        oom = not row.get("fits_in_memory", True)  # out of memory: last
         if objective == "throughput":
-            return (-row["samples_per_s"], row["strategy"])
+            return (oom, -row["samples_per_s"], row["strategy"])
         t = row["time_to_target_s"]
-        return (math.inf if t is None or row["diverges"] else t, row["strategy"])
+        return (oom, math.inf if t is None or row["diverges"] else t, row["strategy"])
     return key
 
 
@@ -134,7 +140,7 @@ def optimize_sync(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan,
           "faults": faults}
     candidates = sync_candidates(plan, cluster)
     found = [_simulate(model, cluster, p, "analytic", kw) for p in candidates]
-    key = _key(objective)
+    key = ranking_key(objective)
     found.sort(key=key)
     for i, row in enumerate(found[:des_top]):  # the best few again, in the DES
         found[i] = _simulate(model, cluster, row["plan"], "des", kw)
@@ -144,10 +150,11 @@ def optimize_sync(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan,
         found[at] = _simulate(model, cluster, found[at]["plan"], "des", kw)
     baseline = found[at]
     found.sort(key=key)
-    return SyncSearch(objective, found, baseline, _pareto(found), _notes(found, baseline, key))
+    return SyncSearch(objective, found, baseline, pareto_of(found), _notes(found, baseline, key))
 
 
-def _pareto(rows: list[dict[str, Any]]) -> list[str]:
+def pareto_of(rows: list[dict[str, Any]]) -> list[str]:
+    """The labels of the rows no other beats on both throughput and samples to target."""
     pts = [r for r in rows if r["samples_to_target"] not in (None, math.inf)]
     out = []
     for r in pts:
@@ -163,6 +170,10 @@ def _notes(rows: list[dict[str, Any]], baseline: dict[str, Any], key: Any) -> li
     out = []
     if key(rows[0]) > key(baseline):
         out.append("no candidate beats the baseline (BSP over all-reduce)")
+    oom = sum(not r.get("fits_in_memory", True) for r in rows)
+    if oom:
+        out.append(f"{oom} candidate(s) do not fit in memory (whole replicas, no ZeRO): "
+                   "ranked last")
     if rows[0]["fidelity"] != "des":
         out.append("the best was ranked by the closed forms only")
     if rows[0]["extrapolated"]:

@@ -31,7 +31,8 @@ def test_fit_recovers_the_power_law_and_the_threshold() -> None:
     m = fit_convergence(_synthetic(), "async")
     assert m.coef == pytest.approx((5.0, -0.5, 0.3), abs=1e-9)
     assert m.sigma == pytest.approx(0.0, abs=1e-9)
-    assert 1.6 < m.threshold < 3.2  # between the last stable and the first diverged index
+    # the widest-margin boundary between the runs that trained and those that diverged
+    assert all(m.predict(o.lr, o.k).diverges == o.diverged for o in _synthetic())
     p = m.predict(0.3, 1.0)
     assert p.updates == pytest.approx(math.exp(5 - 0.5 * math.log(0.3) + 0.3 * math.log(2)))
     assert not p.diverges and not p.extrapolated
@@ -39,10 +40,36 @@ def test_fit_recovers_the_power_law_and_the_threshold() -> None:
     assert m.predict(5.0, 0.0).extrapolated  # outside the fitted learning rates
 
 
+def test_the_boundary_follows_k_only_when_the_runs_do() -> None:
+    """Divergence set by lr alone (any k) gives a flat boundary; set by lr (1 + k), a
+    sloped one that still separates the runs."""
+    flat = [Observation("asp", lr, k, 1, None if lr > 0.5 else 100.0, lr > 0.5)
+            for lr in (0.1, 0.2, 0.4, 0.8, 1.6) for k in (0.0, 1.0, 3.0, 7.0)]
+    m = fit_convergence(flat, "async")
+    assert m.gamma == 0 and m.predict(0.7, 0.0).diverges and not m.predict(0.3, 7.0).diverges
+    sloped = fit_convergence(_synthetic(), "async")
+    assert sloped.gamma > 0.5
+
+
+def test_gossip_and_backup_k() -> None:
+    from sim.cost.convergence import k_of, mixing_k
+    from sim.spec.sync import Sync
+
+    assert mixing_k([(0, 1), (1, 2), (2, 3), (0, 3)], 4) == pytest.approx(0.5)  # ring
+    assert mixing_k([(a, b) for a in range(4) for b in range(a + 1, 4)], 4) == \
+        pytest.approx(0.0, abs=1e-9)  # complete: one step averages exactly
+    assert mixing_k([(0, 1), (1, 2), (2, 3)], 4) > 4  # a path mixes slowest
+    assert k_of(Sync("backup-workers", backups=1), 4) == pytest.approx(1 / 3)
+    assert k_of(Sync("diloco", period=10), 4) == 9
+    with pytest.raises(SpecError, match="gossip mode 'sgp'"):
+        k_of(Sync("gossip", gossip_mode="sgp", graph="exponential"), 4)
+
+
 def test_bundled_digits_runs_load_and_fit() -> None:
     obs = load_observations(BUNDLED / "digits_cpu.csv")
-    assert {o.family for o in obs} == {"async", "local"}
-    for family in ("async", "local"):
+    families = {o.family for o in obs}
+    assert {"async", "local"} <= families
+    for family in families:
         m = fit_convergence(obs, family)
         assert m.coef[1] < 0  # a larger learning rate needs fewer updates
         assert 0 < m.threshold < math.inf

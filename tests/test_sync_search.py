@@ -70,3 +70,33 @@ def test_cli(capsys, tmp_path) -> None:
                  str(path), "--objective", "throughput", "--des-top", "0", "--top", "3"]) == 0
     out = capsys.readouterr().out
     assert "baseline bsp over allreduce" in out and out.count("\n") >= 5
+
+
+def test_joint_search_ranks_strategies_over_several_parallel_plans() -> None:
+    from optimizer.sync_joint import optimize_joint
+
+    s = optimize_joint(load_any("tiny"), load_cluster("dgx-h100:2"), 64, 512, "throughput",
+                       parallel_top=2, des_top=1, steps=20, workers=1)
+    layouts = {r["parallel"] for r in s.rows}
+    assert len(layouts) == 2
+    labels = [r["strategy"] for r in s.rows]
+    assert len(labels) == len(set(labels))  # a plan tried once, however many layouts share it
+    fitting = [r["samples_per_s"] for r in s.rows if r["fits_in_memory"]]
+    assert s.rows[0]["samples_per_s"] == max(fitting)
+    assert s.baseline["parallel_rank"] == 0 and "bsp over allreduce" in s.baseline["strategy"]
+    assert s.notes[0].startswith("strategies tried on the 2 fastest BSP parallel plans")
+
+
+def test_joint_search_bad_requests(capsys) -> None:
+    from optimizer.sync_joint import optimize_joint
+    from trainsim.cli import main
+
+    with pytest.raises(SpecError, match="--parallel-top"):
+        optimize_joint(load_any("tiny"), load_cluster("dgx-h100:2"), 64, 512, "throughput",
+                       parallel_top=0)
+    with pytest.raises(SpecError, match="transformer spec"):
+        optimize_joint(load_any("resnet18"), load_cluster("dgx-h100:2"), 64, 1)
+    assert main(["optimize-sync", "--model", "tiny", "--cluster", "dgx-h100:2",
+                 "--objective", "throughput"]) == 2
+    err = capsys.readouterr().err
+    assert "--global-batch-size" in err and err.count("\n") == 1

@@ -4,19 +4,27 @@ target accuracy, fitted to **measured** runs (never invented), and whether it di
 An observation is one real run (``experiments/sync_runs_cpu.py`` writes them; a user may
 bring their own CSV with the same columns): its strategy, learning rate, measured mean
 staleness, averaging period, the updates it took to reach the target (empty: not reached
-in the run) and whether it diverged. Runs fall in two families by what one update is:
+in the run) and whether it diverged. Runs fall in families by what one update is and what
+delays or thins it (``k``, :func:`k_of`):
 
 - ``async`` (``ssp``, ``asp``; one update = one worker's gradient applied by a server):
   ``k = mean staleness``;
 - ``local`` (``local-sgd``; one update = one local step of a worker; ``bsp`` is local SGD
-  with H = 1): ``k = H - 1``.
+  with H = 1): ``k = H - 1``;
+- ``diloco`` (one update = one inner step of a worker): ``k = H - 1``;
+- ``backup`` (``backup-workers``; one update = a step of the ``n - b`` kept gradients):
+  ``k = b / (n - b)``, the gradients dropped per one kept;
+- ``gossip`` (D-PSGD only; one update = one local step of a worker): ``k = 1 / gap - 1``
+  with ``gap`` the spectral gap of the graph's Metropolis-Hastings mixing matrix (0 on a
+  complete graph, which averages exactly; grows as the graph mixes slower).
 
 Per family a power law is fitted by least squares in log space on the runs that reached
 the target, ``log U = a + b log lr + c log(1 + k)``, with ``sigma`` the residual standard
-deviation (a prediction's band is ``U exp(+-sigma)``); and a divergence threshold on the
-instability index ``lr (1 + k)``: the geometric midpoint between the largest index that
-trained and the smallest that diverged (where they overlap, the cut with fewest wrong
-verdicts). Outside the fitted ranges of ``lr`` and ``k`` a prediction says so.
+deviation (a prediction's band is ``U exp(+-sigma)``); and a divergence boundary
+``lr (1 + k)^gamma = threshold``: of the slopes ``gamma`` in 0, 0.05, .., 2, the line in
+(log lr, log(1 + k)) with the widest margin between the runs that trained and those that
+diverged, midway between them (where none separates them, the fewest wrong verdicts).
+Outside the fitted ranges of ``lr`` and ``k`` a prediction says so.
 """
 
 from __future__ import annotations
@@ -30,20 +38,55 @@ from typing import Any
 import numpy as np
 
 from sim.errors import SpecError
+from sim.spec.gossip import gossip_edges
 
 __all__ = ["Observation", "ConvergenceModel", "Prediction", "fit_convergence",
-           "load_observations", "family_of", "BUNDLED"]
+           "load_observations", "family_of", "k_of", "mixing_k", "BUNDLED"]
 
 BUNDLED = Path(__file__).resolve().parents[1] / "data" / "convergence"
-FAMILIES = {"ssp": "async", "asp": "async", "local-sgd": "local", "bsp": "local"}
+FAMILIES = {"ssp": "async", "asp": "async", "local-sgd": "local", "bsp": "local",
+            "diloco": "diloco", "backup-workers": "backup", "gossip": "gossip"}
 COLUMNS = ("kind", "lr", "staleness_mean", "period", "updates_to_target", "diverged")
 
 
-def family_of(kind: str) -> str:
-    if kind not in FAMILIES:
+def family_of(kind: str, gossip_mode: str = "d-psgd") -> str:
+    if kind not in FAMILIES or (kind == "gossip" and gossip_mode != "d-psgd"):
+        what = f"gossip mode {gossip_mode!r}" if kind == "gossip" else repr(kind)
         raise SpecError("plan.sync.kind", f"no measured statistical-efficiency family for "
-                        f"{kind!r} yet (measured: {', '.join(FAMILIES)})")
+                        f"{what} yet (measured: {', '.join(FAMILIES)}; gossip: d-psgd)")
     return FAMILIES[kind]
+
+
+def mixing_k(edges: list[tuple[int, int]], n: int) -> float:
+    """``1 / gap - 1`` of the Metropolis-Hastings mixing matrix of an undirected graph over
+    ``n`` workers (each edge weighted ``1 / (1 + max degree of its ends)``)."""
+    if n > 4096:
+        raise SpecError("plan.dp", f"the gossip family's mixing gap is computed densely: at "
+                        f"most 4,096 workers, got {n:,}")
+    deg = np.zeros(n)
+    for a, b in edges:
+        deg[a] += 1
+        deg[b] += 1
+    w = np.zeros((n, n))
+    for a, b in edges:
+        w[a, b] = w[b, a] = 1.0 / (1.0 + max(deg[a], deg[b]))
+    w[np.diag_indices(n)] = 1.0 - w.sum(axis=1)
+    lam = np.sort(np.abs(np.linalg.eigvalsh(w)))
+    gap = 1.0 - float(lam[-2]) if n > 1 else 1.0
+    return max(0.0, 1.0 / gap - 1.0) if gap > 1e-12 else math.inf
+
+
+def k_of(sync: Any, dp: int, staleness: float | None = None) -> float:
+    """What delays or thins an update of ``sync`` (a :class:`sim.spec.sync.Sync`) over
+    ``dp`` workers; ``staleness``: the measured or simulated mean (asynchronous kinds)."""
+    family = family_of(sync.kind, getattr(sync, "gossip_mode", "d-psgd"))
+    if family == "async":
+        return float(dp - 1) if staleness is None else float(staleness)
+    if family in ("local", "diloco"):
+        return float(sync.period - 1) if sync.kind != "bsp" else 0.0
+    if family == "backup":
+        return sync.backups / (dp - sync.backups)
+    return mixing_k(gossip_edges(sync.graph, sync.edges, dp), dp)
 
 
 @dataclass(frozen=True)
@@ -54,13 +97,16 @@ class Observation:
     period: int  # local SGD's H (1 for bsp and the async kinds)
     updates: float | None  # to the target; None: not reached in the run
     diverged: bool
+    given_k: float | None = None  # the run's k (column ``k``), else from staleness/period
 
     @property
     def family(self) -> str:
-        return family_of(self.kind)
+        return FAMILIES[self.kind]
 
     @property
     def k(self) -> float:
+        if self.given_k is not None:
+            return self.given_k
         return self.staleness if self.family == "async" else float(self.period - 1)
 
     @property
@@ -82,7 +128,8 @@ class ConvergenceModel:
     family: str
     coef: tuple[float, float, float]  # a, b, c of log U = a + b log lr + c log(1 + k)
     sigma: float
-    threshold: float  # diverges when lr (1 + k) exceeds it
+    threshold: float  # diverges when lr (1 + k)^gamma exceeds it
+    gamma: float  # the divergence boundary's slope in k (1: the index lr (1 + k))
     lr_range: tuple[float, float]
     k_range: tuple[float, float]
     runs: int
@@ -97,7 +144,7 @@ class ConvergenceModel:
                        f"{self.lr_range[1]:g}")
         if not self.k_range[0] <= k <= self.k_range[1]:
             out.append(f"k {k:g} outside the fitted {self.k_range[0]:g}-{self.k_range[1]:g}")
-        if lr * (1 + k) > self.threshold:
+        if lr * (1 + k) ** self.gamma > self.threshold:
             return Prediction(math.inf, math.inf, math.inf, True, out)
         a, b, c = self.coef
         u = math.exp(a + b * math.log(lr) + c * math.log1p(k))
@@ -105,28 +152,46 @@ class ConvergenceModel:
 
     def to_dict(self) -> dict[str, Any]:
         return {"family": self.family, "coef": list(self.coef), "sigma": self.sigma,
-                "threshold": self.threshold, "lr_range": list(self.lr_range),
+                "threshold": self.threshold, "gamma": self.gamma, "lr_range": list(self.lr_range),
                 "k_range": list(self.k_range), "runs": self.runs}
 
 
-def _threshold(obs: list[Observation]) -> float:
-    stable = sorted(o.index for o in obs if not o.diverged)
-    bad = sorted(o.index for o in obs if o.diverged)
+GAMMAS = tuple(i / 20 for i in range(41))  # the boundary's slope in k: 0 .. 2
+
+
+def _separator(obs: list[Observation]) -> tuple[float, float]:
+    """(gamma, threshold): the runs diverge when ``lr (1 + k)^gamma`` exceeds the threshold.
+    The widest-margin such boundary in (log lr, log(1 + k)) between the runs that trained
+    and those that diverged (where none separates, the fewest wrong verdicts first)."""
+    stable = [(math.log(o.lr), math.log1p(o.k)) for o in obs if not o.diverged]
+    bad = [(math.log(o.lr), math.log1p(o.k)) for o in obs if o.diverged]
     if not bad:
-        return math.inf
+        return 1.0, math.inf
     if not stable:
-        return 0.0
-    if stable[-1] < bad[0]:
-        return math.sqrt(stable[-1] * bad[0])
-    cuts = sorted(set(stable + bad))
-    best = min(cuts, key=lambda t: (sum(x > t for x in stable) + sum(x <= t for x in bad), t))
-    return best
+        return 1.0, 0.0
+    best: tuple[float, ...] = (math.inf, 0.0, 1.0, 0.0)  # (wrong, -margin, gamma, cut)
+    for g in GAMMAS:
+        s = sorted(x + g * y for x, y in stable)
+        d = sorted(x + g * y for x, y in bad)
+        norm = math.hypot(1.0, g)
+        if s[-1] < d[0]:
+            cand = (0, -(d[0] - s[-1]) / norm, g, (s[-1] + d[0]) / 2)
+        else:
+            cuts = sorted(set(s + d))
+            cut = min(cuts, key=lambda c: (sum(v > c for v in s) + sum(v <= c for v in d), c))
+            cand = (sum(v > cut for v in s) + sum(v <= cut for v in d), 0.0, g, cut)
+        if cand[:2] < best[:2]:
+            best = cand
+    return best[2], math.exp(best[3])
 
 
 def fit_convergence(obs: list[Observation], family: str) -> ConvergenceModel:
     """The model of ``family`` from the observations of that family."""
     mine = [o for o in obs if o.family == family]
     reached = [o for o in mine if o.updates is not None and not o.diverged]
+    if not mine:
+        raise SpecError("plan.sync.kind", f"no measured runs of the {family} family in these "
+                        "observations (give a CSV with some)")
     if len(reached) < 3:
         raise SpecError("convergence", f"{len(reached)} {family} runs reached the target: "
                         f"at least 3 are needed to fit")
@@ -140,7 +205,8 @@ def fit_convergence(obs: list[Observation], family: str) -> ConvergenceModel:
     resid = y - x @ coef
     dof = max(1, len(y) - len(coef))
     sigma = float(math.sqrt(float(resid @ resid) / dof))
-    return ConvergenceModel(family, full, sigma, _threshold(mine),
+    gamma, threshold = _separator(mine)
+    return ConvergenceModel(family, full, sigma, threshold, gamma,
                             (min(o.lr for o in mine), max(o.lr for o in mine)),
                             (min(o.k for o in mine), max(o.k for o in mine)), len(mine))
 
@@ -180,7 +246,11 @@ def load_observations(path: str | Path, target: float = 0.95) -> list[Observatio
         if lr is None or lr <= 0:
             raise SpecError(f"{where}.lr", f"must be > 0, got {row['lr']!r}")
         period = _number(row, "period", where)
+        k = _number(row, "k", where)
+        if k is None and FAMILIES[row["kind"]] in ("backup", "gossip"):
+            raise SpecError(f"{where}.k", f"a {row['kind']} run needs its k (column k: "
+                            "sim.cost.convergence.k_of)")
         out.append(Observation(row["kind"], lr, _number(row, "staleness_mean", where) or 0.0,
                                int(period) if period else 1, _number(row, col, where),
-                               row["diverged"].strip().lower() in ("true", "1")))
+                               row["diverged"].strip().lower() in ("true", "1"), k))
     return out

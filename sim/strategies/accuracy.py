@@ -14,7 +14,13 @@ import math
 from pathlib import Path
 from typing import Any
 
-from sim.cost.convergence import BUNDLED, family_of, fit_convergence, load_observations
+from sim.cost.convergence import (
+    BUNDLED,
+    family_of,
+    fit_convergence,
+    k_of,
+    load_observations,
+)
 from sim.errors import SpecError
 
 __all__ = ["time_to_target", "BUNDLED_MODELS"]
@@ -35,17 +41,14 @@ def time_to_target(result: Any, plan: Any, convergence: str | Path, lr: float,
     if not path.is_file():
         raise SpecError("convergence", f"{convergence}: neither a bundled model "
                         f"({', '.join(BUNDLED_MODELS)}) nor a CSV of runs")
-    family = family_of(plan.sync.kind)
+    family = family_of(plan.sync.kind, plan.sync.gossip_mode)
     model = fit_convergence(load_observations(path, target), family)
     notes = []
-    if family == "async":
-        mean = result.staleness.get("mean")
-        k = float(plan.dp - 1) if mean is None else float(mean)
-        if mean is None:
-            notes.append(f"the staleness has no closed form here: n - 1 = {k:g} assumed "
-                         "(the des tier measures it)")
-    else:
-        k = float(plan.sync.period - 1) if plan.sync.kind == "local-sgd" else 0.0
+    mean = result.staleness.get("mean") if family == "async" else None
+    k = k_of(plan.sync, plan.dp, mean)
+    if family == "async" and mean is None:
+        notes.append(f"the staleness has no closed form here: n - 1 = {k:g} assumed "
+                     "(the des tier measures it)")
     p = model.predict(lr, k)
     rate = result.updates_per_s
     return {"task": source, "target": target, "family": family, "k": k, "lr": lr,

@@ -79,6 +79,7 @@ class SyncResult:
     simulation: dict[str, Any] = field(default_factory=dict)
     # updates and seconds to a target accuracy from a measured model (sim.strategies.accuracy)
     time_to_target: dict[str, Any] = field(default_factory=dict)
+    fits_in_memory: bool = True  # the one-step tier's verdict on the plan's memory
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -97,7 +98,8 @@ def summarise(s: SyncSetup, tier: Any, fidelity: str, *, rates: SyncRates | None
               record: Record | None = None, wall_s: float, model: Any, cluster: Any
               ) -> SyncResult:
     scope = SCOPES[s.plan.sync.kind]
-    base = dict(fidelity=fidelity, model=model.name, cluster=cluster.name,
+    base = dict(fidelity=fidelity, fits_in_memory=bool(getattr(tier, "fits_in_memory", True)),
+                model=model.name, cluster=cluster.name,
                 strategy=strategy_label(s.plan), workers=s.workers, update_scope=scope,
                 bsp_iteration_s=tier.iteration_time_s, warnings=list(s.notes))
     if rates is not None:

@@ -14,14 +14,26 @@ __all__ = ["add_optimize_sync_parser"]
 def cmd_optimize_sync(args: argparse.Namespace) -> int:
     from optimizer.sync_search import optimize_sync
     from sim import load_cluster, load_plan
+    from sim.errors import SpecError
     from sim.spec.faults import faults_from_options
     from sim.spec.zoo import load_any
 
-    model, cluster, plan = load_any(args.model), load_cluster(args.cluster), load_plan(args.plan)
+    model, cluster = load_any(args.model), load_cluster(args.cluster)
     faults = faults_from_options(args.straggler) if args.straggler else None
-    search = optimize_sync(model, cluster, plan, args.objective, convergence=args.convergence,
-                           lr=args.lr, target=args.target, des_top=args.des_top,
-                           steps=args.steps, faults=faults)
+    kw = {"convergence": args.convergence, "lr": args.lr, "target": args.target,
+          "des_top": args.des_top, "steps": args.steps, "faults": faults}
+    if args.plan:
+        search = optimize_sync(model, cluster, load_plan(args.plan), args.objective, **kw)
+    else:
+        from optimizer.sync_joint import optimize_joint
+
+        for name in ("global_batch_size", "seq_len"):
+            if getattr(args, name) is None:
+                raise SpecError(f"--{name.replace('_', '-')}", "is needed without --plan "
+                                "(the joint search finds the parallel plan too)")
+        search = optimize_joint(model, cluster, args.global_batch_size, args.seq_len,
+                                args.objective, parallel_top=args.parallel_top,
+                                dtype=args.dtype, workers=args.workers, **kw)
     if args.json:
         rows = [{k: v for k, v in r.items() if k != "plan"} | {"plan": r["plan"].to_dict()}
                 for r in search.rows[:args.top]]
@@ -69,7 +81,19 @@ def add_optimize_sync_parser(sub: Any, model_help: str, cluster_help: str) -> No
                        "throughput.")
     p.add_argument("--model", required=True, help=model_help)
     p.add_argument("--cluster", required=True, help=cluster_help)
-    p.add_argument("--plan", required=True, help="the parallel plan (its dp workers)")
+    p.add_argument("--plan", help="the parallel plan (its dp workers); without it, the "
+                   "parallel plan is searched too (--global-batch-size, --seq-len)")
+    p.add_argument("--global-batch-size", type=int_at_least(1), help="sequences per step "
+                   "(joint search)")
+    p.add_argument("--seq-len", type=int_at_least(1), help="tokens per sequence (joint "
+                   "search)")
+    p.add_argument("--parallel-top", type=int_at_least(1), default=3, metavar="K",
+                   help="joint search: try the strategies on the K fastest BSP parallel "
+                   "plans (default 3, at most 16)")
+    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp8", "fp32"),
+                   help="joint search: the plans' dtype (default bf16)")
+    p.add_argument("--workers", type=int_at_least(1), help="joint search: processes of the "
+                   "parallel search (default: all cores)")
     p.add_argument("--objective", choices=("time-to-accuracy", "throughput"),
                    default="time-to-accuracy", help="what to rank by (default "
                    "time-to-accuracy, which needs --convergence and --lr)")

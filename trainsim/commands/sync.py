@@ -122,8 +122,9 @@ def _time_lines(t: dict[str, Any]) -> list[str]:
         return []
     head = f"  to {t['target']:.0%} accuracy   "
     if t["diverges"]:
-        out = [head + f"diverges (lr {t['lr']:g} x (1 + {t['k']:.3g}) over the measured "
-               f"threshold {t['model']['threshold']:.3g})"]
+        out = [head + f"diverges (lr {t['lr']:g} x (1 + {t['k']:.3g})^"
+               f"{t['model']['gamma']:g} over the measured threshold "
+               f"{t['model']['threshold']:.3g})"]
     else:
         out = [head + f"{t['updates']:.0f} updates ({t['updates_low']:.0f}-"
                f"{t['updates_high']:.0f}), {t['seconds']:.4g} s ({t['seconds_low']:.4g}-"
