@@ -85,7 +85,7 @@ def test_gossip_weights_are_doubly_stochastic() -> None:
 @pytest.mark.parametrize("sync,comp,match", [
     ("two-stage", "none", "two-stage is simulated only"),
     ({"kind": "gossip", "gossip_mode": "ad-psgd"}, "none", "ad-psgd"),
-    ("bsp", "fp16", "compression is simulated only"),
+    ("asp", "fp16", "compress BSP over all-reduce only"),
 ])
 def test_what_the_real_runs_refuse(sync: object, comp: str, match: str) -> None:
     p = Plan(global_batch_size=64, seq_len=1, dp=2, sync=sync,  # type: ignore[arg-type]

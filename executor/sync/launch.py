@@ -31,9 +31,10 @@ def runnable(plan: Plan) -> tuple[str, str] | None:
     if s.kind == "diloco" and s.pseudo_gradient_dtype == "int8":
         return "plan.sync.pseudo_gradient_dtype", "int8 pseudo-gradients are simulated only: " \
             "the real runs round to fp32, bf16 or fp16"
-    if plan.compression.kind != "none":
-        return "plan.compression.kind", "compression is simulated only: the real runs send " \
-            "fp32 gradients"
+    if plan.compression.kind != "none" and (s.kind != "bsp"
+                                            or architecture(plan) != "allreduce"):
+        return "plan.compression.kind", "the real runs compress BSP over all-reduce only: " \
+            "compression with other strategies or servers is simulated only"
     c = plan.communication
     if c.partition_MB or c.aggregate != "worker":
         field = "partition_MB" if c.partition_MB else "aggregate"
@@ -136,6 +137,10 @@ def summarize_sync(ranks: list[dict[str, Any]], plan: Plan, cfg: dict[str, Any]
             "staleness": {"mean": statistics.fmean(stale) if stale else 0.0,
                           "histogram": {str(k): hist[k] for k in sorted(hist)}},
             "server_busy_s": [s["busy_s"] for s in servers],
+            "sent_bytes_per_step": statistics.median(
+                x for w in workers for x in w.get("sent_bytes", [])[1:]) if any(
+                len(w.get("sent_bytes", [])) > 1 for w in workers) else None,
+            "compression": plan.compression.to_dict(),
             "dropped": servers[0].get("dropped", 0) if servers else 0,  # pushes (shard 0)
             "evals": workers[0]["evals"], "steps": cfg["steps"], "lr": cfg["lr"],
             "task": cfg["task"], "hidden": cfg["hidden"], "straggler": cfg.get("straggler"),

@@ -4,7 +4,8 @@
 parameter servers (:mod:`executor.sync.server`). Every worker trains the task's MLP with
 plain SGD on its own shard and synchronises as ``plan.sync`` says:
 
-- ``bsp`` over all-reduce: the mean gradient (``dist.all_reduce``) every step; over servers,
+- ``bsp`` over all-reduce: the mean gradient (``dist.all_reduce``, or compressed as
+  ``plan.compression`` says: :mod:`executor.sync.compress`) every step; over servers,
   and ``asp``, ``ssp``, ``backup-workers``: push the gradient's shards, pull the parameters;
 - ``local-sgd``: BSP for the warm-up steps, then torch's ``average_parameters`` after every
   H-th local step (as the simulator times it);
@@ -28,6 +29,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from executor.rank import progress, rank_main
+from executor.sync.compress import Compressor
 from executor.sync.server import DONE, HEADER, PUSH, Server
 from executor.sync.task import Task, load_task, mlp
 from sim.spec.gossip import gossip_edges
@@ -56,10 +58,16 @@ class Worker:
         self.batch = self.plan.global_batch_size // self.n
         self.gen = torch.Generator().manual_seed(cfg["seed"] * 7919 + rank)
         self.opt = torch.optim.SGD(self.params, lr=cfg["lr"])
+        self.net: torch.nn.Module = self.model
+        self.comp: Compressor | None = None
+        if self.plan.compression.kind != "none":
+            self.comp = Compressor(self.plan.compression, self.n, rank)
+            if self.plan.compression.kind in ("fp16", "powersgd"):
+                self.net = self.comp.hook_ddp(self.model)
         self.read, self.updates = 0, 0
         self.tags = [0] * max(1, self.plan.communication.servers)  # each shard's step
         self.log: dict[str, list[Any]] = {"step_end": [], "compute_s": [], "loss": [],
-                                          "evals": []}
+                                          "evals": [], "sent_bytes": []}
 
     def gradient(self) -> float:
         """Forward and backward on a fresh mini-batch of this worker's shard; a straggler
@@ -68,7 +76,7 @@ class Worker:
         t0 = time.perf_counter()
         idx = torch.randint(0, len(self.x), (self.batch,), generator=self.gen)
         self.opt.zero_grad()
-        loss = F.cross_entropy(self.model(self.x[idx]), self.y[idx])
+        loss = F.cross_entropy(self.net(self.x[idx]), self.y[idx])
         loss.backward()
         slow = self.cfg.get("straggler") or {}
         if slow.get("worker") == self.rank:
@@ -83,9 +91,20 @@ class Worker:
 
     # strategies ---------------------------------------------------------------------------
     def allreduce_step(self, k: int) -> None:
-        flat = vec([p.grad for p in self.params])
-        dist.all_reduce(flat)
-        torch.nn.utils.vector_to_parameters(flat / self.n, [p.grad for p in self.params])
+        """The workers' mean gradient, then an SGD step (compressed: a DDP hook averaged it
+        in the backward, or :class:`Compressor` averages it here)."""
+        if self.net is not self.model:
+            assert self.comp is not None
+            self.log["sent_bytes"].append(self.comp.ddp_bytes(self.model))
+        else:
+            flat = vec([p.grad for p in self.params])
+            if self.comp is not None:
+                mean, sent = self.comp.average(flat)
+            else:
+                dist.all_reduce(flat)
+                mean, sent = flat / self.n, int(4 * flat.numel() * 2 * (self.n - 1) / self.n)
+            self.log["sent_bytes"].append(sent)
+            torch.nn.utils.vector_to_parameters(mean, [p.grad for p in self.params])
         self.opt.step()
         self.updates = k + 1
 
