@@ -20,7 +20,8 @@ the bundled statistical-efficiency model is fitted to, ``sim/data/convergence/di
   1.6}, seeds 0 and 1, 160 steps.
 - The other families' grids, lr in {0.1, 0.4, 1.6}, seeds 0 and 1, 200 steps: DiLoCo with
   H in {2, 5, 10, 20}; backup workers with b in {1, 2, 3}; D-PSGD over a complete graph, a
-  ring and a path (mixing gaps 1, 2/3 and about 0.2).
+  ring and a path (mixing gaps 1, 2/3 and about 0.2); and 160 steps of compressed BSP:
+  fp16, int8, 1-bit, top-10%, top-1%, PowerSGD rank 1 and 4, error feedback on.
 
 A run **diverged** when its last test loss is not finite or above its first, or its last
 accuracy is below 20% (chance is 10%).
@@ -37,6 +38,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from executor.sync.launch import execute_sync_batch, updates_to
+from executor.sync.task import TASKS, load_task, mlp
 from sim.cost.convergence import BUNDLED, k_of
 from sim.errors import SpecError
 from sim.io import atomic_write_text
@@ -45,11 +47,12 @@ from sim.spec.sync import architecture
 
 RESULTS = Path(__file__).resolve().parent / "results"
 N, BATCH = 4, 32
+NUMEL = sum(q.numel() for q in mlp(load_task("digits"), TASKS["digits"], 0).parameters())
 
 
-def _plan(sync: object, comm: object = "auto") -> Plan:
+def _plan(sync: object, comm: object = "auto", compression: object = "none") -> Plan:
     return Plan(global_batch_size=N * BATCH, seq_len=1, dp=N, sync=sync,  # type: ignore[arg-type]
-                communication=comm)  # type: ignore[arg-type]
+                communication=comm, compression=compression)  # type: ignore[arg-type]
 
 
 STRATEGIES = [("BSP", "bsp", "auto"), ("BSP, 2 server shards", "bsp",
@@ -84,13 +87,17 @@ def _row(label: str, grid: str, p: Plan, lr: float, seed: int, r: dict[str, Any]
             "updates_to_90": updates_to(r, 0.90), "updates_to_95": updates_to(r, 0.95),
             "final_accuracy": r["evals"][-1]["accuracy"],
             "final_loss": r["evals"][-1]["loss"], "diverged": diverged(r),
-            "k": _k(p, r["staleness"]["mean"])}
+            "compression": p.compression.kind, "sent_bytes": r["sent_bytes_per_step"],
+            "k": _k(p, r)}
 
 
-def _k(p: Plan, staleness: float | None) -> float | None:
-    """The run's k in its statistical-efficiency family (None: no family, e.g. SGP)."""
+def _k(p: Plan, r: dict[str, Any]) -> float | None:
+    """The run's k in its statistical-efficiency family (None: no family, e.g. SGP);
+    compressed: from the bytes it measured sending against an uncompressed all-reduce's."""
+    sent = r["sent_bytes_per_step"]
+    raw = 4 * NUMEL * 2 * (p.dp - 1) / p.dp
     try:
-        return k_of(p.sync, p.dp, staleness)
+        return k_of(p, r["staleness"]["mean"], raw / sent if sent else None)
     except SpecError:
         return None
 
@@ -99,6 +106,12 @@ def _k(p: Plan, staleness: float | None) -> float | None:
 GRAPHS = [("complete", [[a, b] for a in range(N) for b in range(a + 1, N)]),
           ("ring", [[i, (i + 1) % N] for i in range(N)]),
           ("path", [[i, i + 1] for i in range(N - 1)])]
+# compressed BSP over all-reduce (executor/sync/compress.py), error feedback on
+COMPRESSIONS = [("fp16", "fp16"), ("int8", "int8"), ("1-bit", "onebit"),
+                ("top-10%", {"kind": "topk", "ratio": 0.1}),
+                ("top-1%", {"kind": "topk", "ratio": 0.01}),
+                ("PowerSGD r=1", {"kind": "powersgd", "rank": 1}),
+                ("PowerSGD r=4", {"kind": "powersgd", "rank": 4})]
 SLOW = [("ASP", "asp"), ("SSP(1)", {"kind": "ssp", "staleness": 1}),
         ("SSP(4)", {"kind": "ssp", "staleness": 4}), ("BSP, 1 server", "bsp")]
 
@@ -131,6 +144,9 @@ def _batches(seeds: list[int]) -> list[tuple[str, int, list[tuple[str, Plan, flo
         out.append(("graph", 200, [
             (f"D-PSGD {name}", _plan({"kind": "gossip", "graph": "edges", "edges": edges}),
              lr, seed) for name, edges in GRAPHS for lr in (0.1, 0.4, 1.6)]))
+        out.append(("compression", 160, [
+            (f"BSP, {name}", _plan("bsp", compression=comp), lr, seed)
+            for name, comp in COMPRESSIONS for lr in (0.1, 0.4, 1.6)]))
     return out
 
 
@@ -159,7 +175,7 @@ def main() -> None:
         index=False, float_format="%.6g"))
     # the runs the bundled statistical-efficiency model (digits-cpu) is fitted to
     fit = df[df.k.notna()][[
-        "kind", "lr", "staleness_mean", "period", "k", "seed", "updates_to_90",
+        "kind", "compression", "lr", "staleness_mean", "period", "k", "seed", "updates_to_90",
         "updates_to_95", "final_accuracy", "diverged", "grid", "strategy", "straggler_factor"]]
     atomic_write_text(BUNDLED / "digits_cpu.csv", fit.to_csv(index=False, float_format="%.6g"))
     show = df[df.grid == "strategies"][["strategy", "updates_per_s", "samples_per_s",

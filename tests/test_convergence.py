@@ -14,6 +14,7 @@ from sim.cost.convergence import (
     load_observations,
 )
 from sim.errors import SpecError
+from sim.spec.plan import Plan
 
 
 def _synthetic() -> list[Observation]:
@@ -59,10 +60,17 @@ def test_gossip_and_backup_k() -> None:
     assert mixing_k([(a, b) for a in range(4) for b in range(a + 1, 4)], 4) == \
         pytest.approx(0.0, abs=1e-9)  # complete: one step averages exactly
     assert mixing_k([(0, 1), (1, 2), (2, 3)], 4) > 4  # a path mixes slowest
-    assert k_of(Sync("backup-workers", backups=1), 4) == pytest.approx(1 / 3)
-    assert k_of(Sync("diloco", period=10), 4) == 9
+    def plan(sync: object, compression: object = "none") -> Plan:
+        return Plan(global_batch_size=128, seq_len=1, dp=4, sync=sync,  # type: ignore[arg-type]
+                    compression=compression)  # type: ignore[arg-type]
+
+    assert k_of(plan(Sync("backup-workers", backups=1))) == pytest.approx(1 / 3)
+    assert k_of(plan(Sync("diloco", period=10))) == 9
+    assert k_of(plan("bsp", "int8"), wire_ratio=4.0) == 3
     with pytest.raises(SpecError, match="gossip mode 'sgp'"):
-        k_of(Sync("gossip", gossip_mode="sgp", graph="exponential"), 4)
+        k_of(plan(Sync("gossip", gossip_mode="sgp", graph="exponential")))
+    with pytest.raises(SpecError, match="wire_ratio"):
+        k_of(plan("bsp", "fp16"))
 
 
 def test_bundled_digits_runs_load_and_fit() -> None:

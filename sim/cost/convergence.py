@@ -16,7 +16,10 @@ delays or thins it (``k``, :func:`k_of`):
   ``k = b / (n - b)``, the gradients dropped per one kept;
 - ``gossip`` (D-PSGD only; one update = one local step of a worker): ``k = 1 / gap - 1``
   with ``gap`` the spectral gap of the graph's Metropolis-Hastings mixing matrix (0 on a
-  complete graph, which averages exactly; grows as the graph mixes slower).
+  complete graph, which averages exactly; grows as the graph mixes slower);
+- ``compressed`` (BSP with a compressed gradient, any scheme; one update = a step):
+  ``k = raw / wire - 1``, the gradient's bytes uncompressed over those on the wire (a proxy
+  for what the compression throws away, error feedback or not).
 
 Per family a power law is fitted by least squares in log space on the runs that reached
 the target, ``log U = a + b log lr + c log(1 + k)``, with ``sigma`` the residual standard
@@ -49,7 +52,12 @@ FAMILIES = {"ssp": "async", "asp": "async", "local-sgd": "local", "bsp": "local"
 COLUMNS = ("kind", "lr", "staleness_mean", "period", "updates_to_target", "diverged")
 
 
-def family_of(kind: str, gossip_mode: str = "d-psgd") -> str:
+def family_of(kind: str, gossip_mode: str = "d-psgd", compression: str = "none") -> str:
+    if compression != "none":
+        if kind != "bsp":
+            raise SpecError("plan.compression.kind", f"no measured statistical-efficiency "
+                            f"family for {kind!r} with compression yet (measured: bsp)")
+        return "compressed"
     if kind not in FAMILIES or (kind == "gossip" and gossip_mode != "d-psgd"):
         what = f"gossip mode {gossip_mode!r}" if kind == "gossip" else repr(kind)
         raise SpecError("plan.sync.kind", f"no measured statistical-efficiency family for "
@@ -76,10 +84,18 @@ def mixing_k(edges: list[tuple[int, int]], n: int) -> float:
     return max(0.0, 1.0 / gap - 1.0) if gap > 1e-12 else math.inf
 
 
-def k_of(sync: Any, dp: int, staleness: float | None = None) -> float:
-    """What delays or thins an update of ``sync`` (a :class:`sim.spec.sync.Sync`) over
-    ``dp`` workers; ``staleness``: the measured or simulated mean (asynchronous kinds)."""
-    family = family_of(sync.kind, getattr(sync, "gossip_mode", "d-psgd"))
+def k_of(plan: Any, staleness: float | None = None, wire_ratio: float | None = None
+         ) -> float:
+    """What delays, thins or coarsens an update of ``plan``'s synchronisation;
+    ``staleness``: the measured or simulated mean (asynchronous kinds); ``wire_ratio``: the
+    gradient's bytes uncompressed over those on the wire (compressed BSP)."""
+    sync, dp = plan.sync, plan.dp
+    family = family_of(sync.kind, sync.gossip_mode, plan.compression.kind)
+    if family == "compressed":
+        if wire_ratio is None or not wire_ratio > 0:
+            raise SpecError("wire_ratio", "compressed BSP's k needs the gradient's "
+                            f"uncompressed / wire bytes, got {wire_ratio!r}")
+        return max(0.0, wire_ratio - 1.0)
     if family == "async":
         return float(dp - 1) if staleness is None else float(staleness)
     if family in ("local", "diloco"):
@@ -98,10 +114,11 @@ class Observation:
     updates: float | None  # to the target; None: not reached in the run
     diverged: bool
     given_k: float | None = None  # the run's k (column ``k``), else from staleness/period
+    compression: str = "none"  # the run's compression kind (column ``compression``)
 
     @property
     def family(self) -> str:
-        return FAMILIES[self.kind]
+        return "compressed" if self.compression != "none" else FAMILIES[self.kind]
 
     @property
     def k(self) -> float:
@@ -247,10 +264,11 @@ def load_observations(path: str | Path, target: float = 0.95) -> list[Observatio
             raise SpecError(f"{where}.lr", f"must be > 0, got {row['lr']!r}")
         period = _number(row, "period", where)
         k = _number(row, "k", where)
-        if k is None and FAMILIES[row["kind"]] in ("backup", "gossip"):
-            raise SpecError(f"{where}.k", f"a {row['kind']} run needs its k (column k: "
-                            "sim.cost.convergence.k_of)")
+        comp = (row.get("compression") or "none").strip() or "none"
+        if k is None and (FAMILIES[row["kind"]] in ("backup", "gossip") or comp != "none"):
+            raise SpecError(f"{where}.k", f"a {row['kind']} run{' compressed' * (comp != 'none')}"
+                            " needs its k (column k: sim.cost.convergence.k_of)")
         out.append(Observation(row["kind"], lr, _number(row, "staleness_mean", where) or 0.0,
                                int(period) if period else 1, _number(row, col, where),
-                               row["diverged"].strip().lower() in ("true", "1"), k))
+                               row["diverged"].strip().lower() in ("true", "1"), k, comp))
     return out

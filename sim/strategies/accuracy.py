@@ -41,11 +41,11 @@ def time_to_target(result: Any, plan: Any, convergence: str | Path, lr: float,
     if not path.is_file():
         raise SpecError("convergence", f"{convergence}: neither a bundled model "
                         f"({', '.join(BUNDLED_MODELS)}) nor a CSV of runs")
-    family = family_of(plan.sync.kind, plan.sync.gossip_mode)
+    family = family_of(plan.sync.kind, plan.sync.gossip_mode, plan.compression.kind)
     model = fit_convergence(load_observations(path, target), family)
     notes = []
     mean = result.staleness.get("mean") if family == "async" else None
-    k = k_of(plan.sync, plan.dp, mean)
+    k = k_of(plan, mean, result.wire_ratio)
     if family == "async" and mean is None:
         notes.append(f"the staleness has no closed form here: n - 1 = {k:g} assumed "
                      "(the des tier measures it)")

@@ -80,6 +80,7 @@ class SyncResult:
     # updates and seconds to a target accuracy from a measured model (sim.strategies.accuracy)
     time_to_target: dict[str, Any] = field(default_factory=dict)
     fits_in_memory: bool = True  # the one-step tier's verdict on the plan's memory
+    wire_ratio: float = 1.0  # the gradient's bytes uncompressed over those on the wire
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -99,6 +100,7 @@ def summarise(s: SyncSetup, tier: Any, fidelity: str, *, rates: SyncRates | None
               ) -> SyncResult:
     scope = SCOPES[s.plan.sync.kind]
     base = dict(fidelity=fidelity, fits_in_memory=bool(getattr(tier, "fits_in_memory", True)),
+                wire_ratio=s.server_bytes / s.push_bytes if s.push_bytes else 1.0,
                 model=model.name, cluster=cluster.name,
                 strategy=strategy_label(s.plan), workers=s.workers, update_scope=scope,
                 bsp_iteration_s=tier.iteration_time_s, warnings=list(s.notes))
