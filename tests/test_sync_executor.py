@@ -83,7 +83,6 @@ def test_gossip_weights_are_doubly_stochastic() -> None:
 
 
 @pytest.mark.parametrize("sync,comp,match", [
-    ("two-stage", "none", "two-stage is simulated only"),
     ({"kind": "gossip", "gossip_mode": "ad-psgd"}, "none", "ad-psgd"),
     ("asp", "fp16", "compress BSP over all-reduce only"),
 ])
@@ -103,3 +102,16 @@ def test_cli_needs_a_task_for_a_sync_plan(tmp_path, capsys) -> None:
     save_plan(plan("asp"), path)
     assert main(["execute", "--plan", str(path)]) == 2
     assert "--task" in capsys.readouterr().err
+
+
+def test_two_stage_runs_for_real_and_with_everything_important_is_bsp() -> None:
+    runs = [(plan("bsp", dp=2), 0.4, 0),
+            (plan({"kind": "two-stage", "important_fraction": 1.0}, dp=2), 0.4, 0),
+            (plan({"kind": "two-stage", "important_fraction": 0.3}, dp=2), 0.4, 0),
+            (plan({"kind": "two-stage", "important_layers": ["2"]}, dp=2), 0.4, 0)]
+    bsp, whole, part, layer = execute_sync_batch(runs, "digits", steps=40, eval_every=40)
+    assert [e["loss"] for e in whole["evals"]] == [e["loss"] for e in bsp["evals"]]
+    for r in (part, layer):
+        assert r["update_scope"] == "global"
+        assert r["evals"][-1]["accuracy"] > r["evals"][0]["accuracy"] + 0.3
+        assert r["evals"][-1]["loss"] != bsp["evals"][-1]["loss"]  # one stage late

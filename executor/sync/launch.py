@@ -22,9 +22,6 @@ __all__ = ["execute_sync", "execute_sync_batch", "runnable", "summarize_sync", "
 def runnable(plan: Plan) -> tuple[str, str] | None:
     """(field, rule) of what the real runs do not do yet, or None."""
     s = plan.sync
-    if s.kind == "two-stage":
-        return "plan.sync.kind", "two-stage is simulated only: the real runs do not split " \
-            "the gradient yet"
     if s.kind == "gossip" and s.gossip_mode == "ad-psgd":
         return "plan.sync.gossip_mode", "ad-psgd is simulated only: the real runs have no " \
             "asynchronous pairing thread yet"

@@ -12,7 +12,9 @@ plain SGD on its own shard and synchronises as ``plan.sync`` says:
 - ``diloco``: H inner SGD steps, then the mean pseudo-gradient (rounded to its dtype,
   all-reduced in fp32: gloo has no 16-bit sums) through an outer Nesterov SGD;
 - ``gossip`` ``d-psgd``: after each step average the parameters with the neighbours'
-  (Metropolis-Hastings weights); ``sgp``: push-sum to one peer a step.
+  (Metropolis-Hastings weights); ``sgp``: push-sum to one peer a step;
+- ``two-stage``: the important part of the gradient all-reduced at once, the rest in the
+  background under the next step (:mod:`executor.sync.two_stage`).
 
 Worker 0 evaluates its parameters on the test split every ``eval_every`` steps. Times are
 ``time.monotonic()`` (one clock for every process on the host).
@@ -202,6 +204,10 @@ def _worker_loop(w: Worker, out: Path) -> None:
         state["global"] = g
         state["outer"] = torch.optim.SGD([g], lr=plan.sync.outer_lr, nesterov=True,
                                          momentum=plan.sync.outer_momentum)
+    if kind == "two-stage":
+        from executor.sync.two_stage import TwoStage
+
+        state["two"] = TwoStage(w)
     weights = _gossip_weights(plan, w.rank) if kind == "gossip" else {}
     start = last = time.monotonic()
     for k in range(cfg["steps"]):
@@ -219,6 +225,8 @@ def _worker_loop(w: Worker, out: Path) -> None:
             w.ps_step(k)
         elif kind == "bsp" or warm:
             w.allreduce_step(k)
+        elif kind == "two-stage":
+            state["two"].step(k)
         else:
             w.opt.step()
             w.updates = k + 1
@@ -231,6 +239,8 @@ def _worker_loop(w: Worker, out: Path) -> None:
             elif kind == "gossip":
                 _gossip(w, weights)
         w.log["step_end"].append(time.monotonic())
+    if kind == "two-stage":
+        state["two"].finish()
     if w.rank == 0:
         w.evaluate(cfg["steps"], start)
     if arch == "ps":
