@@ -22,9 +22,6 @@ __all__ = ["execute_sync", "execute_sync_batch", "runnable", "summarize_sync", "
 def runnable(plan: Plan) -> tuple[str, str] | None:
     """(field, rule) of what the real runs do not do yet, or None."""
     s = plan.sync
-    if s.kind == "gossip" and s.gossip_mode == "ad-psgd":
-        return "plan.sync.gossip_mode", "ad-psgd is simulated only: the real runs have no " \
-            "asynchronous pairing thread yet"
     if s.kind == "diloco" and s.pseudo_gradient_dtype == "int8":
         return "plan.sync.pseudo_gradient_dtype", "int8 pseudo-gradients are simulated only: " \
             "the real runs round to fp32, bf16 or fp16"
@@ -138,6 +135,7 @@ def summarize_sync(ranks: list[dict[str, Any]], plan: Plan, cfg: dict[str, Any]
                 x for w in workers for x in w.get("sent_bytes", [])[1:]) if any(
                 len(w.get("sent_bytes", [])) > 1 for w in workers) else None,
             "compression": plan.compression.to_dict(),
+            "swaps_served": sum(w.get("swaps_served", [0])[0] for w in workers),  # ad-psgd
             "dropped": servers[0].get("dropped", 0) if servers else 0,  # pushes (shard 0)
             "evals": workers[0]["evals"], "steps": cfg["steps"], "lr": cfg["lr"],
             "task": cfg["task"], "hidden": cfg["hidden"], "straggler": cfg.get("straggler"),

@@ -12,7 +12,9 @@ plain SGD on its own shard and synchronises as ``plan.sync`` says:
 - ``diloco``: H inner SGD steps, then the mean pseudo-gradient (rounded to its dtype,
   all-reduced in fp32: gloo has no 16-bit sums) through an outer Nesterov SGD;
 - ``gossip`` ``d-psgd``: after each step average the parameters with the neighbours'
-  (Metropolis-Hastings weights); ``sgp``: push-sum to one peer a step;
+  (Metropolis-Hastings weights); ``sgp``: push-sum to one peer a step; ``ad-psgd``:
+  average with a random neighbour without waiting for its progress
+  (:mod:`executor.sync.adpsgd`);
 - ``two-stage``: the important part of the gradient all-reduced at once, the rest in the
   background under the next step (:mod:`executor.sync.two_stage`).
 
@@ -209,6 +211,11 @@ def _worker_loop(w: Worker, out: Path) -> None:
 
         state["two"] = TwoStage(w)
     weights = _gossip_weights(plan, w.rank) if kind == "gossip" else {}
+    ad = kind == "gossip" and plan.sync.gossip_mode == "ad-psgd"
+    if ad:
+        from executor.sync.adpsgd import AsyncGossip
+
+        state["ad"] = AsyncGossip(w, sorted(weights))
     start = last = time.monotonic()
     for k in range(cfg["steps"]):
         if w.rank == 0 and k % cfg["eval_every"] == 0:
@@ -227,6 +234,11 @@ def _worker_loop(w: Worker, out: Path) -> None:
             w.allreduce_step(k)
         elif kind == "two-stage":
             state["two"].step(k)
+        elif ad:
+            with state["ad"].lock:  # atomic with the averages the neighbours ask for
+                w.opt.step()
+            w.updates = k + 1
+            state["ad"].step_done()
         else:
             w.opt.step()
             w.updates = k + 1
@@ -241,6 +253,9 @@ def _worker_loop(w: Worker, out: Path) -> None:
         w.log["step_end"].append(time.monotonic())
     if kind == "two-stage":
         state["two"].finish()
+    if ad:
+        state["ad"].finish()
+        w.log["swaps_served"] = [state["ad"].swaps]
     if w.rank == 0:
         w.evaluate(cfg["steps"], start)
     if arch == "ps":
