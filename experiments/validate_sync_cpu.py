@@ -6,12 +6,32 @@ repeat). Writes ``experiments/results/sync_validation_cpu.csv``.
 Four workers train the digits MLP (batch 32 each, lr 0.1, 300 steps) under BSP (gloo
 all-reduce), local SGD (H = 8), D-PSGD on a ring, ASP and SSP(2) over one parameter server,
 and BSP over two server shards. Each torchrun start first **profiles its own ranks**
-(``executor/sync/probe.py``: a worker's local step with every worker stepping, a one-way
-message of the gradient, an all-reduce over the workers, a server's whole handling of one
-push), and the multi-step DES predicts each strategy from that profile alone: the local step
-and the all-reduce as measured, the loopback latency set so one message takes the measured
-time, the servers' CPU time per push the measured handling. The runs are then compared with the
-predictions: updates/s in each strategy's scope and the servers' mean staleness.
+(``executor/sync/probe.py``) with the real loop's code, every worker doing the same thing at
+once (the runs put 4-6 processes on this host's 2 cores, and a primitive's time depends on
+that): the whole local step (its times kept, not only their mean), BSP's reduction, a
+neighbour exchange over the gossip graph, a one-way message while the other workers step
+(each worker in turn: where the kernel places the processes moves it several-fold),
+and a server's whole handling of a push while every worker pushes back to back. Means,
+since throughput is a mean quantity.
+
+The multi-step DES then predicts each strategy from that profile alone, nothing fitted to
+the runs: every worker's local step is drawn from the measured steps (per worker and step,
+``sim/strategies/host.py``: a barrier waits for the slowest draw, and on a shared host a few
+steps take a scheduler time slice longer), the all-reduce and averaging take the measured
+reduction, the loopback latency is set so one message takes the measured time (a gossip
+exchange's for D-PSGD), and a server's CPU time per push is its measured handling. The runs
+are then compared with the predictions: updates/s in each strategy's scope and the servers'
+mean staleness.
+
+The real servers hold equal slices of the flat parameter vector, the simulator's whole
+tensors (size-balanced: one of two shards holds 85% of this MLP), so a server's CPU rate is
+set so that the simulator's largest shard takes the measured handling.
+
+Not modelled: processes sharing the host's cores beyond what each primitive saw while it
+was measured (the DES gives every process a core of its own). The one-way message is the
+unstable input: 0.06-1.4 ms from one start to the next, by where the kernel placed the
+processes, and ASP and SSP follow it. The runs themselves move 10-25% from one start to the
+next on this host (experiments/NOTES.md, 2026-12-05).
 """
 
 from __future__ import annotations
@@ -29,6 +49,7 @@ from executor.sync.launch import summarize_sync
 from executor.sync.task import load_task, mlp
 from profiler.graph.trace import trace_module
 from sim.io import atomic_write_text
+from sim.layout.sync import parameter_tensors, shard_fractions
 from sim.spec.cluster import load_cluster
 from sim.spec.plan import Plan
 from sim.spec.scenario import apply_cluster_edits
@@ -50,23 +71,32 @@ def _plan(sync: object, comm: object) -> Plan:
                 sync=sync, communication=comm)  # type: ignore[arg-type]
 
 
+def _profile(prof: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ranks' probe results as one profile: means over the workers (or servers)."""
+    def mean(key: str) -> float | None:
+        xs = [r[key] for r in prof if key in r]
+        return statistics.fmean(xs) if xs else None
+
+    return {"step_s": mean("step_s"), "allreduce_s": mean("allreduce_s"),
+            "exchange_s": mean("exchange_s"), "p2p_s": mean("p2p_s"),
+            "service_s": mean("service_s"), "handling_s": mean("handling_s"),
+            "push_s": mean("push_s"),
+            "step_samples_s": [x for r in prof for x in r.get("step_samples_s", [])],
+            "numel": prof[0]["numel"]}
+
+
 def _world(world: list[tuple[str, object, object]], reps: int) -> tuple[dict, list[dict]]:
     plans = [_plan(s, c) for _, s, c in world]
     servers = plans[0].communication.servers if plans[0].sync.kind != "bsp" or \
         plans[0].communication.architecture == "ps" else 0
+    gossip = next((p for p in plans if p.sync.kind == "gossip"), plans[0])  # its graph
     base = {"task": "digits", "hidden": [64], "steps": STEPS, "eval_every": STEPS,
             "device": "cpu", "threads": 1, "timeout_s": 120, "lr": LR, "seed": 0,
             "plan": plans[0].to_dict(),
-            "runs": [{"probe": reps}] + [{"plan": p.to_dict()} for p in plans]}
+            "runs": [{"probe": reps, "plan": gossip.to_dict()}]
+            + [{"plan": p.to_dict()} for p in plans]}
     ranks = launch("executor.sync.worker", base, N + servers, 120.0, 1)
-    prof = [r["runs"][0] for r in ranks]
-    profile = {"step_s": statistics.median(r["step_s"] for r in prof if "step_s" in r),
-               "allreduce_s": statistics.median(r["allreduce_s"] for r in prof
-                                                if "allreduce_s" in r),
-               "p2p_s": next(r["p2p_s"] for r in prof if "p2p_s" in r),
-               "apply_s": max((r["apply_s"] for r in prof if "apply_s" in r), default=None),
-               "service_s": next((r["service_s"] for r in prof if "service_s" in r), None),
-               "numel": prof[0]["numel"]}
+    profile = _profile([r["runs"][0] for r in ranks])
     runs = [summarize_sync([r["runs"][i + 1] for r in ranks], p, {**base, "plan": p.to_dict()})
             for i, p in enumerate(plans)]
     return profile, runs
@@ -76,16 +106,22 @@ def _predict(label: str, p: Plan, profile: dict[str, Any], workload: Any) -> Any
     payload = profile["numel"] * 4
     cluster = load_cluster(f"cpu:{N}")
     bw = cluster.intra_node.bandwidth_GBps * 1e9
-    lat_us = max(1.0, (profile["p2p_s"] - payload / bw) * 1e6)
+    # one message takes the measured time: a gossip exchange's, else a quiet one-way message
+    message_s = profile["exchange_s"] if p.sync.kind == "gossip" else profile["p2p_s"]
+    lat_us = max(1.0, (message_s - payload / bw) * 1e6)
     cluster = apply_cluster_edits(cluster, [("intra_node.latency_us", lat_us)])
-    if profile["service_s"]:  # a server's whole handling of a push, as its CPU time
-        shard = payload / p.communication.servers
+    if profile["service_s"]:  # a server's whole handling of a push under load, as its CPU
+        # the real servers hold equal slices of the flat vector; the simulator's hold whole
+        # tensors (one shard 85% of the MLP): its largest one takes the measured time
+        comm = p.communication
+        shard = payload * max(shard_fractions(parameter_tensors(workload), comm.servers,
+                                              comm.sharding))
         d = p.to_dict()
         d["communication"] = {**d["communication"],
                               "server_cpu_GBps": shard / profile["service_s"] / 1e9}
         p = Plan.from_dict(d)
     return simulate_sync(workload, cluster, p, "des", steps=STEPS, measured={
-        "step_s": profile["step_s"], "allreduce_s": profile["allreduce_s"]})
+        "step_samples_s": profile["step_samples_s"], "allreduce_s": profile["allreduce_s"]})
 
 
 def main() -> None:
@@ -107,7 +143,8 @@ def main() -> None:
                              "error": pred.updates_per_s / r["updates_per_s"] - 1,
                              "measured_staleness": r["staleness"]["mean"],
                              "predicted_staleness": pred.staleness.get("mean"),
-                             **{f"profile_{k}": v for k, v in profile.items()}})
+                             **{f"profile_{k}": v for k, v in profile.items()
+                                if k != "step_samples_s"}})
                 print(f"{rep} {label:22s} measured {r['updates_per_s']:8.1f} predicted "
                       f"{pred.updates_per_s:8.1f} ({rows[-1]['error']:+.1%}); staleness "
                       f"{r['staleness']['mean']:.2f} vs {pred.staleness.get('mean', 0):.2f}",

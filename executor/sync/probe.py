@@ -1,15 +1,28 @@
-"""A profile of the ranks a synchronisation run will use, measured on those same ranks
-(so the processes share the cores as they will in the runs): what the simulator needs to
-predict them (``experiments/validate_sync_cpu.py``).
+"""A profile of the ranks a synchronisation run will use, measured on those same ranks and
+under the runs' own concurrency (every worker doing the same thing at once, as nccl-tests
+times a collective over all its ranks): what the simulator needs to predict them
+(``experiments/validate_sync_cpu.py``). Each primitive runs the real loop's own code
+(:mod:`executor.sync.worker`, :mod:`executor.sync.server`).
 
-- ``step_s``: one worker's local step (forward, backward, SGD step on a mini-batch), every
-  worker stepping at once;
-- ``p2p_s``: one message of the flat gradient from worker 0 to the first server (or to
-  worker 1), one way (half a ping-pong), the other ranks idle;
-- ``allreduce_s``: ``dist.all_reduce`` of the flat gradient over the workers;
-- ``apply_s``: a server's ``w -= lr g`` on its shard (every server at once).
+- ``step_s``: one worker's whole local step as ``_worker_loop`` does it (mini-batch,
+  forward, backward, SGD step, its bookkeeping), every worker stepping at once;
+  ``step_samples_s``: every such step's time (the spread: a descheduled worker's step
+  takes a scheduler time slice longer);
+- ``allreduce_s``: BSP's reduction (flatten, ``dist.all_reduce`` over the workers, unflatten),
+  every worker at once;
+- ``exchange_s``: a gossip neighbour exchange (``_gossip``'s: the parameters to every
+  neighbour of the plan's graph, a ring unless the plan gossips, theirs back, the mix),
+  every worker at once;
+- ``p2p_s``: one message of the flat gradient between a worker and the first server (or the
+  next worker), one way (half a ping-pong), the other workers stepping; each worker in turn;
+- ``service_s`` (parameter servers): a server's whole handling of one push with its own code
+  (receive from any worker, apply, reply: the mean time between its replies), every worker
+  pushing to every shard back to back (as ``Worker.ps_step``), so that it is never idle;
+  ``handling_s``: the part from the push's arrival to the reply sent; ``push_s``: a
+  worker's whole push and pull of every shard under that load (for reference).
 
-Medians over ``reps`` repetitions after ``reps // 5`` warm-up ones.
+Means (throughput is a mean quantity) over ``reps`` repetitions after ``reps // 5`` warm-up
+ones; ``step_samples_s`` keeps the repetitions themselves.
 """
 
 from __future__ import annotations
@@ -22,16 +35,22 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from executor.rank import progress
+from executor.sync.server import HEADER, PUSH, Server
 from executor.sync.task import load_task, mlp
+from sim.spec.gossip import gossip_edges
 from sim.spec.plan import Plan
 from sim.spec.sync import architecture
 
 __all__ = ["probe"]
 
+vec = torch.nn.utils.parameters_to_vector
+LOAD_S = 0.5  # how long the other workers step while one times a message
 
-def _median(fn: Callable[[], None], reps: int) -> float:
+
+def _times(fn: Callable[[], None], reps: int) -> list[float]:
     for _ in range(reps // 5):
         fn()
     times = []
@@ -39,84 +58,236 @@ def _median(fn: Callable[[], None], reps: int) -> float:
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return times
+
+
+def _mean(fn: Callable[[], None], reps: int) -> float:
+    return statistics.fmean(_times(fn, reps))
+
+
+class _Replica:
+    """A worker's state and synchronisation code as :class:`executor.sync.worker.Worker`
+    has them (the same model, shard, generator, optimizer, messages). A copy: that module
+    imports this one, and an import back would be a circle."""
+
+    def __init__(self, cfg: dict[str, Any], rank: int) -> None:
+        task = load_task(cfg["task"], cfg["seed"])
+        self.plan = Plan.from_dict(cfg["plan"])
+        self.rank, self.n, self.cfg = rank, self.plan.dp, cfg
+        self.model = mlp(task, tuple(cfg["hidden"]), cfg["seed"])
+        self.params = list(self.model.parameters())
+        self.x, self.y = task.shard(rank, self.n)
+        self.batch = self.plan.global_batch_size // self.n
+        self.gen = torch.Generator().manual_seed(cfg["seed"] * 7919 + rank)
+        self.opt = torch.optim.SGD(self.params, lr=cfg["lr"])
+        self.read = 0
+        self.tags = [0] * max(1, self.plan.communication.servers)
+        self.log: dict[str, list[float]] = {"step_end": [], "compute_s": [], "loss": []}
+
+    def gradient(self) -> float:
+        idx = torch.randint(0, len(self.x), (self.batch,), generator=self.gen)
+        self.opt.zero_grad()
+        loss = F.cross_entropy(self.model(self.x[idx]), self.y[idx])
+        loss.backward()
+        return float(loss.detach())
+
+    def ps_step(self) -> None:
+        """``Worker.ps_step``: push the gradient's shards, pull the parameters."""
+        servers = self.plan.communication.servers
+        flat = vec([p.grad for p in self.params])
+        msgs, replies, reqs = [], [], []
+        for s, (a, b) in enumerate(_shard_bounds(flat.numel(), servers)):
+            head = torch.tensor([PUSH, float(self.rank), float(self.tags[s]),
+                                 float(self.read)])
+            msgs.append(torch.cat([head, flat[a:b]]))
+            replies.append(torch.empty(HEADER + b - a))
+            reqs.append(dist.isend(msgs[-1], dst=self.n + s))
+        for s, buf in enumerate(replies):
+            dist.recv(buf, src=self.n + s)
+        for req in reqs:
+            req.wait()
+        self.read = int(replies[0][0])
+        self.tags = [int(r[1]) for r in replies]
+        torch.nn.utils.vector_to_parameters(torch.cat([r[HEADER:] for r in replies]),
+                                            self.params)
+
+    def gossip(self, weights: dict[int, float]) -> None:
+        """``_gossip``: the parameters to every neighbour, theirs back, the mix."""
+        mine = vec(self.params)
+        bufs = {j: torch.empty_like(mine) for j in weights}
+        reqs = [dist.isend(mine, dst=j) for j in weights] + [
+            dist.irecv(bufs[j], src=j) for j in weights]
+        for r in reqs:
+            r.wait()
+        mixed = mine * (1.0 - sum(weights.values()))
+        for j, x in bufs.items():
+            mixed += weights[j] * x
+        torch.nn.utils.vector_to_parameters(mixed, self.params)
+
+
+def _shard_bounds(numel: int, servers: int) -> list[tuple[int, int]]:
+    """``executor.sync.worker.shard_bounds``: contiguous, nearly equal slices."""
+    cuts = [numel * s // servers for s in range(servers + 1)]
+    return list(zip(cuts[:-1], cuts[1:], strict=True))
+
+
+def _gossip_weights(plan: Plan, rank: int) -> dict[int, float]:
+    """Metropolis-Hastings weights of ``rank``'s neighbours (``executor.sync.worker``'s)."""
+    edges = gossip_edges(plan.sync.graph, plan.sync.edges, plan.dp)
+    degree = [0] * plan.dp
+    for a, b in edges:
+        degree[a] += 1
+        degree[b] += 1
+    return {(b if a == rank else a): 1.0 / (1 + max(degree[a], degree[b]))
+            for a, b in edges if rank in (a, b)}
+
+
+def _local_step(w: _Replica) -> Callable[[], None]:
+    """``_worker_loop``'s local step: its gradient, the SGD step, its bookkeeping."""
+    def step() -> None:
+        t0 = time.monotonic()
+        w.log["loss"].append(w.gradient())
+        w.log["compute_s"].append(time.monotonic() - t0)
+        w.opt.step()
+        w.log["step_end"].append(time.monotonic())
+    return step
+
+
+def _reduction(w: _Replica, group: Any) -> Callable[[], None]:
+    """``Worker.allreduce_step`` without its SGD step (the local step has it)."""
+    for p in w.params:
+        p.grad = torch.zeros_like(p)
+
+    def reduce() -> None:
+        flat = vec([p.grad for p in w.params])
+        dist.all_reduce(flat, group=group)
+        torch.nn.utils.vector_to_parameters(flat / w.n, [p.grad for p in w.params])
+    return reduce
+
+
+def _gossip_plan(plan: Plan) -> Plan:
+    if plan.sync.kind == "gossip":
+        return plan
+    d = plan.to_dict()
+    d["sync"], d["communication"] = {"kind": "gossip", "graph": "ring"}, {}
+    return Plan.from_dict(d)
+
+
+def _workers(cfg: dict[str, Any], plan: Plan, rank: int, reps: int) -> dict[str, Any]:
+    n = plan.dp
+    group = dist.new_group(list(range(n)))
+    res: dict[str, Any] = {}
+    token = torch.zeros(1)
+    if rank >= n:  # a server waits in a blocking receive (a collective's wait takes a core)
+        dist.recv(token, src=0)
+        return res
+    w = _Replica(cfg, rank)
+    samples = _times(_local_step(w), reps)
+    res["step_s"], res["step_samples_s"] = statistics.fmean(samples), samples
+    res["allreduce_s"] = _mean(_reduction(w, group), reps)
+    weights = _gossip_weights(_gossip_plan(plan), rank)
+    res["exchange_s"] = _mean(lambda: w.gossip(weights), reps)
+    if rank == 0:
+        for server in range(n, dist.get_world_size()):
+            dist.send(token, dst=server)
+    return res
 
 
 def probe(cfg: dict[str, Any], out: Path, rank: int) -> dict[str, Any]:
     plan = Plan.from_dict(cfg["plan"])
-    n, reps = plan.dp, int(cfg["probe"])
-    world = dist.get_world_size()
-    task = load_task(cfg["task"], cfg["seed"])
-    model = mlp(task, tuple(cfg["hidden"]), cfg["seed"])
-    numel = sum(p.numel() for p in model.parameters())
-    workers = dist.new_group(list(range(n)))
+    reps = int(cfg["probe"])
+    numel = sum(p.numel() for p in mlp(load_task(cfg["task"], cfg["seed"]),
+                                       tuple(cfg["hidden"]), cfg["seed"]).parameters())
     res: dict[str, Any] = {"rank": rank, "role": "probe", "numel": numel}
     progress(out, rank, cfg.get("stage0", 0) + 1, "probing")
-    if rank < n:
-        opt = torch.optim.SGD(model.parameters(), lr=cfg["lr"])
-        x, y = task.shard(rank, n)
-        batch = plan.global_batch_size // n
-
-        def step() -> None:
-            idx = torch.randint(0, len(x), (batch,))
-            opt.zero_grad()
-            torch.nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
-            opt.step()
-
-        res["step_s"] = _median(step, reps)
-        flat = torch.randn(numel)
-        res["allreduce_s"] = _median(lambda: dist.all_reduce(flat, group=workers), reps)
+    res.update(_workers(cfg, plan, rank, reps))
     dist.barrier()
-    peer = n if world > n else 1
-    buf = torch.randn(numel)
-    if rank == 0:
-        def ping() -> None:
-            dist.send(buf, dst=peer)
-            dist.recv(buf, src=peer)
-
-        res["p2p_s"] = _median(ping, reps) / 2
-    elif rank == peer:
-        for _ in range(reps + reps // 5):
-            dist.recv(buf, src=0)
-            dist.send(buf, dst=0)
+    res.update(_message(cfg, plan, rank, numel))
     dist.barrier()
     if architecture(plan) == "ps":
-        res.update(_service(cfg, plan, rank, numel, reps))
+        res.update(_service(cfg, plan, rank, reps))
     return res
 
 
-def _service(cfg: dict[str, Any], plan: Plan, rank: int, numel: int, reps: int
-             ) -> dict[str, float]:
-    """A server's whole handling of one push, measured on the server: parse the header,
-    apply the gradient, reply with its parameters (:class:`executor.sync.server.Server`'s
-    own code, asynchronous), worker 0 pushing one message at a time."""
-    from executor.sync.server import HEADER, PUSH, Server
+def _message(cfg: dict[str, Any], plan: Plan, rank: int, numel: int) -> dict[str, float]:
+    """Half a ping-pong of the flat gradient between each worker in turn and the first
+    server (or the next worker) while the other workers step (the runs keep the cores busy;
+    on an idle host a message also pays for waking an idle core). Where the kernel places
+    the processes moves a message's time several-fold, so every worker takes a turn."""
+    n, world = plan.dp, dist.get_world_size()
+    out = []
+    for w in range(n):
+        peer = n if world > n else (w + 1) % n
+        if rank == w:
+            out.append(_ping(peer, numel))
+        elif rank == peer:
+            _echo(w, numel)
+        elif rank < n:
+            step = _local_step(_Replica(cfg, rank))
+            end = time.monotonic() + LOAD_S
+            while time.monotonic() < end:
+                step()
+        dist.barrier()
+    return {"p2p_s": statistics.fmean(out)} if out else {}
 
-    n = plan.dp
-    shard = numel // plan.communication.servers
+
+def _ping(peer: int, numel: int) -> float:
+    """Ping-pongs with ``peer`` for most of ``LOAD_S`` (the first fifth a warm-up), then a
+    stop (``buf[0] = 1``); half the mean round trip."""
+    buf = torch.randn(numel)
+    buf[0] = 0.0
+    times: list[float] = []
+    start = time.monotonic()
+    while time.monotonic() - start < 0.8 * LOAD_S:
+        t0 = time.perf_counter()
+        dist.send(buf, dst=peer)
+        dist.recv(buf, src=peer)
+        if time.monotonic() - start > 0.16 * LOAD_S:
+            times.append(time.perf_counter() - t0)
+    buf[0] = 1.0
+    dist.send(buf, dst=peer)
+    return statistics.fmean(times) / 2
+
+
+def _echo(src: int, numel: int) -> None:
+    buf = torch.empty(numel)
+    while True:
+        dist.recv(buf, src=src)
+        if buf[0] == 1.0:
+            return
+        dist.send(buf, dst=src)
+
+
+def _service(cfg: dict[str, Any], plan: Plan, rank: int, reps: int) -> dict[str, float]:
+    """Every worker pushes to every shard and pulls back to back (as ``Worker.ps_step``);
+    each server receives from any worker and answers with its own code, asynchronously
+    (as ASP), never idle: the mean time between its replies is its whole handling of one push
+    (receive from any worker, apply, reply)."""
+    n, pushes = plan.dp, reps + reps // 5
+    asp = {**cfg, "plan": {**cfg["plan"], "sync": {"kind": "asp"}}}
     out: dict[str, float] = {}
     if rank >= n:
-        g = torch.randn(shard)
-        w = torch.randn_like(g)
-        out["apply_s"] = _median(lambda: w.add_(g, alpha=-0.1), reps)
-    if rank == n:
-        asp = {**cfg, "plan": {**cfg["plan"], "sync": {"kind": "asp"}}}
-        server = Server(asp, torch.randn(shard), n)
-        buf = torch.empty(HEADER + shard)
-        times = []
-        for _ in range(reps + reps // 5):
-            dist.recv(buf, src=0)
+        flat = torch.nn.utils.parameters_to_vector(
+            mlp(load_task(cfg["task"], cfg["seed"]), tuple(cfg["hidden"]), cfg["seed"])
+            .parameters()).detach()
+        a, b = _shard_bounds(flat.numel(), plan.communication.servers)[rank - n]
+        server = Server(asp, flat[a:b], n)
+        buf = torch.empty(HEADER + b - a)
+        handling, ends = [], []
+        for _ in range(n * pushes):
+            dist.recv(buf)
             t0 = time.perf_counter()
-            kind, worker, tag, read = (int(x) for x in buf[:HEADER].tolist())
+            _, worker, tag, read = (int(x) for x in buf[:HEADER].tolist())
             server._push(worker, tag, read, buf[HEADER:])
             server._release()
-            times.append(time.perf_counter() - t0)
-        out["service_s"] = statistics.median(times[reps // 5:])
-    elif rank == 0:
-        msg = torch.cat([torch.tensor([PUSH, 0.0, 0.0, 0.0]), torch.randn(shard)])
-        reply = torch.empty(HEADER + shard)
-        for _ in range(reps + reps // 5):
-            dist.send(msg, dst=n)
-            dist.recv(reply, src=n)
+            ends.append(time.perf_counter())
+            handling.append(ends[-1] - t0)
+        warm = n * (reps // 5)
+        out["handling_s"] = statistics.fmean(handling[warm:])
+        out["service_s"] = (ends[-1] - ends[warm]) / (len(ends) - 1 - warm)
+    else:
+        w = _Replica(asp, rank)
+        w.gradient()
+        out["push_s"] = _mean(w.ps_step, reps)
     dist.barrier()
     return out

@@ -193,10 +193,10 @@ def _diloco(w: Worker, state: dict[str, Any]) -> None:
     torch.nn.utils.vector_to_parameters(g.detach(), w.params)
 
 
-def _worker_loop(w: Worker, out: Path) -> None:
-    plan, cfg = w.plan, w.cfg
-    kind, arch = plan.sync.kind, architecture(plan)
-    state: dict[str, Any] = {"weight": 1.0}
+def _strategy_state(w: Worker) -> dict[str, Any]:
+    """What a strategy keeps across steps (averager, outer optimizer, gossip weights...)."""
+    plan, kind = w.plan, w.plan.sync.kind
+    state: dict[str, Any] = {"weight": 1.0, "weights": {}}
     if kind == "local-sgd":
         from torch.distributed.algorithms.model_averaging.utils import average_parameters
 
@@ -210,12 +210,46 @@ def _worker_loop(w: Worker, out: Path) -> None:
         from executor.sync.two_stage import TwoStage
 
         state["two"] = TwoStage(w)
-    weights = _gossip_weights(plan, w.rank) if kind == "gossip" else {}
-    ad = kind == "gossip" and plan.sync.gossip_mode == "ad-psgd"
-    if ad:
+    if kind == "gossip":
+        state["weights"] = _gossip_weights(plan, w.rank)
+    if kind == "gossip" and plan.sync.gossip_mode == "ad-psgd":
         from executor.sync.adpsgd import AsyncGossip
 
-        state["ad"] = AsyncGossip(w, sorted(weights))
+        state["ad"] = AsyncGossip(w, sorted(state["weights"]))
+    return state
+
+
+def _synchronise(w: Worker, k: int, state: dict[str, Any]) -> None:
+    """Step ``k``'s update and synchronisation, the gradient computed."""
+    plan, kind = w.plan, w.plan.sync.kind
+    warm = kind == "local-sgd" and k < plan.sync.warmup_steps  # post-local SGD: BSP first
+    if architecture(plan) == "ps":
+        w.ps_step(k)
+    elif kind == "bsp" or warm:
+        w.allreduce_step(k)
+    elif kind == "two-stage":
+        state["two"].step(k)
+    elif "ad" in state:
+        with state["ad"].lock:  # atomic with the averages the neighbours ask for
+            w.opt.step()
+        w.updates = k + 1
+        state["ad"].step_done()
+    else:
+        w.opt.step()
+        w.updates = k + 1
+        if kind == "local-sgd" and (k + 1 - plan.sync.warmup_steps) % plan.sync.period == 0:
+            state["average"](iter(w.params), dist.group.WORLD)
+        elif kind == "diloco" and (k + 1) % plan.sync.period == 0:
+            _diloco(w, state)
+        elif kind == "gossip" and plan.sync.gossip_mode == "sgp":
+            _sgp(w, k, state)
+        elif kind == "gossip":
+            _gossip(w, state["weights"])
+
+
+def _worker_loop(w: Worker, out: Path) -> None:
+    cfg = w.cfg
+    state = _strategy_state(w)
     start = last = time.monotonic()
     for k in range(cfg["steps"]):
         if w.rank == 0 and k % cfg["eval_every"] == 0:
@@ -227,38 +261,16 @@ def _worker_loop(w: Worker, out: Path) -> None:
         t0 = time.monotonic()
         w.log["loss"].append(w.gradient())
         w.log["compute_s"].append(time.monotonic() - t0)
-        warm = kind == "local-sgd" and k < plan.sync.warmup_steps  # post-local SGD: BSP first
-        if arch == "ps":
-            w.ps_step(k)
-        elif kind == "bsp" or warm:
-            w.allreduce_step(k)
-        elif kind == "two-stage":
-            state["two"].step(k)
-        elif ad:
-            with state["ad"].lock:  # atomic with the averages the neighbours ask for
-                w.opt.step()
-            w.updates = k + 1
-            state["ad"].step_done()
-        else:
-            w.opt.step()
-            w.updates = k + 1
-            if kind == "local-sgd" and (k + 1 - plan.sync.warmup_steps) % plan.sync.period == 0:
-                state["average"](iter(w.params), dist.group.WORLD)
-            elif kind == "diloco" and (k + 1) % plan.sync.period == 0:
-                _diloco(w, state)
-            elif kind == "gossip" and plan.sync.gossip_mode == "sgp":
-                _sgp(w, k, state)
-            elif kind == "gossip":
-                _gossip(w, weights)
+        _synchronise(w, k, state)
         w.log["step_end"].append(time.monotonic())
-    if kind == "two-stage":
+    if "two" in state:
         state["two"].finish()
-    if ad:
+    if "ad" in state:
         state["ad"].finish()
         w.log["swaps_served"] = [state["ad"].swaps]
     if w.rank == 0:
         w.evaluate(cfg["steps"], start)
-    if arch == "ps":
+    if architecture(w.plan) == "ps":
         w.finish_ps()
     w.log["start"] = [start]
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from sim.api import simulate
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
 
 __all__ = ["simulate_sync", "build_setup", "covering_steps", "MAX_SYNC_STEPS"]
 
+Measured = Mapping[str, "float | Sequence[float]"]  # a profile of the workers (_measured)
 MAX_SYNC_STEPS = 100_000  # local steps per worker a run may simulate
 MAX_SYNC_WORK = 20_000_000  # workers x steps x (servers or peers): bounds a run's events
 
@@ -57,7 +59,7 @@ def simulate_sync(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan,
                   jitter: Dist | None = None, seed: int = 0, trace: str | None = None,
                   trace_steps: int = 5, convergence: str | None = None,
                   lr: float | None = None, target: float = 0.95,
-                  measured: dict[str, float] | None = None) -> SyncResult:
+                  measured: Measured | None = None) -> SyncResult:
     """Simulate ``steps`` local steps of every data-parallel worker under ``plan.sync``;
     with ``convergence`` (a bundled model name or a CSV of measured runs) and ``lr``, also
     the time to ``target`` test accuracy (:mod:`sim.strategies.accuracy`)."""
@@ -75,7 +77,7 @@ def simulate_sync(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan,
 
 def _simulate(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan, fidelity: str,
               steps: int, faults: Faults | None, jitter: Dist | None, seed: int,
-              trace: str | None, trace_steps: int, measured: dict[str, float] | None
+              trace: str | None, trace_steps: int, measured: Measured | None
               ) -> SyncResult:
     if fidelity not in ("analytic", "des"):
         raise SpecError("fidelity", f"must be analytic or des, got {fidelity!r}")
@@ -128,12 +130,13 @@ def _bsp(plan: Plan) -> Plan:
 
 def build_setup(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan,
                 fidelity: str, faults: Faults | None = None, jitter: Dist | None = None,
-                seed: int = 0, measured: dict[str, float] | None = None
+                seed: int = 0, measured: Measured | None = None
                 ) -> tuple[SyncSetup, object]:
     """The workers, their step times and their traffic for ``plan`` (and the one-step
     tier's BSP result it starts from). ``measured``: a profile of the workers themselves
-    (``step_s``: a local step; ``allreduce_s``: a whole all-reduce of the gradient over
-    them, not overlapped) in place of the tier's figures."""
+    (``step_s``: a local step; ``step_samples_s``: measured local steps, drawn per worker
+    and step; ``allreduce_s``: a whole all-reduce of the gradient over them, not
+    overlapped) in place of the tier's figures (:func:`_measured`)."""
     tier = simulate(model, cluster, _bsp(plan), fidelity)
     if not math.isfinite(tier.iteration_time_s):
         raise SpecError("plan", "the BSP step it starts from cannot complete")
@@ -156,8 +159,7 @@ def build_setup(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan,
         degree = max(len(s.neighbours(w)) for w in range(s.workers))
         extra += elementwise_s(gpu, grad.raw_bytes / ranks, 1.0 + degree)  # the average
     if measured:
-        _measured(s, measured)
-        local = measured.get("step_s", local)
+        local = _measured(s, measured, local)
     s.compute_s = [(local + extra) * f for f in factors]
     if architecture(plan) == "ps":
         s.partitions = partition_count(grad.raw_bytes, plan.communication.partition_MB)
@@ -169,18 +171,40 @@ def build_setup(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan,
     return s, tier
 
 
-def _measured(s: SyncSetup, measured: dict[str, float]) -> None:
-    """A measured whole all-reduce replaces the collective model's (and BSP's exposed
-    share: a step measured without overlap)."""
-    known = {"step_s", "allreduce_s"}
+def _measured(s: SyncSetup, measured: Measured, local: float) -> float:
+    """Apply a measured profile of the workers; returns their local step. ``step_s``: the
+    mean local step; ``step_samples_s``: the measured steps themselves, drawn per worker and
+    step as a jitter (:mod:`sim.strategies.host`; their mean is the step unless ``step_s``
+    is given); ``allreduce_s``: a whole all-reduce, replacing the collective model's (and
+    BSP's exposed share: a step measured without overlap)."""
+    known = {"step_s", "step_samples_s", "allreduce_s"}
+    seconds: dict[str, float] = {}
     for key, value in measured.items():
         if key not in known:
             raise SpecError(f"measured.{key}", f"unknown (known: {', '.join(sorted(known))})")
+        if key == "step_samples_s":
+            continue
         if not (isinstance(value, (int, float)) and 0 <= value < math.inf):
             raise SpecError(f"measured.{key}", f"must be seconds >= 0, got {value!r}")
-    if "allreduce_s" not in measured:
-        return
-    t, kind = measured["allreduce_s"], s.plan.sync.kind
+        seconds[key] = float(value)
+    samples = measured.get("step_samples_s")
+    if samples is not None:
+        from sim.strategies.host import resampled
+
+        if s.jitter is not None:
+            raise SpecError("measured.step_samples_s", "give measured steps or a jitter, "
+                            "not both")
+        if isinstance(samples, (int, float)):
+            raise SpecError("measured.step_samples_s", "must be a list of step times")
+        s.jitter = resampled(samples)
+        local = sum(samples) / len(samples)
+    if "allreduce_s" in seconds:
+        _measured_allreduce(s, seconds["allreduce_s"])
+    return seconds.get("step_s", local)
+
+
+def _measured_allreduce(s: SyncSetup, t: float) -> None:
+    kind = s.plan.sync.kind
     s.exposed_s = t
     s.average_s = t + (s.average_s - s.allreduce_s if kind == "diloco" else 0.0)
     if kind == "local-sgd" or kind == "bsp":
