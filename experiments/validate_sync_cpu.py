@@ -23,9 +23,9 @@ exchange's for D-PSGD), and a server's CPU time per push is its measured handlin
 are then compared with the predictions: updates/s in each strategy's scope and the servers'
 mean staleness.
 
-The real servers hold equal slices of the flat parameter vector, the simulator's whole
-tensors (size-balanced: one of two shards holds 85% of this MLP), so a server's CPU rate is
-set so that the simulator's largest shard takes the measured handling.
+The real servers hold the plan's shards (size-balanced: whole tensors, dealt as the
+simulator deals them, so one of two shards holds 85% of this MLP); a server's CPU rate is
+set so that the first (largest) shard takes its measured handling.
 
 Not modelled: processes sharing the host's cores beyond what each primitive saw while it
 was measured (the DES gives every process a core of its own). The one-way message is the
@@ -111,8 +111,7 @@ def _predict(label: str, p: Plan, profile: dict[str, Any], workload: Any) -> Any
     lat_us = max(1.0, (message_s - payload / bw) * 1e6)
     cluster = apply_cluster_edits(cluster, [("intra_node.latency_us", lat_us)])
     if profile["service_s"]:  # a server's whole handling of a push under load, as its CPU
-        # the real servers hold equal slices of the flat vector; the simulator's hold whole
-        # tensors (one shard 85% of the MLP): its largest one takes the measured time
+        # the first server's measured handling, for its shard (the largest)
         comm = p.communication
         shard = payload * max(shard_fractions(parameter_tensors(workload), comm.servers,
                                               comm.sharding))

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from executor.sync.launch import execute_sync, execute_sync_batch, runnable, updates_to
+from executor.sync.replica import gossip_weights, shard_indices
 from executor.sync.task import load_task, mlp
-from executor.sync.worker import _gossip_weights, shard_bounds
 from sim.errors import SpecError
 from sim.spec.plan import Plan
 
@@ -49,12 +49,14 @@ def test_one_start_runs_bsp_local_sgd_diloco_and_gossip() -> None:
 def test_bsp_over_two_servers_equals_the_mean_gradient_step() -> None:
     """BSP over servers applies the mean of the workers' gradients, as all-reduce BSP does:
     same seed, same batches, the same accuracy curve."""
-    a = execute_sync(plan("bsp", {"architecture": "ps", "servers": 2}), "digits", steps=20,
-                     lr=0.2, eval_every=10)
+    shards = [(plan("bsp", {"architecture": "ps", "servers": 2, "sharding": s}), 0.2, 0)
+              for s in ("size-balanced", "flat")]
+    whole, flat = execute_sync_batch(shards, "digits", steps=20, eval_every=10)
     b = execute_sync(plan("bsp"), "digits", steps=20, lr=0.2, eval_every=10)
-    assert [e["accuracy"] for e in a["evals"]] == pytest.approx(
-        [e["accuracy"] for e in b["evals"]], abs=1e-6)
-    assert a["staleness"]["mean"] == 0 and a["servers"] == 2
+    for a in (whole, flat):
+        assert [e["accuracy"] for e in a["evals"]] == pytest.approx(
+            [e["accuracy"] for e in b["evals"]], abs=1e-6)
+        assert a["staleness"]["mean"] == 0 and a["servers"] == 2
 
 
 def test_updates_to_target() -> None:
@@ -67,7 +69,12 @@ def test_task_model_and_shards() -> None:
     assert t.x_train.shape[1] == 64 and t.classes == 10 and len(t.x_test) == 360
     m = mlp(t, (64,), 0)
     assert sum(p.numel() for p in m.parameters()) == 64 * 64 + 64 + 64 * 10 + 10
-    assert shard_bounds(10, 3) == [(0, 3), (3, 6), (6, 10)]
+    flat = shard_indices([4, 2, 4], 3, "flat")
+    assert [x.tolist() for x in flat] == [[0, 1, 2], [3, 4, 5], [6, 7, 8, 9]]
+    whole = shard_indices([4, 2, 4], 2, "size-balanced")  # as the simulator deals them
+    assert [x.tolist() for x in whole] == [[0, 1, 2, 3, 4, 5], [6, 7, 8, 9]]
+    assert [x.tolist() for x in shard_indices([4, 2, 4], 2, "round-robin")] == \
+        [[0, 1, 2, 3, 6, 7, 8, 9], [4, 5]]
     x0, _ = t.shard(0, 4)
     assert len(x0) == (len(t.x_train) + 3) // 4
 
@@ -75,7 +82,7 @@ def test_task_model_and_shards() -> None:
 def test_gossip_weights_are_doubly_stochastic() -> None:
     p = plan({"kind": "gossip", "graph": "edges", "edges": [[0, 1], [1, 2], [2, 3], [1, 3]]},
              dp=4)
-    w = [_gossip_weights(p, r) for r in range(4)]
+    w = [gossip_weights(p, r) for r in range(4)]
     for r in range(4):
         assert sum(w[r].values()) < 1
         for j, x in w[r].items():

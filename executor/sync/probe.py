@@ -35,18 +35,16 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from executor.rank import progress
-from executor.sync.server import HEADER, PUSH, Server
+from executor.sync.replica import Worker, gossip_mix, gossip_weights, shard_indices, vec
+from executor.sync.server import HEADER, Server
 from executor.sync.task import load_task, mlp
-from sim.spec.gossip import gossip_edges
 from sim.spec.plan import Plan
 from sim.spec.sync import architecture
 
 __all__ = ["probe"]
 
-vec = torch.nn.utils.parameters_to_vector
 LOAD_S = 0.5  # how long the other workers step while one times a message
 
 
@@ -65,84 +63,12 @@ def _mean(fn: Callable[[], None], reps: int) -> float:
     return statistics.fmean(_times(fn, reps))
 
 
-class _Replica:
-    """A worker's state and synchronisation code as :class:`executor.sync.worker.Worker`
-    has them (the same model, shard, generator, optimizer, messages). A copy: that module
-    imports this one, and an import back would be a circle."""
-
-    def __init__(self, cfg: dict[str, Any], rank: int) -> None:
-        task = load_task(cfg["task"], cfg["seed"])
-        self.plan = Plan.from_dict(cfg["plan"])
-        self.rank, self.n, self.cfg = rank, self.plan.dp, cfg
-        self.model = mlp(task, tuple(cfg["hidden"]), cfg["seed"])
-        self.params = list(self.model.parameters())
-        self.x, self.y = task.shard(rank, self.n)
-        self.batch = self.plan.global_batch_size // self.n
-        self.gen = torch.Generator().manual_seed(cfg["seed"] * 7919 + rank)
-        self.opt = torch.optim.SGD(self.params, lr=cfg["lr"])
-        self.read = 0
-        self.tags = [0] * max(1, self.plan.communication.servers)
-        self.log: dict[str, list[float]] = {"step_end": [], "compute_s": [], "loss": []}
-
-    def gradient(self) -> float:
-        idx = torch.randint(0, len(self.x), (self.batch,), generator=self.gen)
-        self.opt.zero_grad()
-        loss = F.cross_entropy(self.model(self.x[idx]), self.y[idx])
-        loss.backward()
-        return float(loss.detach())
-
-    def ps_step(self) -> None:
-        """``Worker.ps_step``: push the gradient's shards, pull the parameters."""
-        servers = self.plan.communication.servers
-        flat = vec([p.grad for p in self.params])
-        msgs, replies, reqs = [], [], []
-        for s, (a, b) in enumerate(_shard_bounds(flat.numel(), servers)):
-            head = torch.tensor([PUSH, float(self.rank), float(self.tags[s]),
-                                 float(self.read)])
-            msgs.append(torch.cat([head, flat[a:b]]))
-            replies.append(torch.empty(HEADER + b - a))
-            reqs.append(dist.isend(msgs[-1], dst=self.n + s))
-        for s, buf in enumerate(replies):
-            dist.recv(buf, src=self.n + s)
-        for req in reqs:
-            req.wait()
-        self.read = int(replies[0][0])
-        self.tags = [int(r[1]) for r in replies]
-        torch.nn.utils.vector_to_parameters(torch.cat([r[HEADER:] for r in replies]),
-                                            self.params)
-
-    def gossip(self, weights: dict[int, float]) -> None:
-        """``_gossip``: the parameters to every neighbour, theirs back, the mix."""
-        mine = vec(self.params)
-        bufs = {j: torch.empty_like(mine) for j in weights}
-        reqs = [dist.isend(mine, dst=j) for j in weights] + [
-            dist.irecv(bufs[j], src=j) for j in weights]
-        for r in reqs:
-            r.wait()
-        mixed = mine * (1.0 - sum(weights.values()))
-        for j, x in bufs.items():
-            mixed += weights[j] * x
-        torch.nn.utils.vector_to_parameters(mixed, self.params)
+def _replica(cfg: dict[str, Any], rank: int) -> Worker:
+    """A worker as the runs build it (:class:`executor.sync.replica.Worker`)."""
+    return Worker(cfg, rank, load_task(cfg["task"], cfg["seed"]))
 
 
-def _shard_bounds(numel: int, servers: int) -> list[tuple[int, int]]:
-    """``executor.sync.worker.shard_bounds``: contiguous, nearly equal slices."""
-    cuts = [numel * s // servers for s in range(servers + 1)]
-    return list(zip(cuts[:-1], cuts[1:], strict=True))
-
-
-def _gossip_weights(plan: Plan, rank: int) -> dict[int, float]:
-    """Metropolis-Hastings weights of ``rank``'s neighbours (``executor.sync.worker``'s)."""
-    edges = gossip_edges(plan.sync.graph, plan.sync.edges, plan.dp)
-    degree = [0] * plan.dp
-    for a, b in edges:
-        degree[a] += 1
-        degree[b] += 1
-    return {(b if a == rank else a): 1.0 / (1 + max(degree[a], degree[b]))
-            for a, b in edges if rank in (a, b)}
-
-
-def _local_step(w: _Replica) -> Callable[[], None]:
+def _local_step(w: Worker) -> Callable[[], None]:
     """``_worker_loop``'s local step: its gradient, the SGD step, its bookkeeping."""
     def step() -> None:
         t0 = time.monotonic()
@@ -153,7 +79,7 @@ def _local_step(w: _Replica) -> Callable[[], None]:
     return step
 
 
-def _reduction(w: _Replica, group: Any) -> Callable[[], None]:
+def _reduction(w: Worker, group: Any) -> Callable[[], None]:
     """``Worker.allreduce_step`` without its SGD step (the local step has it)."""
     for p in w.params:
         p.grad = torch.zeros_like(p)
@@ -181,12 +107,12 @@ def _workers(cfg: dict[str, Any], plan: Plan, rank: int, reps: int) -> dict[str,
     if rank >= n:  # a server waits in a blocking receive (a collective's wait takes a core)
         dist.recv(token, src=0)
         return res
-    w = _Replica(cfg, rank)
+    w = _replica(cfg, rank)
     samples = _times(_local_step(w), reps)
     res["step_s"], res["step_samples_s"] = statistics.fmean(samples), samples
     res["allreduce_s"] = _mean(_reduction(w, group), reps)
-    weights = _gossip_weights(_gossip_plan(plan), rank)
-    res["exchange_s"] = _mean(lambda: w.gossip(weights), reps)
+    weights = gossip_weights(_gossip_plan(plan), rank)
+    res["exchange_s"] = _mean(lambda: gossip_mix(w, weights), reps)
     if rank == 0:
         for server in range(n, dist.get_world_size()):
             dist.send(token, dst=server)
@@ -223,7 +149,7 @@ def _message(cfg: dict[str, Any], plan: Plan, rank: int, numel: int) -> dict[str
         elif rank == peer:
             _echo(w, numel)
         elif rank < n:
-            step = _local_step(_Replica(cfg, rank))
+            step = _local_step(_replica(cfg, rank))
             end = time.monotonic() + LOAD_S
             while time.monotonic() < end:
                 step()
@@ -267,12 +193,13 @@ def _service(cfg: dict[str, Any], plan: Plan, rank: int, reps: int) -> dict[str,
     asp = {**cfg, "plan": {**cfg["plan"], "sync": {"kind": "asp"}}}
     out: dict[str, float] = {}
     if rank >= n:
-        flat = torch.nn.utils.parameters_to_vector(
-            mlp(load_task(cfg["task"], cfg["seed"]), tuple(cfg["hidden"]), cfg["seed"])
-            .parameters()).detach()
-        a, b = _shard_bounds(flat.numel(), plan.communication.servers)[rank - n]
-        server = Server(asp, flat[a:b], n)
-        buf = torch.empty(HEADER + b - a)
+        model = mlp(load_task(cfg["task"], cfg["seed"]), tuple(cfg["hidden"]), cfg["seed"])
+        flat = vec(model.parameters()).detach()
+        comm = plan.communication
+        idx = shard_indices([p.numel() for p in model.parameters()], comm.servers,
+                            comm.sharding)[rank - n]
+        server = Server(asp, flat[idx], n)
+        buf = torch.empty(HEADER + idx.numel())
         handling, ends = [], []
         for _ in range(n * pushes):
             dist.recv(buf)
@@ -286,8 +213,8 @@ def _service(cfg: dict[str, Any], plan: Plan, rank: int, reps: int) -> dict[str,
         out["handling_s"] = statistics.fmean(handling[warm:])
         out["service_s"] = (ends[-1] - ends[warm]) / (len(ends) - 1 - warm)
     else:
-        w = _Replica(asp, rank)
+        w = _replica(asp, rank)
         w.gradient()
-        out["push_s"] = _mean(w.ps_step, reps)
+        out["push_s"] = _mean(lambda: w.ps_step(0), reps)
     dist.barrier()
     return out

@@ -30,138 +30,15 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from executor.rank import progress, rank_main
-from executor.sync.compress import Compressor
-from executor.sync.server import DONE, HEADER, PUSH, Server
-from executor.sync.task import Task, load_task, mlp
-from sim.spec.gossip import gossip_edges
+from executor.sync.replica import Worker, gossip_mix, gossip_weights, shard_indices, vec
+from executor.sync.server import Server
+from executor.sync.task import load_task, mlp
 from sim.spec.plan import Plan
 from sim.spec.sync import architecture
 
-__all__ = ["main", "shard_bounds"]
-
-vec = torch.nn.utils.parameters_to_vector
-
-
-def shard_bounds(numel: int, servers: int) -> list[tuple[int, int]]:
-    """Contiguous, nearly equal slices of the flat parameter vector, one per server."""
-    cuts = [numel * s // servers for s in range(servers + 1)]
-    return list(zip(cuts[:-1], cuts[1:], strict=True))
-
-
-class Worker:
-    def __init__(self, cfg: dict[str, Any], rank: int, task: Task) -> None:
-        self.cfg, self.rank, self.task = cfg, rank, task
-        self.plan = Plan.from_dict(cfg["plan"])
-        self.n = self.plan.dp
-        self.model = mlp(task, tuple(cfg["hidden"]), cfg["seed"])
-        self.params = list(self.model.parameters())
-        self.x, self.y = task.shard(rank, self.n)
-        self.batch = self.plan.global_batch_size // self.n
-        self.gen = torch.Generator().manual_seed(cfg["seed"] * 7919 + rank)
-        self.opt = torch.optim.SGD(self.params, lr=cfg["lr"])
-        self.net: torch.nn.Module = self.model
-        self.comp: Compressor | None = None
-        if self.plan.compression.kind != "none":
-            self.comp = Compressor(self.plan.compression, self.n, rank)
-            if self.plan.compression.kind in ("fp16", "powersgd"):
-                self.net = self.comp.hook_ddp(self.model)
-        self.read, self.updates = 0, 0
-        self.tags = [0] * max(1, self.plan.communication.servers)  # each shard's step
-        self.log: dict[str, list[Any]] = {"step_end": [], "compute_s": [], "loss": [],
-                                          "evals": [], "sent_bytes": []}
-
-    def gradient(self) -> float:
-        """Forward and backward on a fresh mini-batch of this worker's shard; a straggler
-        (``cfg["straggler"]``: ``{"worker": w, "factor": f}``) then idles ``f - 1`` times
-        that long, as a device ``f`` times slower would take."""
-        t0 = time.perf_counter()
-        idx = torch.randint(0, len(self.x), (self.batch,), generator=self.gen)
-        self.opt.zero_grad()
-        loss = F.cross_entropy(self.net(self.x[idx]), self.y[idx])
-        loss.backward()
-        slow = self.cfg.get("straggler") or {}
-        if slow.get("worker") == self.rank:
-            time.sleep((float(slow["factor"]) - 1.0) * (time.perf_counter() - t0))
-        return float(loss.detach())
-
-    def evaluate(self, step: int, start: float) -> None:
-        loss, acc = self.task.evaluate(self.model)
-        self.log["evals"].append({"step": step, "updates": self.updates,
-                                  "time_s": time.monotonic() - start, "loss": loss,
-                                  "accuracy": acc})
-
-    # strategies ---------------------------------------------------------------------------
-    def allreduce_step(self, k: int) -> None:
-        """The workers' mean gradient, then an SGD step (compressed: a DDP hook averaged it
-        in the backward, or :class:`Compressor` averages it here)."""
-        if self.net is not self.model:
-            assert self.comp is not None
-            self.log["sent_bytes"].append(self.comp.ddp_bytes(self.model))
-        else:
-            flat = vec([p.grad for p in self.params])
-            if self.comp is not None:
-                mean, sent = self.comp.average(flat)
-            else:
-                dist.all_reduce(flat)
-                mean, sent = flat / self.n, int(4 * flat.numel() * 2 * (self.n - 1) / self.n)
-            self.log["sent_bytes"].append(sent)
-            torch.nn.utils.vector_to_parameters(mean, [p.grad for p in self.params])
-        self.opt.step()
-        self.updates = k + 1
-
-    def ps_step(self, k: int) -> None:
-        servers = self.plan.communication.servers
-        flat = vec([p.grad for p in self.params])
-        msgs, replies, reqs = [], [], []
-        for s, (a, b) in enumerate(shard_bounds(flat.numel(), servers)):
-            head = torch.tensor([PUSH, float(self.rank), float(self.tags[s]),
-                                 float(self.read)])
-            msgs.append(torch.cat([head, flat[a:b]]))
-            replies.append(torch.empty(HEADER + b - a))
-            reqs.append(dist.isend(msgs[-1], dst=self.n + s))
-        for s, buf in enumerate(replies):
-            dist.recv(buf, src=self.n + s)
-        for req in reqs:
-            req.wait()
-        self.read = int(replies[0][0])
-        self.tags = [int(r[1]) for r in replies]
-        new = torch.cat([r[HEADER:] for r in replies])
-        torch.nn.utils.vector_to_parameters(new, self.params)
-        self.updates = self.read
-
-    def finish_ps(self) -> None:
-        numel = vec(self.params).numel()
-        for s, (a, b) in enumerate(shard_bounds(numel, self.plan.communication.servers)):
-            msg = torch.zeros(HEADER + b - a)
-            msg[0], msg[1] = DONE, float(self.rank)
-            dist.send(msg, dst=self.n + s)
-
-
-def _gossip_weights(plan: Plan, rank: int) -> dict[int, float]:
-    """Metropolis-Hastings mixing weights of ``rank``'s neighbours (itself: the rest)."""
-    edges = gossip_edges(plan.sync.graph, plan.sync.edges, plan.dp)
-    degree = [0] * plan.dp
-    for a, b in edges:
-        degree[a] += 1
-        degree[b] += 1
-    return {(b if a == rank else a): 1.0 / (1 + max(degree[a], degree[b]))
-            for a, b in edges if rank in (a, b)}
-
-
-def _gossip(w: Worker, weights: dict[int, float]) -> None:
-    mine = vec(w.params)
-    bufs = {j: torch.empty_like(mine) for j in weights}
-    reqs = [dist.isend(mine, dst=j) for j in weights] + [dist.irecv(bufs[j], src=j)
-                                                         for j in weights]
-    for r in reqs:
-        r.wait()
-    mixed = mine * (1.0 - sum(weights.values()))
-    for j, x in bufs.items():
-        mixed += weights[j] * x
-    torch.nn.utils.vector_to_parameters(mixed, w.params)
+__all__ = ["main"]
 
 
 def _sgp(w: Worker, k: int, state: dict[str, Any]) -> None:
@@ -211,7 +88,7 @@ def _strategy_state(w: Worker) -> dict[str, Any]:
 
         state["two"] = TwoStage(w)
     if kind == "gossip":
-        state["weights"] = _gossip_weights(plan, w.rank)
+        state["weights"] = gossip_weights(plan, w.rank)
     if kind == "gossip" and plan.sync.gossip_mode == "ad-psgd":
         from executor.sync.adpsgd import AsyncGossip
 
@@ -244,7 +121,7 @@ def _synchronise(w: Worker, k: int, state: dict[str, Any]) -> None:
         elif kind == "gossip" and plan.sync.gossip_mode == "sgp":
             _sgp(w, k, state)
         elif kind == "gossip":
-            _gossip(w, state["weights"])
+            gossip_mix(w, state["weights"])
 
 
 def _worker_loop(w: Worker, out: Path) -> None:
@@ -286,8 +163,10 @@ def _one(cfg: dict[str, Any], out: Path, rank: int) -> dict[str, Any]:
         model = mlp(task, tuple(cfg["hidden"]), cfg["seed"])
         flat = vec(model.parameters()).detach()
         s = rank - plan.dp
-        a, b = shard_bounds(flat.numel(), plan.communication.servers)[s]
-        server = Server(cfg, flat[a:b], plan.dp)
+        comm = plan.communication
+        idx = shard_indices([p.numel() for p in model.parameters()], comm.servers,
+                            comm.sharding)[s]
+        server = Server(cfg, flat[idx], plan.dp)
         stage = cfg.get("stage0", 0)
         return {"rank": rank, "role": "server", **server.serve(
             lambda: progress(out, rank, stage + server.version + 1, "serving"))}

@@ -26,7 +26,8 @@ from sim.spec.plan import Plan
 from sim.spec.sync import Compression
 from sim.spec.workload import Workload
 
-__all__ = ["parameter_tensors", "shard_fractions", "wire_bytes_per_element", "worker_devices",
+__all__ = ["parameter_tensors", "shard_fractions", "shard_assignment", "wire_bytes_per_element",
+           "worker_devices",
            "Gradient", "gradient", "PAYLOAD_BYTES"]
 
 PAYLOAD_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1}
@@ -60,22 +61,38 @@ def parameter_tensors(model: ModelSpec | Workload) -> list[int]:
     return [n for n in out if n > 0]
 
 
-def shard_fractions(tensors: list[int], servers: int, sharding: str) -> list[float]:
-    """Share of the parameters on each server: tensors dealt in turn (``round-robin``), or
-    largest first onto the least-loaded server (``size-balanced``)."""
+def shard_assignment(tensors: list[int], servers: int, sharding: str) -> list[list[int]]:
+    """The parameter tensors (indices into ``tensors``) each server holds whole: dealt in
+    turn (``round-robin``), or largest first onto the least-loaded server
+    (``size-balanced``)."""
     if servers > len(tensors):
         raise SpecError("plan.communication.servers", f"{servers} parameter-server shards "
                         f"but the model has {len(tensors)} parameter tensors (a tensor is not "
-                        f"split): at most {len(tensors)}")
-    load = [0] * servers
+                        f"split unless sharding is flat): at most {len(tensors)}")
+    out: list[list[int]] = [[] for _ in range(servers)]
     if sharding == "round-robin":
-        for i, n in enumerate(tensors):
-            load[i % servers] += n
-    else:
-        for n in sorted(tensors, reverse=True):
-            load[load.index(min(load))] += n
-    total = sum(load)
-    return [x / total for x in load]
+        for i in range(len(tensors)):
+            out[i % servers].append(i)
+        return out
+    load = [0] * servers
+    for i in sorted(range(len(tensors)), key=lambda i: (-tensors[i], i)):
+        s = load.index(min(load))
+        load[s] += tensors[i]
+        out[s].append(i)
+    return out
+
+
+def shard_fractions(tensors: list[int], servers: int, sharding: str) -> list[float]:
+    """Share of the parameters on each server: ``flat``, equal slices of the flattened
+    parameters (tensors split across servers); else whole tensors (:func:`shard_assignment`)."""
+    if sharding == "flat":
+        if servers > sum(tensors):
+            raise SpecError("plan.communication.servers", f"{servers} shards of "
+                            f"{sum(tensors)} parameters: at most one a parameter")
+        return [1.0 / servers] * servers
+    total = sum(tensors)
+    return [sum(tensors[i] for i in mine) / total
+            for mine in shard_assignment(tensors, servers, sharding)]
 
 
 def wire_bytes_per_element(c: Compression, grad_bytes: int, shape: tuple[int, int] | None = None

@@ -39,7 +39,7 @@ GOSSIP_MODES = ("d-psgd", "ad-psgd", "sgp")
 PSEUDO_GRADIENT_DTYPES = ("fp32", "bf16", "fp16", "int8")
 ARCHITECTURES = ("auto", "allreduce", "ps")
 PS_PLACEMENTS = ("dedicated", "colocated")
-SHARDINGS = ("size-balanced", "round-robin")
+SHARDINGS = ("size-balanced", "round-robin", "flat")
 COMPRESSIONS = ("none", "fp16", "int8", "topk", "powersgd", "onebit")
 MAX_PERIOD = 10**6  # local steps between averages: far beyond DiLoCo's 500
 
@@ -103,7 +103,9 @@ class Communication:
     architecture: str = "auto"  # auto: ps for asp/ssp/backup-workers, else allreduce
     servers: int = 1  # parameter-server shards
     placement: str = "dedicated"  # dedicated machines, or colocated on the workers' nodes
-    sharding: str = "size-balanced"  # parameter tensors over servers: size-balanced, round-robin
+    # parameter tensors over servers: size-balanced or round-robin (whole tensors), or flat
+    # (equal slices of the flattened parameters, a tensor split across servers)
+    sharding: str = "size-balanced"
     # bytes/s a server's CPU sums into its shard (read two, write one): an assumption
     # (docs/guide/sync.md), about a third of one socket's ~60 GB/s STREAM bandwidth
     server_cpu_GBps: float = 20.0
