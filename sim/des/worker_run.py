@@ -32,6 +32,7 @@ class Record:
     link_busy_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
     server_busy_s: np.ndarray = field(default_factory=lambda: np.zeros(0))  # CPU, per server
     dropped: int = 0  # backup-workers: pushes that came too late
+    stalled: str = ""  # why the run stopped early (a failed link left no path), if it did
     spans: list[dict[str, Any]] = field(default_factory=list)  # for the trace
     end_s: float = 0.0
     events: int = 0

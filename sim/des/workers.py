@@ -47,6 +47,10 @@ def run_workers(s: SyncSetup, steps: int, trace_steps: int = 0) -> Record:
     run); ``trace_steps``: record spans of the first steps for a trace."""
     run = WorkerRun(s, steps, trace_steps)
     kind, arch = s.plan.sync.kind, architecture(s.plan)
+    if s.failures:
+        from sim.network.failures import install_failures
+
+        install_failures(run.env, run.net, s.topo, s.failures)
     if arch == "ps":
         (partitions if s.partitions else servers).start(run)
     elif kind == "gossip":
@@ -58,7 +62,12 @@ def run_workers(s: SyncSetup, steps: int, trace_steps: int = 0) -> Record:
     else:
         for w in range(s.workers):
             run.env.process(_collective_worker(run, w))
-    run.env.run()
+    from sim.network.failures import CannotComplete
+
+    try:
+        run.env.run()
+    except CannotComplete as exc:  # a flow or a reduction with no path left
+        run.rec.stalled = f"{exc}; the run stalls at {run.env.now:.6g} s"
     run.rec.end_s = run.env.now
     run.rec.events = run.env.processed
     run.rec.link_bytes = run.net.stats.bytes
@@ -66,14 +75,27 @@ def run_workers(s: SyncSetup, steps: int, trace_steps: int = 0) -> Record:
     return run.rec
 
 
+def cost(run: WorkerRun, name: str) -> float:
+    """``name``'s seconds (a :class:`SyncSetup` field) now: after the first link failure,
+    the failed network's (:mod:`sim.strategies.failures`)."""
+    s = run.s
+    if run.env.now < s.fail_at or not s.after:
+        return float(getattr(s, name))
+    if "stalled" in s.after:
+        from sim.network.failures import CannotComplete
+
+        raise CannotComplete("the data-parallel reduction has no path left")
+    return s.after[name]
+
+
 def _sync_cost(run: WorkerRun, k: int) -> float | None:
     """Seconds of the synchronisation after step ``k`` (None: a local step)."""
-    s, sync = run.s, run.s.plan.sync
+    sync = run.s.plan.sync
     if sync.kind == "bsp":
-        return s.exposed_s
+        return cost(run, "exposed_s")
     if k < sync.warmup_steps:  # post-local SGD: BSP first
-        return s.exposed_s
-    return s.average_s if (k + 1 - sync.warmup_steps) % sync.period == 0 else None
+        return cost(run, "exposed_s")
+    return cost(run, "average_s") if (k + 1 - sync.warmup_steps) % sync.period == 0 else None
 
 
 def _collective_worker(run: WorkerRun, w: int) -> Generator[simpy.Event, Any, None]:
@@ -108,12 +130,12 @@ def _two_stage_coordinator(run: WorkerRun) -> Generator[simpy.Event, Any, None]:
         if stage2_end > env.now:
             yield env.timeout(stage2_end - env.now)
         t0 = env.now
-        yield env.timeout(s.stage1_s)
+        yield env.timeout(cost(run, "stage1_s"))
         run.span("stream", "stage1", t0, k)
         run.done(s.samples_per_step * s.workers)
         run.rec.marks.append(env.now)
         run.barrier.event(("go", k)).succeed()
-        stage2_end = env.now + s.stage2_s
+        stage2_end = env.now + cost(run, "stage2_s")
         if k < run.trace_steps:
             run.rec.spans.append({"who": "stream", "what": "stage2", "start": env.now,
                                   "end": stage2_end, "step": k})

@@ -225,12 +225,14 @@ class Detour:
                                    m.coupled, m.check)
             links, weights = flow.members.union()
             flow.links, flow.lid, flow.w = links, links, weights
+            flow.weights = weights  # what the few-flows filling reads
             return
         lids = self._around(tuple(int(i) for i in flow.lid))
         if lids != tuple(flow.links):
             flow.links = lids
             flow.lid = np.asarray(lids, dtype=np.int64)
             flow.w = np.full(len(lids), float(flow.w[0]))
+            flow.weights = flow.w  # what the few-flows filling reads
 
     def _around(self, path: tuple[int, ...]) -> tuple[int, ...]:
         """``path``, or a shortest one around the failed links if it crosses one."""

@@ -49,6 +49,11 @@ class SyncSetup:
     partitions: int = 0
     forward_share: float = 1 / 3  # of a local step: the backward does twice its FLOPs
     local_reduce_s: float = 0.0
+    # links failing during the run (sim.network.perturbation.LinkFailure), and from the
+    # first failure on, the all-reduce strategies' costs (sim.strategies.failures)
+    failures: tuple = ()
+    fail_at: float = math.inf
+    after: dict[str, float] = field(default_factory=dict)
     servers: Servers | None = None
     edges: list[tuple[int, int]] = field(default_factory=list)  # gossip graph
     jitter: object | None = None  # a sim.spec.faults.Dist (scope ignored) drawn per step

@@ -136,6 +136,11 @@ def _from_record(s: SyncSetup, rec: Record, base: dict[str, Any], wall_s: float
     marks = [t for t in (rec.marks if len(rec.marks) >= 3 else rec.updates) if t <= busy_until]
     if len(marks) < 3:
         marks = rec.marks or rec.updates
+    after = [t for t in marks if t > s.fail_at]
+    if not rec.stalled and len(after) >= 3:  # a link failed mid-run: the rates after it
+        marks = after
+        base["warnings"] = [*base["warnings"], f"rates measured after the link failure at "
+                            f"{s.fail_at:g} s"]
     cut, t0, t1 = steady_window(marks)
     span = t1 - t0
     kept = sum(1 for t in rec.updates if t0 < t <= t1)
@@ -156,15 +161,21 @@ def _from_record(s: SyncSetup, rec: Record, base: dict[str, Any], wall_s: float
         base["warnings"] = [*base["warnings"], f"some workers did not finish their steps "
                             f"({int(rec.steps.min())} of {int(rec.steps.max())}): the run "
                             "could not go on without them"]
+    rate = samples / span if span > 0 else 0.0
+    if rec.stalled:  # no progress from the stall on: the long-run rates are zero
+        base["warnings"] = [*base["warnings"], f"cannot complete: {rec.stalled} (rates 0; "
+                            f"{len(rec.updates)} updates before it)"]
+        per = rate = 0.0
     return SyncResult(
-        **base, updates_per_s=per, samples_per_s=samples / span if span > 0 else 0.0,
+        **base, updates_per_s=per, samples_per_s=rate,
         step_time_s=_step(per, scope, s.workers), staleness=_staleness(stale),
         idle_fraction=[float(1 - c / rec.end_s) for c in rec.compute_s], servers=servers,
         links=link_table(s.topo, rec.link_bytes, rec.link_busy_s, rec.end_s),
         steps=int(rec.steps.min()),
         warmup_updates_dropped=sum(1 for t in rec.updates if t <= t0),
         dropped_fraction=rec.dropped / pushes if rec.dropped else 0.0,
-        simulation={"events": rec.events, "wall_s": wall_s, "simulated_s": rec.end_s})
+        simulation={"events": rec.events, "wall_s": wall_s, "simulated_s": rec.end_s,
+                    **({"stalled_at_s": rec.end_s} if rec.stalled else {})})
 
 
 def write_sync_trace(path: str | Path, rec: Record, s: SyncSetup) -> None:

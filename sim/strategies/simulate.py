@@ -22,7 +22,7 @@ import dataclasses
 import math
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sim.api import simulate
 from sim.cost.scales import combine_scales, gpu_compute_scales
@@ -143,7 +143,7 @@ def build_setup(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan,
     exposed = tier.breakdown.get("dp", 0.0)
     local = tier.iteration_time_s - exposed
     devices = worker_devices(plan)
-    factors, topo = _worker_factors(model, cluster, plan, devices, faults)
+    factors, topo, failures = _worker_factors(model, cluster, plan, devices, faults)
     hidden = None if isinstance(model, Workload) else model.hidden_size
     grad = gradient(model, plan, hidden)
     ranks = len(devices[0])
@@ -165,6 +165,10 @@ def build_setup(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan,
         s.partitions = partition_count(grad.raw_bytes, plan.communication.partition_MB)
         if plan.communication.aggregate == "node":
             aggregate_nodes(s, cluster, grad.raw_bytes)
+    if failures:
+        from sim.strategies.failures import after_failure
+
+        after_failure(s, model, cluster, plan, faults, tier, failures, fidelity)
     if plan.compression.kind != "none" and plan.compression.warmup_steps:
         s.notes.append(f"compression warm-up ({plan.compression.warmup_steps} uncompressed "
                        "steps) is not simulated: every step is compressed")
@@ -217,24 +221,23 @@ def _measured_allreduce(s: SyncSetup, t: float) -> None:
 
 def _worker_factors(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan,
                     devices: list[list[int]], faults: Faults | None
-                    ) -> tuple[list[float], Topology]:
-    """Each worker's slow-down (its slowest device: GPU type and stragglers) and the
-    topology with slowed links."""
+                    ) -> tuple[list[float], Topology, tuple[Any, ...]]:
+    """Each worker's slow-down (its slowest device: GPU type and stragglers), the topology
+    with slowed links, and the links failing during the run."""
     scales = None if isinstance(model, Workload) else gpu_compute_scales(model, cluster, plan)
-    topo = None
+    topo: Topology | None = None
+    failures: tuple[Any, ...] = ()
     if faults is not None and not faults.empty:
         from sim.network.failures import fault_inputs
 
         f = fault_inputs(faults, cluster, plan, "des", True)
         scales = combine_scales(scales, f.perturbation.compute_scale)
         topo = f.perturbation.topology
-        if f.perturbation.link_failures:
-            raise SpecError("--fail-link", "link failures are not simulated across steps "
-                            "yet (stragglers and slowed links are)")
+        failures = f.perturbation.link_failures
     topo = topo or build_topology(cluster)
     if scales is None:
-        return [1.0] * len(devices), topo
-    return [max(scales[d] for d in ranks) for ranks in devices], topo
+        return [1.0] * len(devices), topo, failures
+    return [max(scales[d] for d in ranks) for ranks in devices], topo, failures
 
 
 def _allreduce_s(cluster: ClusterSpec, plan: Plan, nbytes: float, kind: str = "all_reduce"
