@@ -37,23 +37,15 @@ next on this host (experiments/NOTES.md, 2026-12-05).
 from __future__ import annotations
 
 import argparse
-import statistics
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
-import torch
 
 from executor.launch import launch
+from executor.sync.compare import predict_sync, profile_of, task_workload
 from executor.sync.launch import summarize_sync
-from executor.sync.task import load_task, mlp
-from profiler.graph.trace import trace_module
 from sim.io import atomic_write_text
-from sim.layout.sync import parameter_tensors, shard_fractions
-from sim.spec.cluster import load_cluster
 from sim.spec.plan import Plan
-from sim.spec.scenario import apply_cluster_edits
-from sim.strategies import simulate_sync
 
 RESULTS = Path(__file__).resolve().parent / "results"
 N, BATCH, STEPS, LR = 4, 32, 300, 0.1
@@ -71,20 +63,6 @@ def _plan(sync: object, comm: object) -> Plan:
                 sync=sync, communication=comm)  # type: ignore[arg-type]
 
 
-def _profile(prof: list[dict[str, Any]]) -> dict[str, Any]:
-    """The ranks' probe results as one profile: means over the workers (or servers)."""
-    def mean(key: str) -> float | None:
-        xs = [r[key] for r in prof if key in r]
-        return statistics.fmean(xs) if xs else None
-
-    return {"step_s": mean("step_s"), "allreduce_s": mean("allreduce_s"),
-            "exchange_s": mean("exchange_s"), "p2p_s": mean("p2p_s"),
-            "service_s": mean("service_s"), "handling_s": mean("handling_s"),
-            "push_s": mean("push_s"),
-            "step_samples_s": [x for r in prof for x in r.get("step_samples_s", [])],
-            "numel": prof[0]["numel"]}
-
-
 def _world(world: list[tuple[str, object, object]], reps: int) -> tuple[dict, list[dict]]:
     plans = [_plan(s, c) for _, s, c in world]
     servers = plans[0].communication.servers if plans[0].sync.kind != "bsp" or \
@@ -96,31 +74,10 @@ def _world(world: list[tuple[str, object, object]], reps: int) -> tuple[dict, li
             "runs": [{"probe": reps, "plan": gossip.to_dict()}]
             + [{"plan": p.to_dict()} for p in plans]}
     ranks = launch("executor.sync.worker", base, N + servers, 120.0, 1)
-    profile = _profile([r["runs"][0] for r in ranks])
+    profile = profile_of([r["runs"][0] for r in ranks])
     runs = [summarize_sync([r["runs"][i + 1] for r in ranks], p, {**base, "plan": p.to_dict()})
             for i, p in enumerate(plans)]
     return profile, runs
-
-
-def _predict(label: str, p: Plan, profile: dict[str, Any], workload: Any) -> Any:
-    payload = profile["numel"] * 4
-    cluster = load_cluster(f"cpu:{N}")
-    bw = cluster.intra_node.bandwidth_GBps * 1e9
-    # one message takes the measured time: a gossip exchange's, else a quiet one-way message
-    message_s = profile["exchange_s"] if p.sync.kind == "gossip" else profile["p2p_s"]
-    lat_us = max(1.0, (message_s - payload / bw) * 1e6)
-    cluster = apply_cluster_edits(cluster, [("intra_node.latency_us", lat_us)])
-    if profile["service_s"]:  # a server's whole handling of a push under load, as its CPU
-        # the first server's measured handling, for its shard (the largest)
-        comm = p.communication
-        shard = payload * max(shard_fractions(parameter_tensors(workload), comm.servers,
-                                              comm.sharding))
-        d = p.to_dict()
-        d["communication"] = {**d["communication"],
-                              "server_cpu_GBps": shard / profile["service_s"] / 1e9}
-        p = Plan.from_dict(d)
-    return simulate_sync(workload, cluster, p, "des", steps=STEPS, measured={
-        "step_samples_s": profile["step_samples_s"], "allreduce_s": profile["allreduce_s"]})
 
 
 def main() -> None:
@@ -128,14 +85,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--reps", type=int, default=200, help="probe repetitions")
     args = ap.parse_args()
-    task = load_task("digits")
-    workload = trace_module(mlp(task, (64,), 0), torch.zeros(BATCH, 64), "digits-mlp")
+    workload = task_workload("digits", (64,), BATCH)
     rows = []
     for rep in range(args.repeats):
         for world in WORLDS:
             profile, runs = _world(world, args.reps)
             for (label, s, c), r in zip(world, runs, strict=True):
-                pred = _predict(label, _plan(s, c), profile, workload)
+                pred = predict_sync(_plan(s, c), profile, workload, STEPS)
                 rows.append({"repeat": rep, "strategy": label,
                              "measured_updates_per_s": r["updates_per_s"],
                              "predicted_updates_per_s": pred.updates_per_s,

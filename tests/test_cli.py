@@ -221,7 +221,8 @@ HELP_OPTIONS: dict[tuple[str, ...], list[str]] = {
     ("compare",): ["--model", "--plan", "--nproc", "--steps", "--warmup", "--device",
                    "--threads", "--timeout", "--scale-layers", "--scale-hidden",
                    "--inject-fault", "--json", "--cluster", "--profile", "--compute-stat",
-                   "--fidelity", "--calibrate", "--measured", "--calibration-out"],
+                   "--fidelity", "--calibrate", "--measured", "--calibration-out",
+                   "--task", "--lr", "--eval-every", "--convergence", "--target"],
 }
 
 

@@ -129,3 +129,27 @@ def test_ad_psgd_averages_with_neighbours_without_waiting() -> None:
     assert r["update_scope"] == "local" and r["updates_per_s"] > 0
     assert r["swaps_served"] == 4 * 60  # every step's request answered by a neighbour
     assert r["evals"][-1]["accuracy"] > r["evals"][0]["accuracy"] + 0.3
+
+
+def test_compare_puts_measured_beside_predicted(tmp_path, capsys) -> None:
+    from sim.spec.plan import save_plan
+    from trainsim.cli import main
+
+    path = tmp_path / "p.json"
+    save_plan(plan("asp", dp=2), path)
+    assert main(["compare", "--plan", str(path), "--cluster", "cpu:3", "--task", "digits",
+                 "--steps", "60", "--eval-every", "5", "--lr", "0.4", "--convergence",
+                 "digits-cpu", "--json"]) == 0
+    import json
+
+    c = json.loads(capsys.readouterr().out)
+    m, p = c["measured"], c["predicted"]
+    assert m["servers"] == 1 and p["update_scope"] == "server"
+    assert p["updates_per_s"] > 0 and c["errors"]["updates_per_s"] == pytest.approx(
+        p["updates_per_s"] / m["updates_per_s"] - 1)
+    assert 0.5 < p["staleness_mean"] < 2  # n - 1 = 1 for two alike workers
+    assert c["profile"]["p2p_s"] > 0 and c["profile"]["service_s"] > 0
+    assert p["diverges"] or p["updates_to_target"] > 0
+    assert main(["compare", "--plan", str(path), "--cluster", "dgx-h100:1", "--task",
+                 "digits"]) == 2
+    assert "give cpu:2" in capsys.readouterr().err

@@ -116,9 +116,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from executor.launch import ExecutionError
     from sim import load_cluster, load_plan
     from sim.errors import SpecError
+    from sim.spec.sync import is_default_sync
     from trainsim.commands.profile import with_profile_options
 
-    model, plan = _model(args), load_plan(args.plan)
+    plan = load_plan(args.plan)
+    if args.task or not is_default_sync(plan):
+        from trainsim.commands.execute_sync import cmd_compare_sync
+
+        return cmd_compare_sync(args, plan)
+    model = _model(args)
     cluster = with_profile_options(load_cluster(args.cluster), args)
     if args.calibration_out and not args.calibrate:
         raise SpecError("--calibration-out", "only with --calibrate")
@@ -198,4 +204,10 @@ def add_execute_parsers(sub: Any, model_help: str, cluster_help: str) -> None:
                    "it applies only where --profile names it")
     c.add_argument("--calibration-out", metavar="DIR", help="where --calibrate writes the "
                    "calibrated profile (never the measured profile or the installed package)")
+    add_sync_execute_options(c)
+    c.add_argument("--convergence", metavar="MODEL|CSV", help="--task: the statistical-"
+                   "efficiency model that predicts updates to --target (digits-cpu, or a CSV "
+                   "of measured runs)")
+    c.add_argument("--target", type=float, default=0.95, help="--task: test accuracy "
+                   "(0.9 or 0.95; default 0.95)")
     c.set_defaults(func=cmd_compare)

@@ -1,0 +1,130 @@
+"""Measured beside predicted for a real synchronisation run (``trainsim compare --task``):
+one torchrun start profiles its own ranks (:mod:`executor.sync.probe`) and then runs the
+plan; the multi-step DES predicts the run from that profile alone
+(:func:`predict_sync`); throughput, staleness and updates to the target are put side by
+side, with time-to-target from a statistical-efficiency model when one is named.
+
+How the profile becomes a prediction (``experiments/validate_sync_cpu.py`` measures how
+well it does): every worker's local step is drawn from the measured steps (per worker and
+step, :mod:`sim.strategies.host`); the all-reduce and averages take the measured reduction;
+the loopback latency is set so a message takes the measured time (an exchange's for
+D-PSGD); a server's CPU time per push is the first server's measured handling of its shard.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from executor.launch import launch
+from executor.sync.launch import runnable, summarize_sync, updates_to
+from sim.errors import SpecError
+from sim.layout.sync import parameter_tensors, shard_fractions
+from sim.spec.cluster import load_cluster
+from sim.spec.plan import Plan
+from sim.spec.scenario import apply_cluster_edits
+from sim.spec.sync import architecture
+
+__all__ = ["compare_sync", "profile_of", "predict_sync", "task_workload"]
+
+KEYS = ("step_s", "allreduce_s", "exchange_s", "p2p_s", "service_s", "handling_s", "push_s")
+
+
+def profile_of(probes: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ranks' probe results as one profile: means over the ranks that measured each."""
+    def mean(key: str) -> float | None:
+        xs = [r[key] for r in probes if key in r]
+        return statistics.fmean(xs) if xs else None
+
+    return {**{k: mean(k) for k in KEYS},
+            "step_samples_s": [x for r in probes for x in r.get("step_samples_s", [])],
+            "numel": probes[0]["numel"]}
+
+
+def task_workload(task: str, hidden: tuple[int, ...], batch: int) -> Any:
+    """The task's MLP traced into a workload graph (what the simulator times)."""
+    import torch
+
+    from executor.sync.task import load_task, mlp
+    from profiler.graph.trace import trace_module
+
+    t = load_task(task)
+    return trace_module(mlp(t, hidden, 0), torch.zeros(batch, t.x_train.shape[1]),
+                        f"{task}-mlp")
+
+
+def predict_sync(plan: Plan, profile: dict[str, Any], workload: Any, steps: int,
+                 **kw: Any) -> Any:
+    """The DES's prediction of ``plan``'s run from ``profile`` (``kw``: simulate_sync's
+    ``convergence``, ``lr``, ``target``)."""
+    from sim.strategies import simulate_sync
+
+    payload = profile["numel"] * 4
+    cluster = load_cluster(f"cpu:{plan.dp}")
+    bw = float(cluster.intra_node.bandwidth_GBps or 0.0) * 1e9
+    message_s = profile["exchange_s"] if plan.sync.kind == "gossip" else profile["p2p_s"]
+    if message_s is None:
+        raise SpecError("profile", "the probe measured no message time (p2p_s, exchange_s)")
+    lat_us = max(1.0, (message_s - payload / bw) * 1e6) if bw else 1.0
+    cluster = apply_cluster_edits(cluster, [("intra_node.latency_us", lat_us)])
+    if profile.get("service_s") and architecture(plan) == "ps":
+        comm = plan.communication
+        shard = payload * shard_fractions(parameter_tensors(workload), comm.servers,
+                                          comm.sharding)[0]
+        d = plan.to_dict()
+        d["communication"] = {**d["communication"],
+                              "server_cpu_GBps": shard / profile["service_s"] / 1e9}
+        plan = Plan.from_dict(d)
+    return simulate_sync(workload, cluster, plan, "des", steps=steps, measured={
+        "step_samples_s": profile["step_samples_s"],
+        "allreduce_s": profile["allreduce_s"]}, **kw)
+
+
+def compare_sync(plan: Plan, task: str = "digits", steps: int = 300, lr: float = 0.1,
+                 eval_every: int = 10, reps: int = 200, timeout_s: float = 120.0,
+                 threads: int = 1, convergence: str | None = None,
+                 target: float = 0.95) -> dict[str, Any]:
+    """Profile, run and predict ``plan`` on ``task``; measured beside predicted."""
+    refused = runnable(plan)
+    if refused is not None:
+        raise SpecError(*refused)
+    from executor.sync.task import TASKS
+
+    hidden = TASKS[task]
+    servers = plan.communication.servers if architecture(plan) == "ps" else 0
+    cfg = {"task": task, "hidden": list(hidden), "steps": steps, "eval_every": eval_every,
+           "device": "cpu", "threads": threads, "timeout_s": timeout_s, "lr": lr, "seed": 0,
+           "plan": plan.to_dict(), "runs": [{"probe": reps}, {}]}
+    ranks = launch("executor.sync.worker", cfg, plan.dp + servers, timeout_s, threads)
+    profile = profile_of([r["runs"][0] for r in ranks])
+    measured = summarize_sync([r["runs"][1] for r in ranks], plan, cfg)
+    batch = plan.global_batch_size // plan.dp
+    kw = {"convergence": convergence, "lr": lr, "target": target} if convergence else {}
+    pred = predict_sync(plan, profile, task_workload(task, hidden, batch), steps, **kw)
+    return {"plan": plan.to_dict(), "task": task, "measured": measured,
+            "predicted": _predicted(pred), "profile": {k: profile[k] for k in KEYS},
+            "errors": _errors(measured, pred, target)}
+
+
+def _predicted(r: Any) -> dict[str, Any]:
+    t = r.time_to_target
+    return {"updates_per_s": r.updates_per_s, "samples_per_s": r.samples_per_s,
+            "staleness_mean": r.staleness.get("mean"), "update_scope": r.update_scope,
+            "updates_to_target": None if not t or t["diverges"] else t["updates"],
+            "updates_band": None if not t or t["diverges"] else (t["updates_low"],
+                                                                 t["updates_high"]),
+            "diverges": bool(t and t["diverges"]), "time_to_target": t or None,
+            "warnings": r.warnings}
+
+
+def _errors(m: dict[str, Any], r: Any, target: float) -> dict[str, Any]:
+    out: dict[str, Any] = {"updates_per_s": r.updates_per_s / m["updates_per_s"] - 1
+                           if m["updates_per_s"] else None}
+    stale = r.staleness.get("mean")
+    if m["servers"] and stale is not None and m["staleness"]["mean"]:
+        out["staleness_mean"] = stale / m["staleness"]["mean"] - 1
+    u = updates_to(m, target)
+    t = r.time_to_target
+    if u and t and not t["diverges"]:
+        out["updates_to_target"] = t["updates"] / u - 1
+    return out
