@@ -21,6 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from sim.cost.convergence import BUNDLED, fit_convergence, load_observations
+from sim.errors import SpecError
 from sim.io import atomic_write_text
 
 HERE = Path(__file__).resolve().parent
@@ -33,12 +34,18 @@ def main() -> None:
     obs = load_observations(FITTED, 0.95)
     df = pd.read_csv(FITTED)
     keys = [(o.kind, o.lr, label) for o, label in zip(obs, df.strategy, strict=True)]
+    grid_of = dict(zip(df.strategy, df.grid, strict=True))
     rows = []
     for cell in sorted(set(keys), key=str):
         held = [o for o, k in zip(obs, keys, strict=True) if k == cell]
         rest = [o for o, k in zip(obs, keys, strict=True) if k != cell]
         family = held[0].family
-        model = fit_convergence(rest, family)
+        try:
+            model = fit_convergence(rest, family)
+        except SpecError as exc:  # too few of the family's other cells reached the target
+            rows.append({"kind": cell[0], "lr": cell[1], "strategy": cell[2],
+                         "family": family, "seeds": len(held), "no_model": str(exc)})
+            continue
         k = statistics.fmean(o.k for o in held)
         pred = model.predict(held[0].lr, k)
         reached = [o.updates for o in held if o.updates is not None and not o.diverged]
@@ -46,7 +53,8 @@ def main() -> None:
         diverged = sum(o.diverged for o in held) > len(held) / 2
         err = None if measured is None or pred.diverges else pred.updates / measured - 1
         rows.append({"kind": cell[0], "lr": cell[1], "strategy": cell[2],
-                     "family": family, "k_measured": k, "seeds": len(held),
+                     "grid": grid_of[cell[2]], "family": family, "k_measured": k,
+                     "seeds": len(held),
                      "measured_updates_to_95": measured, "predicted_updates_to_95":
                      None if pred.diverges else pred.updates,
                      "band_low": None if pred.diverges else pred.low,
@@ -59,20 +67,35 @@ def main() -> None:
                       out.to_csv(index=False, float_format="%.4g"))
     errs = out.relative_error.dropna().abs()
     print(out.to_string(index=False))
+    judged = out[out.verdict_right.notna()]
     print(f"held-out cells with both a measurement and a prediction: {len(errs)}; median "
           f"|error| {errs.median():.1%}, worst {errs.max():.1%}; divergence verdict right in "
-          f"{int(out.verdict_right.sum())} of {len(out)} cells")
-    wrong = out[~out.verdict_right]
+          f"{int((judged.verdict_right == True).sum())} of {len(judged)} cells"  # noqa: E712
+          f" ({len(out) - len(judged)} without a model: too few other cells reached 95%)")
+    grid = judged[judged.grid == "staleness"]
+    print(f"  the staleness x learning-rate grid (SSP): verdict right in "
+          f"{int((grid.verdict_right == True).sum())} of {len(grid)} cells")  # noqa: E712
+    for family, part in out.groupby("family"):
+        e = part.relative_error.dropna().abs()
+        if len(e):
+            print(f"  {family}: median |error| {e.median():.1%} over {len(e)} cells")
+    wrong = judged[judged.verdict_right == False]  # noqa: E712
     print("held-out verdicts wrong:\n" + wrong[["strategy", "lr", "k_measured",
                                               "measured_diverged"]].to_string(index=False))
-    models = {f: fit_convergence(obs, f) for f in sorted({o.family for o in obs})}
+    models = {}
+    for f in sorted({o.family for o in obs}):
+        try:
+            models[f] = fit_convergence(obs, f)
+        except SpecError as exc:
+            print(f"{f}: no model ({exc})")
     for family, m in models.items():
         print(f"{family}: log U = {m.coef[0]:.3f} {m.coef[1]:+.3f} log lr {m.coef[2]:+.3f} "
               f"log(1+k); sigma {m.sigma:.3f}; diverges when lr(1+k)^{m.gamma:g} > "
               f"{m.threshold:.3g}")
+    judged = [r for r in out.itertuples() if r.family in models and pd.notna(r.k_measured)]
     right = sum(models[r.family].predict(r.lr, r.k_measured).diverges == r.measured_diverged
-                for r in out.itertuples())
-    print(f"fitted on every cell: divergence verdict right in {right} of {len(out)} cells")
+                for r in judged)
+    print(f"fitted on every cell: divergence verdict right in {right} of {len(judged)} cells")
 
 
 if __name__ == "__main__":

@@ -72,7 +72,9 @@ def predict_sync(plan: Plan, profile: dict[str, Any], workload: Any, steps: int,
         shard = payload * shard_fractions(parameter_tensors(workload), comm.servers,
                                           comm.sharding)[0]
         d = plan.to_dict()
-        d["communication"] = {**d["communication"],
+        d["communication"] = {**comm.to_dict(), "architecture": "ps",  # auto resolved
+                              **{k: getattr(comm, k) for k in ("servers", "placement",
+                                                               "sharding")},
                               "server_cpu_GBps": shard / profile["service_s"] / 1e9}
         plan = Plan.from_dict(d)
     return simulate_sync(workload, cluster, plan, "des", steps=steps, measured={
