@@ -70,16 +70,16 @@ def main() -> None:
     judged = out[out.verdict_right.notna()]
     print(f"held-out cells with both a measurement and a prediction: {len(errs)}; median "
           f"|error| {errs.median():.1%}, worst {errs.max():.1%}; divergence verdict right in "
-          f"{int((judged.verdict_right == True).sum())} of {len(judged)} cells"  # noqa: E712
+          f"{int(judged.verdict_right.astype(bool).sum())} of {len(judged)} cells"
           f" ({len(out) - len(judged)} without a model: too few other cells reached 95%)")
     grid = judged[judged.grid == "staleness"]
     print(f"  the staleness x learning-rate grid (SSP): verdict right in "
-          f"{int((grid.verdict_right == True).sum())} of {len(grid)} cells")  # noqa: E712
+          f"{int(grid.verdict_right.astype(bool).sum())} of {len(grid)} cells")
     for family, part in out.groupby("family"):
         e = part.relative_error.dropna().abs()
         if len(e):
             print(f"  {family}: median |error| {e.median():.1%} over {len(e)} cells")
-    wrong = judged[judged.verdict_right == False]  # noqa: E712
+    wrong = judged[~judged.verdict_right.astype(bool)]
     print("held-out verdicts wrong:\n" + wrong[["strategy", "lr", "k_measured",
                                               "measured_diverged"]].to_string(index=False))
     models = {}

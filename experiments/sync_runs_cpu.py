@@ -1,7 +1,7 @@
 """Real runs of the synchronisation strategies on this CPU (issue 16): throughput, measured
 staleness, and test accuracy against updates on scikit-learn's bundled digits.
 
-Run: ``.venv/bin/python experiments/sync_runs_cpu.py [--quick]`` (about 5 minutes on 2 cores,
+Run: ``.venv/bin/python experiments/sync_runs_cpu.py [--quick]`` (about 7.5 minutes on 2 cores,
 with a progress bar; ``--quick`` one seed). Each batch of runs shares one torchrun start
 (``executor.sync.launch.execute_sync_batch``). Writes
 ``experiments/results/sync_runs_cpu.csv`` (a row per run) and ``sync_curves_cpu.csv`` (test

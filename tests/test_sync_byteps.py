@@ -73,6 +73,7 @@ def test_a_slow_gpu_slows_its_whole_node() -> None:
     ({"partition_MB": -1}, "plan.communication.partition_MB"),
     ({"partition_MB": float("nan")}, "plan.communication.partition_MB"),
     ({"aggregate": "rack"}, "plan.communication.aggregate"),
+    ({"partition_MB": 5e-324}, "a byte at least"),
 ])
 def test_bad_byteps_fields_are_one_line_errors(comm: dict, match: str) -> None:
     with pytest.raises(SpecError, match=match):
@@ -99,3 +100,10 @@ def test_uneven_nodes_cannot_aggregate() -> None:
 def test_the_real_runs_refuse_what_they_do_not_do() -> None:
     assert "simulated only" in runnable(plan(partition_MB=4))[1]  # type: ignore[index]
     assert runnable(plan(aggregate="node"))[0] == "plan.communication.aggregate"  # type: ignore[index]
+
+
+def test_the_closed_form_says_when_colocated_servers_share_the_nics() -> None:
+    p = plan(partition_MB=4, placement="colocated")
+    r = simulate_sync(VGG, CLUSTER, p, "analytic")
+    assert any("colocated servers" in w and "des tier" in w for w in r.warnings)
+    assert not simulate_sync(VGG, CLUSTER, plan(partition_MB=4), "analytic").warnings

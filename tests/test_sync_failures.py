@@ -47,3 +47,14 @@ def test_a_node_cut_off_stalls_the_run(sync: object, comm: object, why: str) -> 
 def test_the_closed_forms_refuse_failing_links() -> None:
     with pytest.raises(SpecError, match="--fail-link: .*des tier"):
         simulate_sync(MODEL, CLUSTER, plan(), "analytic", faults=ONE)
+
+
+def test_repricing_keeps_compression_and_ignores_stragglers() -> None:
+    from sim.strategies import build_setup
+
+    p = Plan(global_batch_size=256, seq_len=4096, dp=4, tp=8, compression="int8")
+    s, _ = build_setup(MODEL, CLUSTER, p, "des", ONE)
+    assert s.after["exposed_s"] <= s.after["allreduce_s"]  # compressed after the failure too
+    slow = faults_from_options(["gpu:0=2.0"], failures=["nic3.0@5"])
+    s2, _ = build_setup(MODEL, CLUSTER, p, "des", slow)
+    assert s2.after == s.after  # the straggler is the DES's, not the repricing's

@@ -6,7 +6,9 @@ its parameters with that neighbour's, whatever step the neighbour is at: it send
 ``[REQUEST, its rank, its parameters]`` on a request group and waits for the neighbour's
 parameters on a reply group; a background thread of every worker answers requests at once
 (any source, so two workers asking each other cannot deadlock), and both sides keep the
-pair's mean. A lock makes each average atomic with the worker's own SGD update. A worker
+pair's mean. A lock makes each average atomic with the worker's own SGD update, and the
+averages are written into the parameters in place (a forward or backward of the worker's
+own may read them meanwhile: stale values, as AD-PSGD allows, never freed storage). A worker
 that has run its steps tells every other (``DONE``) and keeps answering until all have.
 """
 
@@ -49,7 +51,7 @@ class AsyncGossip:
             with self.lock:
                 mine = vec(self.w.params).detach().clone()
                 dist.send(mine, dst=src, group=self.replies)
-                torch.nn.utils.vector_to_parameters((mine + buf[2:]) / 2, self.w.params)
+                _write(self.w.params, (mine + buf[2:]) / 2)
                 self.swaps += 1
 
     def step_done(self) -> None:
@@ -64,7 +66,7 @@ class AsyncGossip:
         with self.lock:
             now = vec(self.w.params).detach()
             # what this worker's server thread averaged in meanwhile stays in
-            torch.nn.utils.vector_to_parameters(now + (theirs - mine) / 2, self.w.params)
+            _write(self.w.params, now + (theirs - mine) / 2)
 
     def finish(self) -> None:
         msg = torch.zeros(2 + self.numel)
@@ -73,3 +75,13 @@ class AsyncGossip:
             if j != self.w.rank:
                 dist.send(msg, dst=j, group=self.requests)
         self.thread.join()
+
+
+def _write(params: list[torch.Tensor], flat: torch.Tensor) -> None:
+    """Copy ``flat`` into the parameters in place: their storage stays the one a forward
+    or backward running in the other thread may be reading (no swap of ``.data``)."""
+    i = 0
+    with torch.no_grad():
+        for p in params:
+            p.copy_(flat[i:i + p.numel()].view_as(p))
+            i += p.numel()

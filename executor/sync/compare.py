@@ -31,12 +31,15 @@ KEYS = ("step_s", "allreduce_s", "exchange_s", "p2p_s", "service_s", "handling_s
 
 
 def profile_of(probes: list[dict[str, Any]]) -> dict[str, Any]:
-    """The ranks' probe results as one profile: means over the ranks that measured each."""
+    """The ranks' probe results as one profile: means over the ranks that measured each;
+    a server's handling, the first server's (it is priced against shard 0's bytes)."""
     def mean(key: str) -> float | None:
         xs = [r[key] for r in probes if key in r]
         return statistics.fmean(xs) if xs else None
 
+    first = next((r for r in probes if "service_s" in r), {})  # the first server's own
     return {**{k: mean(k) for k in KEYS},
+            "service_s": first.get("service_s"), "handling_s": first.get("handling_s"),
             "step_samples_s": [x for r in probes for x in r.get("step_samples_s", [])],
             "numel": probes[0]["numel"]}
 

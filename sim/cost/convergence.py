@@ -22,8 +22,10 @@ delays or thins it (``k``, :func:`k_of`):
   for what the compression throws away, error feedback or not).
 
 Per family a power law is fitted by least squares in log space on the runs that reached
-the target, ``log U = a + b log lr + c log(1 + k)``, with ``sigma`` the residual standard
-deviation (a prediction's band is ``U exp(+-sigma)``); and a divergence boundary
+the target, ``log U = a + b log lr + c log(1 + k)`` (``b`` or ``c`` left at 0 where those
+runs share one lr or one k: not identified; predictions outside the lr and k they span are
+flagged as extrapolated), with ``sigma`` the residual standard deviation (a prediction's
+band is ``U exp(+-sigma)``); and a divergence boundary
 ``lr (1 + k)^gamma = threshold``: of the slopes ``gamma`` in 0, 0.05, .., 2, the line in
 (log lr, log(1 + k)) with the widest margin between the runs that trained and those that
 diverged, midway between them (where none separates them, the fewest wrong verdicts).
@@ -214,18 +216,20 @@ def fit_convergence(obs: list[Observation], family: str) -> ConvergenceModel:
                         f"at least 3 are needed to fit")
     x = np.array([[1.0, math.log(o.lr), math.log1p(o.k)] for o in reached])
     y = np.log([o.updates for o in reached])  # type: ignore[arg-type]
-    ks = {o.k for o in reached}
-    if len(ks) == 1:  # no spread in k: its coefficient is not identified
-        x = x[:, :2]
-    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
-    full = (float(coef[0]), float(coef[1]), float(coef[2]) if len(coef) > 2 else 0.0)
-    resid = y - x @ coef
-    dof = max(1, len(y) - len(coef))
+    # a coefficient is identified only where the runs that reached the target spread
+    spread = [True, len({o.lr for o in reached}) > 1, len({o.k for o in reached}) > 1]
+    cols = [i for i, s in enumerate(spread) if s]
+    coef, *_ = np.linalg.lstsq(x[:, cols], y, rcond=None)
+    full = [0.0, 0.0, 0.0]
+    for i, c in zip(cols, coef, strict=True):
+        full[i] = float(c)
+    resid = y - x[:, cols] @ coef
+    dof = max(1, len(y) - len(cols))
     sigma = float(math.sqrt(float(resid @ resid) / dof))
     gamma, threshold = _separator(mine)
-    return ConvergenceModel(family, full, sigma, threshold, gamma,
-                            (min(o.lr for o in mine), max(o.lr for o in mine)),
-                            (min(o.k for o in mine), max(o.k for o in mine)), len(mine))
+    return ConvergenceModel(family, (full[0], full[1], full[2]), sigma, threshold, gamma,
+                            (min(o.lr for o in reached), max(o.lr for o in reached)),
+                            (min(o.k for o in reached), max(o.k for o in reached)), len(mine))
 
 
 def _number(row: dict[str, str], name: str, where: str) -> float | None:

@@ -283,8 +283,9 @@ def _check_communication(c: Communication) -> None:
         _real("plan.communication.server_nic_Gbps", c.server_nic_Gbps, "a finite number > 0 "
               "or null", lambda v: 0 < v < math.inf)
     _choice("plan.communication.aggregate", c.aggregate, AGGREGATES)
-    _real("plan.communication.partition_MB", c.partition_MB, f"0 (whole shards) or in (0, "
-          f"{MAX_PARTITION_MB:g}]", lambda v: 0 <= v <= MAX_PARTITION_MB)
+    _real("plan.communication.partition_MB", c.partition_MB, f"0 (whole shards) or in "
+          f"[1e-06, {MAX_PARTITION_MB:g}] (a byte at least)",
+          lambda v: v == 0 or 1e-6 <= v <= MAX_PARTITION_MB)
 
 
 def _check_compression(c: Compression) -> None:

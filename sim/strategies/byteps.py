@@ -28,9 +28,17 @@ from sim.network.alphabeta import fabric_for
 from sim.network.workers import SyncSetup
 from sim.spec.cluster import ClusterSpec
 
-__all__ = ["aggregate_nodes", "partition_count", "MAX_PARTITIONS"]
+__all__ = ["aggregate_nodes", "partition_count", "partition_note", "MAX_PARTITIONS"]
 
 MAX_PARTITIONS = 64  # per step: the pipelining is then within 1/64 of the backward
+
+
+def partition_note(s: SyncSetup) -> None:
+    """The closed form's limit with colocated servers, said in the result."""
+    if s.partitions and s.plan.communication.placement == "colocated":
+        s.notes.append("partitions with colocated servers: pushes and pulls share the "
+                       "nodes' NICs, which the closed form does not see (it is exact for "
+                       "dedicated servers): use the des tier")
 
 
 def partition_count(raw_bytes: float, partition_MB: float) -> int:

@@ -6,8 +6,10 @@ the time counted from the run's start).
   re-routed (:func:`sim.network.failures.install_failures`), and when one has no path left
   the run stalls there (its rates count up to the stall; the result says so).
 - All-reduce strategies (BSP, local SGD, DiLoCo, two-stage) time their reductions with the
-  one-step tier: from the first failure on, BSP's exposed reduction is the one-step DES
-  tier's with those links failed from the start, and every whole all-reduce (averages, the
+  one-step tier: from the first failure on (every failing link at once, even those that
+  fail later), BSP's exposed reduction is the one-step DES tier's with those links failed
+  from the start (and no straggler: the DES applies those itself), and every whole
+  all-reduce (averages, the
   two stages, a compressed one) is scaled by the ratio of that tier's data-parallel
   communication with and without the failure. A reduction that cannot complete on the
   remaining links stalls the run.
@@ -21,6 +23,7 @@ from typing import Any
 
 from sim.errors import SpecError
 from sim.network.workers import SyncSetup
+from sim.spec.faults import Faults
 from sim.spec.sync import Communication, Compression, Sync, architecture
 from sim.spec.workload import Workload
 
@@ -51,7 +54,8 @@ def after_failure(s: SyncSetup, model: Any, cluster: Any, plan: Any, faults: Any
 
     bsp = dataclasses.replace(plan, sync=Sync(), communication=Communication(),
                               compression=Compression())
-    at_start = dataclasses.replace(faults, failures=tuple((n, 0.0) for n, _ in faults.failures))
+    # the failed links alone, from the start (stragglers are the DES's already)
+    at_start = Faults(failures=tuple((n, 0.0) for n, _ in faults.failures))
     broken = simulate(model, cluster, bsp, "des", faults=at_start)
     if not math.isfinite(broken.iteration_time_s):
         s.after = {"stalled": 1.0}
@@ -60,7 +64,10 @@ def after_failure(s: SyncSetup, model: Any, cluster: Any, plan: Any, faults: Any
         return
     before, after = _dp_total(tier), _dp_total(broken)
     ratio = after / before if before > 0 else 1.0
-    s.after = {"exposed_s": broken.breakdown.get("dp", 0.0),
+    exposed = broken.breakdown.get("dp", 0.0)
+    if plan.compression.kind != "none":  # as before the failure: at most the whole one
+        exposed = min(exposed, s.allreduce_s * ratio)
+    s.after = {"exposed_s": exposed,
                "allreduce_s": s.allreduce_s * ratio, "average_s": s.average_s * ratio,
                "stage1_s": s.stage1_s * ratio, "stage2_s": s.stage2_s * ratio}
     s.notes.append(f"from {s.fail_at:g} s ({_names(failures)} failed) the data-parallel "

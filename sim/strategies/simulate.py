@@ -41,7 +41,7 @@ from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan, validate
 from sim.spec.sync import Communication, Compression, Sync, architecture
 from sim.spec.workload import Workload
-from sim.strategies.byteps import aggregate_nodes, partition_count
+from sim.strategies.byteps import aggregate_nodes, partition_count, partition_note
 from sim.strategies.result import SyncResult, summarise
 
 if TYPE_CHECKING:
@@ -163,6 +163,8 @@ def build_setup(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan,
     s.compute_s = [(local + extra) * f for f in factors]
     if architecture(plan) == "ps":
         s.partitions = partition_count(grad.raw_bytes, plan.communication.partition_MB)
+        if fidelity == "analytic":
+            partition_note(s)
         if plan.communication.aggregate == "node":
             aggregate_nodes(s, cluster, grad.raw_bytes)
     if failures:
