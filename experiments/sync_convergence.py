@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from sim.cost.convergence import BUNDLED, fit_convergence, load_observations
+from sim.cost.convergence import BUNDLED, Observation, fit_convergence, load_observations
 from sim.errors import SpecError
 from sim.io import atomic_write_text
 
@@ -28,43 +28,33 @@ HERE = Path(__file__).resolve().parent
 FITTED = BUNDLED / "digits_cpu.csv"
 
 
-def main() -> None:
-    # the bundled runs (sync_runs_cpu.py writes them); a cell is a configured strategy
-    # (its label names the bound, period, graph or straggler) at one learning rate
-    obs = load_observations(FITTED, 0.95)
-    df = pd.read_csv(FITTED)
-    keys = [(o.kind, o.lr, label) for o, label in zip(obs, df.strategy, strict=True)]
-    grid_of = dict(zip(df.strategy, df.grid, strict=True))
-    rows = []
-    for cell in sorted(set(keys), key=str):
-        held = [o for o, k in zip(obs, keys, strict=True) if k == cell]
-        rest = [o for o, k in zip(obs, keys, strict=True) if k != cell]
-        family = held[0].family
-        try:
-            model = fit_convergence(rest, family)
-        except SpecError as exc:  # too few of the family's other cells reached the target
-            rows.append({"kind": cell[0], "lr": cell[1], "strategy": cell[2],
-                         "family": family, "seeds": len(held), "no_model": str(exc)})
-            continue
-        k = statistics.fmean(o.k for o in held)
-        pred = model.predict(held[0].lr, k)
-        reached = [o.updates for o in held if o.updates is not None and not o.diverged]
-        measured = statistics.median(reached) if reached else None  # type: ignore[type-var]
-        diverged = sum(o.diverged for o in held) > len(held) / 2
-        err = None if measured is None or pred.diverges else pred.updates / measured - 1
-        rows.append({"kind": cell[0], "lr": cell[1], "strategy": cell[2],
-                     "grid": grid_of[cell[2]], "family": family, "k_measured": k,
-                     "seeds": len(held),
-                     "measured_updates_to_95": measured, "predicted_updates_to_95":
-                     None if pred.diverges else pred.updates,
-                     "band_low": None if pred.diverges else pred.low,
-                     "band_high": None if pred.diverges else pred.high,
-                     "relative_error": err, "measured_diverged": diverged,
-                     "predicted_diverges": pred.diverges,
-                     "verdict_right": diverged == pred.diverges})
-    out = pd.DataFrame(rows)
-    atomic_write_text(HERE / "results" / "sync_convergence.csv",
-                      out.to_csv(index=False, float_format="%.4g"))
+def _held_out(obs: list[Observation], keys: list[tuple], cell: tuple, grid: str
+              ) -> dict[str, object]:
+    """``cell`` predicted by its family's model fitted to every other cell."""
+    held = [o for o, k in zip(obs, keys, strict=True) if k == cell]
+    rest = [o for o, k in zip(obs, keys, strict=True) if k != cell]
+    family = held[0].family
+    row: dict[str, object] = {"kind": cell[0], "lr": cell[1], "strategy": cell[2],
+                              "grid": grid, "family": family, "seeds": len(held)}
+    try:
+        model = fit_convergence(rest, family)
+    except SpecError as exc:  # too few of the family's other cells reached the target
+        return {**row, "no_model": str(exc)}
+    k = statistics.fmean(o.k for o in held)
+    pred = model.predict(held[0].lr, k)
+    reached = [o.updates for o in held if o.updates is not None and not o.diverged]
+    measured = statistics.median(reached) if reached else None  # type: ignore[type-var]
+    diverged = sum(o.diverged for o in held) > len(held) / 2
+    err = None if measured is None or pred.diverges else pred.updates / measured - 1
+    return {**row, "k_measured": k, "measured_updates_to_95": measured,
+            "predicted_updates_to_95": None if pred.diverges else pred.updates,
+            "band_low": None if pred.diverges else pred.low,
+            "band_high": None if pred.diverges else pred.high,
+            "relative_error": err, "measured_diverged": diverged,
+            "predicted_diverges": pred.diverges, "verdict_right": diverged == pred.diverges}
+
+
+def _report(out: pd.DataFrame) -> None:
     errs = out.relative_error.dropna().abs()
     print(out.to_string(index=False))
     judged = out[out.verdict_right.notna()]
@@ -82,6 +72,9 @@ def main() -> None:
     wrong = judged[~judged.verdict_right.astype(bool)]
     print("held-out verdicts wrong:\n" + wrong[["strategy", "lr", "k_measured",
                                               "measured_diverged"]].to_string(index=False))
+
+
+def _fitted_on_all(obs: list[Observation], out: pd.DataFrame) -> None:
     models = {}
     for f in sorted({o.family for o in obs}):
         try:
@@ -96,6 +89,21 @@ def main() -> None:
     right = sum(models[r.family].predict(r.lr, r.k_measured).diverges == r.measured_diverged
                 for r in judged)
     print(f"fitted on every cell: divergence verdict right in {right} of {len(judged)} cells")
+
+
+def main() -> None:
+    # the bundled runs (sync_runs_cpu.py writes them); a cell is a configured strategy
+    # (its label names the bound, period, graph or straggler) at one learning rate
+    obs = load_observations(FITTED, 0.95)
+    df = pd.read_csv(FITTED)
+    keys = [(o.kind, o.lr, label) for o, label in zip(obs, df.strategy, strict=True)]
+    grid_of = dict(zip(df.strategy, df.grid, strict=True))
+    out = pd.DataFrame([_held_out(obs, keys, cell, grid_of[cell[2]])
+                        for cell in sorted(set(keys), key=str)])
+    atomic_write_text(HERE / "results" / "sync_convergence.csv",
+                      out.to_csv(index=False, float_format="%.4g"))
+    _report(out)
+    _fitted_on_all(obs, out)
 
 
 if __name__ == "__main__":

@@ -6,9 +6,10 @@ its parameters with that neighbour's, whatever step the neighbour is at: it send
 ``[REQUEST, its rank, its parameters]`` on a request group and waits for the neighbour's
 parameters on a reply group; a background thread of every worker answers requests at once
 (any source, so two workers asking each other cannot deadlock), and both sides keep the
-pair's mean. A lock makes each average atomic with the worker's own SGD update, and the
-averages are written into the parameters in place (a forward or backward of the worker's
-own may read them meanwhile: stale values, as AD-PSGD allows, never freed storage). A worker
+pair's mean. A lock keeps each average off the worker's own forward, backward and SGD
+update (the worker takes it for each; an average may land between its backward and its
+update, so the update applies a gradient of the parameters before the average, as AD-PSGD
+allows), and averages are written into the parameters in place. A worker
 that has run its steps tells every other (``DONE``) and keeps answering until all have.
 """
 
@@ -78,8 +79,8 @@ class AsyncGossip:
 
 
 def _write(params: list[torch.Tensor], flat: torch.Tensor) -> None:
-    """Copy ``flat`` into the parameters in place: their storage stays the one a forward
-    or backward running in the other thread may be reading (no swap of ``.data``)."""
+    """Copy ``flat`` into the parameters in place (the worker's lock held: no backward
+    is running on them)."""
     i = 0
     with torch.no_grad():
         for p in params:

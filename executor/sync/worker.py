@@ -24,6 +24,7 @@ Worker 0 evaluates its parameters on the test split every ``eval_every`` steps. 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 from typing import Any
@@ -136,7 +137,8 @@ def _worker_loop(w: Worker, out: Path) -> None:
                      f"{cfg['steps']}")
             last = time.monotonic()
         t0 = time.monotonic()
-        w.log["loss"].append(w.gradient())
+        with state["ad"].lock if "ad" in state else contextlib.nullcontext():
+            w.log["loss"].append(w.gradient())  # AD-PSGD: no average under a backward
         w.log["compute_s"].append(time.monotonic() - t0)
         _synchronise(w, k, state)
         w.log["step_end"].append(time.monotonic())
