@@ -126,9 +126,23 @@ def _failure(folder: Path, nproc: int, returncode: int) -> str:
     errors = [(f.stat().st_mtime, r, f) for r in range(nproc)
               if (f := folder / f"error{r}.txt").exists()]
     if not errors:
-        return f"torchrun exited with status {returncode}"
+        return f"torchrun exited with status {returncode}" + _log_tail(folder)
     _, rank, path = min(errors)
     return f"rank {rank} failed: {path.read_text().strip()}"
+
+
+def _log_tail(folder: Path) -> str:
+    """What torchrun's own log says last of an error (no rank wrote one): the last line
+    naming an error, else its last line; one line, at most 300 characters."""
+    try:
+        lines = [x.strip() for x in (folder / "torchrun.log").read_text(
+            errors="replace").splitlines() if x.strip()]
+    except OSError:
+        return ""
+    if not lines:
+        return ""
+    named = [x for x in lines if "Error" in x or "error" in x]
+    return f"; its log ends: {(named or lines)[-1][:300]}"
 
 
 def _watch(proc: subprocess.Popen, folder: Path, nproc: int, timeout_s: float,

@@ -188,3 +188,16 @@ def test_cli_execute_bad_input_exits_2(tmp_path: Path):
                               "execute", "--model", "tiny", "--plan", str(plan), *extra],
                              capture_output=True, text=True)
         assert out.returncode == 2 and field in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_failure_without_a_rank_error_quotes_torchrun_s_log(tmp_path) -> None:
+    from executor.launch import _failure
+
+    assert _failure(tmp_path, 2, 1) == "torchrun exited with status 1"  # no log at all
+    (tmp_path / "torchrun.log").write_text(
+        "W starting\nRuntimeError: [gloo] Connection closed by peer\nI exiting\n")
+    msg = _failure(tmp_path, 2, 1)
+    assert msg == ("torchrun exited with status 1; its log ends: RuntimeError: [gloo] "
+                   "Connection closed by peer") and "\n" not in msg
+    (tmp_path / "error1.txt").write_text("ValueError: bad")
+    assert _failure(tmp_path, 2, 1) == "rank 1 failed: ValueError: bad"
