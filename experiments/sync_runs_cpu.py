@@ -1,12 +1,14 @@
 """Real runs of the synchronisation strategies on this CPU (issue 16): throughput, measured
 staleness, and test accuracy against updates on scikit-learn's bundled digits.
 
-Run: ``.venv/bin/python experiments/sync_runs_cpu.py [--quick]`` (about 7.5 minutes on 2 cores,
-with a progress bar; ``--quick`` one seed). Each batch of runs shares one torchrun start
-(``executor.sync.launch.execute_sync_batch``). Writes
+Run: ``.venv/bin/python experiments/sync_runs_cpu.py [--quick] [--task cancer]`` (about 7.5
+minutes on 2 cores, with a progress bar; ``--quick`` one seed). Each batch of runs shares
+one torchrun start (``executor.sync.launch.execute_sync_batch``). Writes
 ``experiments/results/sync_runs_cpu.csv`` (a row per run) and ``sync_curves_cpu.csv`` (test
 loss and accuracy of worker 0 every 5 steps, against updates and wall time), and the runs
-the bundled statistical-efficiency model is fitted to, ``sim/data/convergence/digits_cpu.csv``.
+the bundled statistical-efficiency model is fitted to, ``sim/data/convergence/digits_cpu.csv``
+(``--task cancer``: the breast-cancer table instead, into ``sync_runs_cancer_cpu.csv``,
+``sync_curves_cancer_cpu.csv`` and ``cancer_cpu.csv``: the ``cancer-cpu`` model).
 
 - Strategies: 4 workers (batch 32 each), 300 steps, lr 0.2: BSP over all-reduce and over 2
   server shards, ASP and SSP(2) over one server, backup workers (b = 1), local SGD (H = 8),
@@ -48,7 +50,13 @@ from sim.spec.sync import architecture
 
 RESULTS = Path(__file__).resolve().parent / "results"
 N, BATCH = 4, 32
-NUMEL = sum(q.numel() for q in mlp(load_task("digits"), TASKS["digits"], 0).parameters())
+TASK = {"name": "digits"}  # the bundled task the runs train (--task)
+
+
+def _numel() -> int:
+    """The task MLP's parameters (what an uncompressed all-reduce carries)."""
+    task = TASK["name"]
+    return sum(q.numel() for q in mlp(load_task(task), TASKS[task], 0).parameters())
 
 
 def _plan(sync: object, comm: object = "auto", compression: object = "none") -> Plan:
@@ -96,7 +104,7 @@ def _k(p: Plan, r: dict[str, Any]) -> float | None:
     """The run's k in its statistical-efficiency family (None: no family, e.g. SGP);
     compressed: from the bytes it measured sending against an uncompressed all-reduce's."""
     sent = r["sent_bytes_per_step"]
-    raw = 4 * NUMEL * 2 * (p.dp - 1) / p.dp
+    raw = 4 * _numel() * 2 * (p.dp - 1) / p.dp
     try:
         return k_of(p, r["staleness"]["mean"], raw / sent if sent else None)
     except SpecError:
@@ -151,17 +159,35 @@ def _batches(seeds: list[int]) -> list[tuple[str, int, list[tuple[str, Plan, flo
     return out
 
 
+def _write(df: pd.DataFrame, curves: list[dict[str, Any]], task: str) -> None:
+    """The runs, their curves, and the runs the bundled model (``TASK-cpu``) is fitted to."""
+    tag = "" if task == "digits" else f"_{task}"
+    RESULTS.mkdir(exist_ok=True)
+    atomic_write_text(RESULTS / f"sync_runs{tag}_cpu.csv", df.to_csv(index=False,
+                                                                     float_format="%.6g"))
+    atomic_write_text(RESULTS / f"sync_curves{tag}_cpu.csv", pd.DataFrame(curves).to_csv(
+        index=False, float_format="%.6g"))
+    fit = df[df.k.notna()][[
+        "kind", "compression", "lr", "staleness_mean", "period", "k", "seed", "updates_to_90",
+        "updates_to_95", "final_accuracy", "diverged", "grid", "strategy", "straggler_factor"]]
+    atomic_write_text(BUNDLED / f"{task}_cpu.csv", fit.to_csv(index=False,
+                                                              float_format="%.6g"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="one seed of the grids")
+    ap.add_argument("--task", choices=sorted(TASKS), default="digits", help="the bundled "
+                    "task (default digits; cancer writes its own files and model)")
     args = ap.parse_args()
+    TASK["name"] = args.task
     rows, curves = [], []
     batches = _batches([0] if args.quick else [0, 1])
     with tqdm(total=sum(len(b[2]) for b in batches), unit="run") as bar:
         for grid, steps, runs in batches:
             slow = [{"worker": 0, "factor": float(label.rsplit("x", 1)[1])}
                     if grid == "straggler" else None for label, _, _, _ in runs]
-            out = execute_sync_batch([(p, lr, seed) for _, p, lr, seed in runs], "digits",
+            out = execute_sync_batch([(p, lr, seed) for _, p, lr, seed in runs], args.task,
                                      steps=steps, eval_every=5, timeout_s=120, stragglers=slow)
             for (label, p, lr, seed), r in zip(runs, out, strict=True):
                 row = _row(label, grid, p, lr, seed, r)
@@ -169,16 +195,7 @@ def main() -> None:
                 curves += [{"run": row["run"], **e} for e in r["evals"]]
             bar.update(len(runs))
     df = pd.DataFrame(rows)
-    RESULTS.mkdir(exist_ok=True)
-    atomic_write_text(RESULTS / "sync_runs_cpu.csv", df.to_csv(index=False,
-                                                               float_format="%.6g"))
-    atomic_write_text(RESULTS / "sync_curves_cpu.csv", pd.DataFrame(curves).to_csv(
-        index=False, float_format="%.6g"))
-    # the runs the bundled statistical-efficiency model (digits-cpu) is fitted to
-    fit = df[df.k.notna()][[
-        "kind", "compression", "lr", "staleness_mean", "period", "k", "seed", "updates_to_90",
-        "updates_to_95", "final_accuracy", "diverged", "grid", "strategy", "straggler_factor"]]
-    atomic_write_text(BUNDLED / "digits_cpu.csv", fit.to_csv(index=False, float_format="%.6g"))
+    _write(df, curves, args.task)
     show = df[df.grid == "strategies"][["strategy", "updates_per_s", "samples_per_s",
                                         "staleness_mean", "updates_to_95", "final_accuracy"]]
     print(show.to_string(index=False))
@@ -187,7 +204,8 @@ def main() -> None:
     slow = df[df.grid == "straggler"].groupby("strategy")[
         ["updates_per_s", "samples_per_s", "staleness_mean", "updates_to_95"]].mean()
     print("stragglers (mean over lr and seeds):\n" + slow.round(2).to_string())
-    print(f"wrote {RESULTS}/sync_runs_cpu.csv and sync_curves_cpu.csv")
+    tag = "" if args.task == "digits" else f"_{args.task}"
+    print(f"wrote {RESULTS}/sync_runs{tag}_cpu.csv and sync_curves{tag}_cpu.csv")
 
 
 if __name__ == "__main__":

@@ -95,3 +95,20 @@ def test_bad_observation_files_are_one_line_errors(tmp_path) -> None:
         load_observations(bad)
     with pytest.raises(SpecError, match="at least 3"):
         fit_convergence(_synthetic()[:2], "async")
+
+
+def test_the_second_bundled_task_fits_and_times() -> None:
+    from sim.spec.cluster import load_cluster
+    from sim.spec.plan import Plan
+    from sim.spec.zoo import load_any
+    from sim.strategies import simulate_sync
+
+    obs = load_observations(BUNDLED / "cancer_cpu.csv")
+    assert {"async", "local", "diloco", "backup", "gossip", "compressed"} <= \
+        {o.family for o in obs}
+    p = Plan(global_batch_size=256, seq_len=4096, dp=4, tp=8, sync="asp",
+             communication={"architecture": "ps"})
+    r = simulate_sync(load_any("llama3-8b"), load_cluster("dgx-h100:4"), p, "analytic",
+                      convergence="cancer-cpu", lr=0.2)
+    t = r.time_to_target
+    assert "breast cancer" in t["task"] and 0 < t["updates"] < 200 and not t["diverges"]

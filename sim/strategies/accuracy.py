@@ -3,7 +3,8 @@ statistical-efficiency model (:mod:`sim.cost.convergence`) predicts to reach the
 times the simulated time per update, with the model's band.
 
 The model is fitted to real runs of one task (the bundled ``digits-cpu``: a 64-64-10 MLP on
-scikit-learn's digits, 4 workers, batch 32 each, plain SGD; or a user's CSV of runs): the
+scikit-learn's digits, 4 workers, batch 32 each, plain SGD; ``cancer-cpu``: a 30-32-2 MLP on
+its breast-cancer table, the same runs, one seed; or a user's CSV of runs): the
 result names that task, since updates-to-target of one model say nothing certain about
 another's.
 """
@@ -27,7 +28,10 @@ __all__ = ["time_to_target", "BUNDLED_MODELS"]
 
 BUNDLED_MODELS = {"digits-cpu": (BUNDLED / "digits_cpu.csv",
                                  "digits, 64-64-10 MLP, 4 workers x batch 32, plain SGD "
-                                 "(experiments/sync_runs_cpu.py)")}
+                                 "(experiments/sync_runs_cpu.py)"),
+                  "cancer-cpu": (BUNDLED / "cancer_cpu.csv",
+                                 "breast cancer, 30-32-2 MLP, 4 workers x batch 32, plain "
+                                 "SGD (experiments/sync_runs_cpu.py --task cancer --quick)")}
 
 
 def time_to_target(result: Any, plan: Any, convergence: str | Path, lr: float,

@@ -206,8 +206,8 @@ def add_execute_parsers(sub: Any, model_help: str, cluster_help: str) -> None:
                    "calibrated profile (never the measured profile or the installed package)")
     add_sync_execute_options(c)
     c.add_argument("--convergence", metavar="MODEL|CSV", help="--task: the statistical-"
-                   "efficiency model that predicts updates to --target (digits-cpu, or a CSV "
-                   "of measured runs)")
+                   "efficiency model that predicts updates to --target (digits-cpu, "
+                   "cancer-cpu, or a CSV of measured runs)")
     c.add_argument("--target", type=float, default=0.95, help="--task: test accuracy "
                    "(0.9 or 0.95; default 0.95)")
     c.set_defaults(func=cmd_compare)

@@ -98,7 +98,7 @@ def add_optimize_sync_parser(sub: Any, model_help: str, cluster_help: str) -> No
                    default="time-to-accuracy", help="what to rank by (default "
                    "time-to-accuracy, which needs --convergence and --lr)")
     p.add_argument("--convergence", metavar="MODEL|CSV", help="statistical-efficiency model: "
-                   "digits-cpu (bundled) or a CSV of measured runs")
+                   "digits-cpu or cancer-cpu (bundled) or a CSV of measured runs")
     p.add_argument("--lr", type=float, help="the learning rate of the runs")
     p.add_argument("--target", type=float, default=0.95, help="test accuracy to reach "
                    "(0.9 or 0.95; default 0.95)")

@@ -20,7 +20,7 @@ def add_sync_options(p: Any) -> None:
                    "200, or 20 averaging periods when longer)")
     p.add_argument("--convergence", metavar="MODEL|CSV", help="plans with a sync strategy: "
                    "time to --target accuracy from a statistical-efficiency model fitted to "
-                   "measured runs: digits-cpu (bundled) or a CSV of your runs "
+                   "measured runs: digits-cpu or cancer-cpu (bundled) or a CSV of your runs "
                    "(docs/guide/sync.md)")
     p.add_argument("--lr", type=float, metavar="LR", help="--convergence: the learning rate")
     p.add_argument("--target", type=float, default=0.95, metavar="ACC",
