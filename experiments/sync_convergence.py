@@ -2,7 +2,8 @@
 
 Run: ``.venv/bin/python experiments/sync_convergence.py`` (seconds; it reads the runs of
 ``experiments/sync_runs_cpu.py`` the bundled model is fitted to,
-``sim/data/convergence/digits_cpu.csv``). Writes ``experiments/results/sync_convergence.csv``.
+``sim/data/convergence/digits_cpu.csv``). Writes ``experiments/results/sync_convergence.csv``
+(``--task cancer``: the cancer-cpu model's runs, ``sync_convergence_cancer.csv``).
 
 Leave one configuration out: a configuration is a (strategy with its staleness bound,
 period, graph or straggler; learning rate) cell of the measured grids, over its seeds. For
@@ -15,6 +16,7 @@ accuracy, and whether it diverges. Measured: the median over the cell's seeds th
 
 from __future__ import annotations
 
+import argparse
 import statistics
 from pathlib import Path
 
@@ -25,7 +27,6 @@ from sim.errors import SpecError
 from sim.io import atomic_write_text
 
 HERE = Path(__file__).resolve().parent
-FITTED = BUNDLED / "digits_cpu.csv"
 
 
 def _held_out(obs: list[Observation], keys: list[tuple], cell: tuple, grid: str
@@ -92,15 +93,21 @@ def _fitted_on_all(obs: list[Observation], out: pd.DataFrame) -> None:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--task", choices=("digits", "cancer"), default="digits",
+                    help="whose bundled runs (default digits)")
+    task = ap.parse_args().task
     # the bundled runs (sync_runs_cpu.py writes them); a cell is a configured strategy
     # (its label names the bound, period, graph or straggler) at one learning rate
-    obs = load_observations(FITTED, 0.95)
-    df = pd.read_csv(FITTED)
+    fitted = BUNDLED / f"{task}_cpu.csv"
+    obs = load_observations(fitted, 0.95)
+    df = pd.read_csv(fitted)
     keys = [(o.kind, o.lr, label) for o, label in zip(obs, df.strategy, strict=True)]
     grid_of = dict(zip(df.strategy, df.grid, strict=True))
     out = pd.DataFrame([_held_out(obs, keys, cell, grid_of[cell[2]])
                         for cell in sorted(set(keys), key=str)])
-    atomic_write_text(HERE / "results" / "sync_convergence.csv",
+    tag = "" if task == "digits" else f"_{task}"
+    atomic_write_text(HERE / "results" / f"sync_convergence{tag}.csv",
                       out.to_csv(index=False, float_format="%.4g"))
     _report(out)
     _fitted_on_all(obs, out)
