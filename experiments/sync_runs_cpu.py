@@ -33,6 +33,7 @@ accuracy is below 20% (chance is 10%).
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,11 @@ TASK = {"name": "digits"}  # the bundled task the runs train (--task)
 
 def _numel() -> int:
     """The task MLP's parameters (what an uncompressed all-reduce carries)."""
-    task = TASK["name"]
+    return _numel_of(TASK["name"])
+
+
+@functools.cache
+def _numel_of(task: str) -> int:
     return sum(q.numel() for q in mlp(load_task(task), TASKS[task], 0).parameters())
 
 

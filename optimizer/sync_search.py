@@ -13,7 +13,6 @@ candidates no other beats on both throughput (samples/s) and statistical efficie
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +21,7 @@ from sim.errors import NoFeasiblePlan, SpecError
 from sim.spec.cluster import ClusterSpec
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
-from sim.spec.sync import Communication, Compression, Sync
+from sim.spec.sync import as_bsp
 from sim.spec.workload import Workload
 from sim.strategies import covering_steps, simulate_sync
 from sim.strategies.result import samples_per_update, strategy_label
@@ -40,8 +39,7 @@ def _servers(cluster: ClusterSpec, dp: int) -> list[int]:
 def sync_candidates(plan: Plan, cluster: ClusterSpec) -> list[Plan]:
     """The strategies tried for ``plan`` (its own, BSP over all-reduce, first; the others
     without ZeRO, since each worker keeps whole replicas of its state)."""
-    base = dataclasses.replace(plan, sync=Sync(), communication=Communication(),
-                               compression=Compression())
+    base = as_bsp(plan)
     out: list[dict[str, Any]] = [{}]
     out += [{"compression": c} for c in ("fp16", "int8", {"kind": "powersgd", "rank": 4})]
     for n in _servers(cluster, plan.dp):

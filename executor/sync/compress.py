@@ -25,9 +25,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["Compressor", "BLOCK"]
+__all__ = ["Compressor", "BLOCK", "ring_bytes"]
 
 BLOCK = 256  # elements a scale covers (int8, onebit)
+
+
+def ring_bytes(payload: float, n: int) -> int:
+    """Bytes one of ``n`` workers sends in a ring all-reduce of ``payload`` bytes."""
+    return int(round(payload * 2 * (n - 1) / n))
 
 
 def _blocks(x: torch.Tensor) -> torch.Tensor:
@@ -101,7 +106,7 @@ class Compressor:
             else:
                 payload += 4 * p.numel()
         self.steps += 1
-        return int(round(payload * 2 * (self.n - 1) / self.n))
+        return ring_bytes(payload, self.n)
 
     def average(self, flat: torch.Tensor) -> tuple[torch.Tensor, int]:
         """The workers' mean of ``flat`` through the compression (int8, onebit, topk, or
@@ -109,7 +114,7 @@ class Compressor:
         self.steps += 1
         if self.steps <= self.c.warmup_steps:
             dist.all_reduce(flat)
-            return flat / self.n, int(4 * flat.numel() * 2 * (self.n - 1) / self.n)
+            return flat / self.n, ring_bytes(4 * flat.numel(), self.n)
         if self.c.error_feedback and self.residual is not None:
             flat = flat + self.residual
         mean, sent, kept = (self._topk(flat) if self.c.kind == "topk"

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from executor.sync.compress import Compressor
+from executor.sync.compress import Compressor, ring_bytes
 from executor.sync.server import DONE, HEADER, PUSH
 from executor.sync.task import Task, mlp
 from sim.layout.sync import shard_assignment
@@ -100,7 +100,7 @@ class Worker:
                 mean, sent = self.comp.average(flat)
             else:
                 dist.all_reduce(flat)
-                mean, sent = flat / self.n, int(4 * flat.numel() * 2 * (self.n - 1) / self.n)
+                mean, sent = flat / self.n, ring_bytes(4 * flat.numel(), self.n)
             self.log["sent_bytes"].append(sent)
             torch.nn.utils.vector_to_parameters(mean, [p.grad for p in self.params])
         self.opt.step()

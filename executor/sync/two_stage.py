@@ -23,6 +23,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from executor.sync.compress import ring_bytes
+
 __all__ = ["TwoStage"]
 
 vec = torch.nn.utils.parameters_to_vector
@@ -82,7 +84,7 @@ class TwoStage:
         torch.nn.utils.vector_to_parameters(mean, [p.grad for p in w.params])
         w.opt.step()
         w.updates = k + 1
-        w.log["sent_bytes"].append(int(4 * grads.numel() * 2 * (w.n - 1) / w.n))
+        w.log["sent_bytes"].append(ring_bytes(4 * grads.numel(), w.n))
 
 
 def _layer_mask(model: torch.nn.Module, layers: tuple[str, ...]) -> torch.Tensor:

@@ -18,6 +18,7 @@ from typing import Any
 
 import simpy
 
+from sim.des.servers import server_sum
 from sim.des.worker_run import WorkerRun
 
 __all__ = ["start"]
@@ -77,17 +78,9 @@ def _sum(run: WorkerRun, k: int, j: int, shard: int, summed: dict[tuple[int, int
          ready: dict[tuple[int, int], simpy.Event]) -> Generator[simpy.Event, Any, None]:
     """Server ``shard``'s CPU sums its piece of the worker's push of partition ``j``; the
     last of every worker's pieces makes the partition ready to pull."""
-    env, s = run.env, run.s
-    servers = s.servers
-    assert servers is not None
+    s = run.s
     key, shards = (k, j), len(run.cpus)
-    with run.cpus[shard].request() as turn:
-        yield turn
-        t0 = env.now
-        busy = s.server_bytes / s.partitions / shards / servers.cpu_Bps
-        yield env.timeout(busy)
-        run.rec.server_busy_s[shard] += busy
-        run.span(f"server{shard}", "sum", t0, k)
+    yield from server_sum(run, shard, share=1 / s.partitions / shards, step=k)
     summed[key] = summed.get(key, 0) + 1
     if summed[key] == s.workers * shards:
         del summed[key]

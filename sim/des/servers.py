@@ -12,7 +12,7 @@ import simpy
 
 from sim.des.worker_run import WorkerRun
 
-__all__ = ["start"]
+__all__ = ["start", "server_sum"]
 
 
 class _Shards:
@@ -69,20 +69,24 @@ def start(run: WorkerRun) -> None:
         run.env.process(body(run, state, w))
 
 
-def _server_sum(run: WorkerRun, shard: int, skip: Callable[[], bool] | None = None
-                ) -> Generator[simpy.Event, Any, bool]:
-    """The shard's CPU sums (or applies) one push of its share of the gradient; with
-    ``skip``, asked once the CPU is free, a push it says is stale is dropped unsummed."""
+def server_sum(run: WorkerRun, shard: int, skip: Callable[[], bool] | None = None,
+               share: float | None = None, step: int = 0
+               ) -> Generator[simpy.Event, Any, bool]:
+    """The shard's CPU sums (or applies) one push of ``share`` of the gradient (default:
+    the shard's); with ``skip``, asked once the CPU is free, a push it says is stale is
+    dropped unsummed. ``step`` labels the trace span."""
     s = run.s
+    if share is None:
+        share = s.shards[shard]
     with run.cpus[shard].request() as turn:
         yield turn
         if skip is not None and skip():
             return False
         t0 = run.env.now
-        busy = s.server_bytes * s.shards[shard] / s.servers.cpu_Bps  # type: ignore[union-attr]
+        busy = s.server_bytes * share / s.servers.cpu_Bps  # type: ignore[union-attr]
         yield run.env.timeout(busy)
         run.rec.server_busy_s[shard] += busy
-        run.span(f"server{shard}", "sum", t0, 0)
+        run.span(f"server{shard}", "sum", t0, step)
     return True
 
 
@@ -116,7 +120,7 @@ def _round(run: WorkerRun, state: _Shards, w: int, k: int, shard: int
     its own, as the real servers answer (executor/sync/server.py)."""
     kind = run.s.plan.sync.kind
     yield from _send_push(run, w, shard, k)
-    yield from _server_sum(run, shard)
+    yield from server_sum(run, shard)
     if shard == 0 and kind != "bsp":
         run.rec.staleness.append((run.env.now, state.version[0] - state.read[w]))
         run.done(run.s.samples_per_step)  # an update: this push applied
@@ -171,7 +175,7 @@ def _backup_round(run: WorkerRun, state: _Shards, w: int, tags: list[int], k: in
     yield from _send_push(run, w, shard, k)
     summed = False
     if tag >= state.closed[shard]:
-        summed = yield from _server_sum(run, shard, lambda: tag < state.closed[shard])
+        summed = yield from server_sum(run, shard, lambda: tag < state.closed[shard])
     if not summed:
         if shard == 0:
             run.rec.dropped += 1

@@ -28,7 +28,7 @@ from sim.spec.limits import MAX_DEVICES
 
 __all__ = ["Sync", "Communication", "Compression", "SYNC_KINDS", "GRAPHS", "GOSSIP_MODES",
            "ARCHITECTURES", "COMPRESSIONS", "architecture", "check_sync", "is_default_sync",
-           "coerce_sync", "sync_to_dict", "parse_section", "SECTIONS"]
+           "coerce_sync", "sync_to_dict", "parse_section", "SECTIONS", "as_bsp"]
 
 SYNC_KINDS = ("bsp", "asp", "ssp", "local-sgd", "diloco", "two-stage", "gossip",
               "backup-workers")
@@ -192,6 +192,12 @@ def is_default_sync(plan: Any) -> bool:
     """BSP over all-reduce, uncompressed: what the one-step tiers simulate."""
     return (plan.sync.kind == "bsp" and architecture(plan) == "allreduce"
             and plan.compression.kind == "none")
+
+
+def as_bsp(plan: Any) -> Any:
+    """``plan`` with the default synchronisation: BSP over all-reduce, uncompressed."""
+    return dataclasses.replace(plan, sync=Sync(), communication=Communication(),
+                               compression=Compression())
 
 
 def architecture(plan: Any) -> str:

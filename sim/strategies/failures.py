@@ -17,14 +17,13 @@ the time counted from the run's start).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any
 
 from sim.errors import SpecError
 from sim.network.workers import SyncSetup
 from sim.spec.faults import Faults
-from sim.spec.sync import Communication, Compression, Sync, architecture
+from sim.spec.sync import architecture, as_bsp
 from sim.spec.workload import Workload
 
 __all__ = ["after_failure"]
@@ -52,11 +51,9 @@ def after_failure(s: SyncSetup, model: Any, cluster: Any, plan: Any, faults: Any
                         "strategy, or a transformer spec")
     from sim.api import simulate
 
-    bsp = dataclasses.replace(plan, sync=Sync(), communication=Communication(),
-                              compression=Compression())
     # the failed links alone, from the start (stragglers are the DES's already)
     at_start = Faults(failures=tuple((n, 0.0) for n, _ in faults.failures))
-    broken = simulate(model, cluster, bsp, "des", faults=at_start)
+    broken = simulate(model, cluster, as_bsp(plan), "des", faults=at_start)
     if not math.isfinite(broken.iteration_time_s):
         s.after = {"stalled": 1.0}
         s.notes.append(f"the reduction cannot complete once {_names(failures)} failed: the "

@@ -39,7 +39,7 @@ from sim.spec.cluster import ClusterSpec
 from sim.spec.gossip import gossip_edges
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan, validate
-from sim.spec.sync import Communication, Compression, Sync, architecture
+from sim.spec.sync import architecture, as_bsp
 from sim.spec.workload import Workload
 from sim.strategies.byteps import aggregate_nodes, partition_count, partition_note
 from sim.strategies.result import SyncResult, summarise
@@ -123,11 +123,6 @@ def covering_steps(plan: Plan, steps: int) -> int:
     return steps
 
 
-def _bsp(plan: Plan) -> Plan:
-    return dataclasses.replace(plan, sync=Sync(), communication=Communication(),
-                               compression=Compression())
-
-
 def build_setup(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan,
                 fidelity: str, faults: Faults | None = None, jitter: Dist | None = None,
                 seed: int = 0, measured: Measured | None = None
@@ -137,7 +132,7 @@ def build_setup(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan,
     (``step_s``: a local step; ``step_samples_s``: measured local steps, drawn per worker
     and step; ``allreduce_s``: a whole all-reduce of the gradient over them, not
     overlapped) in place of the tier's figures (:func:`_measured`)."""
-    tier = simulate(model, cluster, _bsp(plan), fidelity)
+    tier = simulate(model, cluster, as_bsp(plan), fidelity)
     if not math.isfinite(tier.iteration_time_s):
         raise SpecError("plan", "the BSP step it starts from cannot complete")
     exposed = tier.breakdown.get("dp", 0.0)
