@@ -160,8 +160,11 @@ def _watch(proc: subprocess.Popen, folder: Path, nproc: int, timeout_s: float,
                 proc.wait(timeout_s)  # torchrun stops the other ranks itself
             raise ExecutionError(_failure(folder, nproc, proc.returncode))
         time.sleep(0.2)
-    if proc.returncode != 0:
+    done = all((folder / f"rank{r}.json").exists() for r in range(nproc))
+    if proc.returncode != 0 and not done:
         raise ExecutionError(_failure(folder, nproc, proc.returncode))
+    # every rank wrote its result before the closing barrier: a rank dying in gloo's
+    # teardown after that (seen on this loaded 2-core host) loses no work
 
 
 def summarize_ranks(ranks: list[dict[str, Any]], plan: Plan) -> dict[str, Any]:
