@@ -61,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     from trainsim.commands.optimize_sync import add_optimize_sync_parser
 
     add_optimize_sync_parser(sub, MODEL_HELP, CLUSTER_HELP)
+    from trainsim.commands.fl import add_fl_parser
+
+    add_fl_parser(sub)
     return parser
 
 
