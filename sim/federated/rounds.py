@@ -89,8 +89,9 @@ def _one_round(fleet: Fleet, t0: float) -> dict[str, Any]:
     idx = fleet.sample(t0, tr.sampled)
     row: dict[str, Any] = {"start_s": t0, "sampled": len(idx)}
     if len(idx) == 0:  # nobody online: wait for the next hour
-        return row | {"end_s": fleet.next_hour(t0), "updates": 0, "dropped": 0,
-                      "failed": True, "aggregate_s": 0.0, "client_s": np.zeros(0)}
+        return row | {"end_s": fleet.next_hour(t0), "collect_s": 0.0, "updates": 0,
+                      "dropped": 0, "failed": True, "aggregate_s": 0.0,
+                      "client_s": np.zeros(0), "sampled_ids": idx}
     sec = SecAggCost.of(job, len(idx))
     keep = min(tr.clients_per_round, len(idx))
     lost = fleet.drops(len(idx))
@@ -101,8 +102,9 @@ def _one_round(fleet: Fleet, t0: float) -> dict[str, Any]:
     failed = used < tr.min_clients
     agg = 0.0 if failed else used * tr.model_bytes / (job.server.aggregate_GBps * 1e9) \
         + sec.server_unmask_s(job, used, len(idx) - used)
-    return row | {"end_s": t0 + end + agg, "updates": used, "dropped": int(lost.sum()),
-                  "failed": failed, "aggregate_s": agg, "client_s": client_s}
+    return row | {"end_s": t0 + end + agg, "collect_s": end, "updates": used,
+                  "dropped": int(lost.sum()), "failed": failed, "aggregate_s": agg,
+                  "client_s": client_s, "sampled_ids": fleet.c.ids[idx]}
 
 
 def run_rounds(fleet: Fleet, progress: Any = None) -> list[dict[str, Any]]:

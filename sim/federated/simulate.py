@@ -16,18 +16,21 @@ from sim.spec.federated import FLJob
 
 __all__ = ["FLResult", "simulate_fl"]
 
-COLUMNS = ("round", "start_s", "end_s", "duration_s", "sampled", "updates", "dropped",
-           "failed", "aggregate_s")
+COLUMNS = ("round", "start_s", "end_s", "duration_s", "collect_s", "sampled", "updates",
+           "dropped", "failed", "aggregate_s")
 
 
 @dataclass
 class FLResult:
     """A job's rounds (FedBuff: server steps) in order, and every reporting client's time
-    from its round's start (``client_s``, for the distribution plots)."""
+    from its round's start (``client_s``, for the distribution plots) and the clients each
+    round sampled (``sampled_ids``). ``collect_s``: from a round's start to its last used
+    update (FedScale's round duration), before the server's aggregation."""
 
     job: FLJob
     rows: list[dict[str, Any]]
     client_s: list[np.ndarray] = field(default_factory=list)
+    sampled_ids: list[np.ndarray] = field(default_factory=list)
     wall_s: float = 0.0  # how long the simulation itself took
 
     @property
@@ -70,7 +73,9 @@ def simulate_fl(job: FLJob, progress: Callable[[int], None] | None = None) -> FL
     if job.training.strategy == "fedbuff":
         rows = run_fedbuff(fleet, progress)
         clients: list[np.ndarray] = []
+        sampled: list[np.ndarray] = []
     else:
         rows = run_rounds(fleet, progress)
         clients = [r.pop("client_s") for r in rows]
-    return FLResult(job, rows, clients, time.perf_counter() - t0)
+        sampled = [r.pop("sampled_ids") for r in rows]
+    return FLResult(job, rows, clients, sampled, time.perf_counter() - t0)
