@@ -163,7 +163,10 @@ def test_version(capsys):
 HELP_OPTIONS: dict[tuple[str, ...], list[str]] = {
     (): ["--version", "simulate", "plan", "models", "hardware", "cluster", "topology", "plot",
          "demo", "optimize", "export", "profile", "sweep", "execute", "compare", "goodput",
-         "cosim", "trace", "optimize-sync"],
+         "cosim", "trace", "optimize-sync", "fl"],
+    ("fl",): ["job", "--strategy", "--rounds", "--clients-per-round", "--overcommit",
+              "--deadline-s", "--network", "--buffer", "--concurrency", "--seed",
+              "--compare-networks", "--out", "--json", "--no-progress"],
     ("optimize",): ["--model", "--cluster", "--global-batch-size", "--seq-len", "--top",
                     "--workers", "--json", "--out", "--set", "--scenario", "--dtype",
                     "--framework", "--max-zero-stage", "--fix", "--max-memory-gib", "--min-mfu",

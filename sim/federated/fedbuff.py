@@ -75,69 +75,81 @@ class _Server:
         return True
 
 
-def run_fedbuff(fleet: Fleet, progress: Any = None) -> list[dict[str, Any]]:
-    """Server steps of a FedBuff job until ``rounds`` of them are applied."""
-    tr, c = fleet.job.training, fleet.c
-    counts = {"sampled": 0, "dropped": 0}  # so far (each step row keeps the totals)
-    links, server = _Links(fleet), _Server(fleet, counts)
-    busy = np.zeros(len(c.ids), dtype=bool)
-    events: list[tuple[float, int, str, int]] = []  # (time, seq, what, client)
-    version_of: dict[int, int] = {}
-    seq = 0
+class _Loop:
+    """The event loop: timed events in a heap, the two links' finishes between them."""
 
-    def push(t: float, what: str, client: int) -> None:
-        nonlocal seq
-        heapq.heappush(events, (t, seq, what, client))
-        seq += 1
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet, self.tr, self.c = fleet, fleet.job.training, fleet.c
+        self.counts = {"sampled": 0, "dropped": 0}  # so far (each step row keeps totals)
+        self.links, self.server = _Links(fleet), _Server(fleet, self.counts)
+        self.busy = np.zeros(len(self.c.ids), dtype=bool)
+        self.events: list[tuple[float, int, str, int]] = []  # (time, seq, what, client)
+        self.version_of: dict[int, int] = {}
+        self.seq = 0
 
-    def dispatch(t: float, count: int) -> None:
-        picked = fleet.sample(t, count, busy)
+    def push(self, t: float, what: str, client: int) -> None:
+        heapq.heappush(self.events, (t, self.seq, what, client))
+        self.seq += 1
+
+    def dispatch(self, t: float, count: int) -> None:
+        picked = self.fleet.sample(t, count, self.busy)
         if len(picked) < count:  # too few online: try again at the next hour
-            push(fleet.next_hour(t), "dispatch", count - len(picked))
+            self.push(self.fleet.next_hour(t), "dispatch", count - len(picked))
         for cl in picked:
-            busy[cl] = True
-            counts["sampled"] += 1
-            push(t + fleet.latency_s, "download", int(cl))
+            self.busy[cl] = True
+            self.counts["sampled"] += 1
+            self.push(t + self.fleet.latency_s, "download", int(cl))
 
-    def start_transfer(t: float, link: SharedLink, cl: int, cap: float, done: str) -> None:
-        if links.scalar:
-            push(t + tr.model_bytes / cap, done, cl)
+    def transfer(self, t: float, link: SharedLink, cl: int, cap: float, done: str) -> None:
+        if self.links.scalar:
+            self.push(t + self.tr.model_bytes / cap, done, cl)
         else:
-            link.add(cl, tr.model_bytes, cap)
+            link.add(cl, self.tr.model_bytes, cap)
 
-    dispatch(0.0, tr.in_flight)
-    while len(server.steps) < tr.rounds:
-        t_ev = events[0][0] if events else math.inf
-        t_link = links.next_time()
-        if not math.isfinite(min(t_ev, t_link)):
-            break
-        if t_link < t_ev:
-            links.advance(t_link)
-            for cl in links.down.pop_done() if links.down.next_finish <= t_link else []:
-                push(t_link, "downloaded", cl)
-            for cl in links.up.pop_done() if links.up.next_finish <= t_link else []:
-                push(t_link, "uploaded", cl)
-            continue
-        t, _, what, cl = heapq.heappop(events)
-        links.advance(t)
+    def handle(self, t: float, what: str, cl: int, progress: Any) -> None:
+        fleet = self.fleet
         if what == "dispatch":
-            dispatch(t, cl)
+            self.dispatch(t, cl)
         elif what == "download":
-            version_of[cl] = server.version_at(t)
-            start_transfer(t, links.down, cl, float(c.down_Bps[cl]), "downloaded")
+            self.version_of[cl] = self.server.version_at(t)
+            self.transfer(t, self.links.down, cl, float(self.c.down_Bps[cl]), "downloaded")
         elif what == "downloaded":
             if fleet.drops(1)[0]:  # leaves during training: replaced when it would report
-                counts["dropped"] += 1
-                push(t + fleet.compute_s[cl], "left", cl)
+                self.counts["dropped"] += 1
+                self.push(t + fleet.compute_s[cl], "left", cl)
             else:
-                push(t + fleet.compute_s[cl] + fleet.latency_s, "upload", cl)
+                self.push(t + fleet.compute_s[cl] + fleet.latency_s, "upload", cl)
         elif what == "upload":
-            start_transfer(t, links.up, cl, float(c.up_Bps[cl]), "uploaded")
+            self.transfer(t, self.links.up, cl, float(self.c.up_Bps[cl]), "uploaded")
         else:  # uploaded or left: the client is free, a new one starts
-            busy[cl] = False
-            if what == "uploaded" and server.arrive(t, version_of[cl]) and progress:
-                progress(len(server.steps))
-            dispatch(t, 1)
-    for row in server.steps:
-        row["duration_s"] = row["end_s"] - row["start_s"]
-    return server.steps
+            self.busy[cl] = False
+            if what == "uploaded" and self.server.arrive(t, self.version_of[cl]) and progress:
+                progress(len(self.server.steps))
+            self.dispatch(t, 1)
+
+    def run(self, progress: Any) -> list[dict[str, Any]]:
+        links, events = self.links, self.events
+        self.dispatch(0.0, self.tr.in_flight)
+        while len(self.server.steps) < self.tr.rounds:
+            t_ev = events[0][0] if events else math.inf
+            t_link = links.next_time()
+            if not math.isfinite(min(t_ev, t_link)):
+                break
+            if t_link < t_ev:
+                links.advance(t_link)
+                for link, what in ((links.down, "downloaded"), (links.up, "uploaded")):
+                    if link.next_finish <= t_link:
+                        for cl in link.pop_done():
+                            self.push(t_link, what, cl)
+                continue
+            t, _, what, cl = heapq.heappop(events)
+            links.advance(t)
+            self.handle(t, what, cl, progress)
+        for row in self.server.steps:
+            row["duration_s"] = row["end_s"] - row["start_s"]
+        return self.server.steps
+
+
+def run_fedbuff(fleet: Fleet, progress: Any = None) -> list[dict[str, Any]]:
+    """Server steps of a FedBuff job until ``rounds`` of them are applied."""
+    return _Loop(fleet).run(progress)

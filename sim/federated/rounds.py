@@ -12,6 +12,9 @@ the server then sums the updates (and, with secure aggregation, unmasks them).
   (up + down) / bandwidth`` (its own bandwidth, no sharing; a client with different up and
   down rates pays each direction at its own), the round lasts until the K-th fastest of the
   sample.
+
+When no client is online (an hour of zero availability) the server waits for the next hour;
+the wait is the round's ``waited_s``, not part of its duration.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from sim.errors import SpecError
 from sim.federated.clients import Fleet, SecAggCost
 from sim.network.shared_link import SharedLink, share_transfers
 
@@ -87,11 +91,15 @@ def _scalar_round(fleet: Fleet, idx: np.ndarray, lost: np.ndarray, sec: SecAggCo
 def _one_round(fleet: Fleet, t0: float) -> dict[str, Any]:
     job, tr = fleet.job, fleet.job.training
     idx = fleet.sample(t0, tr.sampled)
+    waited = 0
+    while len(idx) == 0:  # nobody online: the server waits for the next hour
+        waited += 1
+        if waited > 24 * 7:
+            raise SpecError("population.availability", "no client came online in a week "
+                            "of virtual time")
+        t0 = fleet.next_hour(t0)
+        idx = fleet.sample(t0, tr.sampled)
     row: dict[str, Any] = {"start_s": t0, "sampled": len(idx)}
-    if len(idx) == 0:  # nobody online: wait for the next hour
-        return row | {"end_s": fleet.next_hour(t0), "collect_s": 0.0, "updates": 0,
-                      "dropped": 0, "failed": True, "aggregate_s": 0.0,
-                      "client_s": np.zeros(0), "sampled_ids": idx}
     sec = SecAggCost.of(job, len(idx))
     keep = min(tr.clients_per_round, len(idx))
     lost = fleet.drops(len(idx))
@@ -113,7 +121,8 @@ def run_rounds(fleet: Fleet, progress: Any = None) -> list[dict[str, Any]]:
     for r in range(fleet.job.training.rounds):
         row = _one_round(fleet, t)
         row["round"] = r
-        row["duration_s"] = row["end_s"] - t
+        row["duration_s"] = row["end_s"] - row["start_s"]
+        row["waited_s"] = row["start_s"] - t
         rows.append(row)
         t = row["end_s"]
         if progress is not None:

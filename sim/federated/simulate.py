@@ -16,8 +16,8 @@ from sim.spec.federated import FLJob
 
 __all__ = ["FLResult", "simulate_fl"]
 
-COLUMNS = ("round", "start_s", "end_s", "duration_s", "collect_s", "sampled", "updates",
-           "dropped", "failed", "aggregate_s")
+COLUMNS = ("round", "start_s", "end_s", "duration_s", "collect_s", "waited_s", "sampled",
+           "updates", "dropped", "failed", "aggregate_s")
 
 
 @dataclass

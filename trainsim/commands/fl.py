@@ -108,7 +108,8 @@ def add_fl_parser(sub: Any) -> None:
     p.add_argument("job", nargs="?", default="fl:mobile",
                    help="job TOML file or preset fl:mobile[:CLIENTS] (default fl:mobile, "
                    "10,000 clients)")
-    p.add_argument("--strategy", choices=("fedavg", "fedprox", "fedbuff"))
+    p.add_argument("--strategy", choices=("fedavg", "fedprox", "fedbuff"),
+                   help="fedavg or fedprox rounds, or fedbuff (asynchronous, buffered)")
     p.add_argument("--rounds", type=int_at_least(1), help="rounds (fedbuff: server steps)")
     p.add_argument("--clients-per-round", type=int_at_least(1),
                    help="updates a round waits for")
@@ -121,7 +122,8 @@ def add_fl_parser(sub: Any) -> None:
     p.add_argument("--buffer", type=int_at_least(1), help="fedbuff: updates a server step")
     p.add_argument("--concurrency", type=int_at_least(1),
                    help="fedbuff: clients training at once")
-    p.add_argument("--seed", type=int_at_least(0))
+    p.add_argument("--seed", type=int_at_least(0), help="draws of the population, the "
+                   "samples and the dropouts")
     p.add_argument("--compare-networks", action="store_true",
                    help="also run the other network model and show both")
     p.add_argument("--out", type=Path, help="run folder: inputs, rounds CSV, summary, figures")
