@@ -158,9 +158,9 @@ def test_cli_runs_writes_and_refuses_bad_input(tmp_path: Path, capsys) -> None: 
     assert main(["fl", "fl:mobile:300", "--rounds", "3", "--clients-per-round", "10",
                  "--compare-networks", "--out", str(out), "--no-progress"]) == 0
     assert "shared network" in capsys.readouterr().out
-    assert {p.name for p in out.iterdir()} >= {"inputs.json", "rounds-shared.csv",
-                                               "rounds-scalar.csv", "round_times.png",
-                                               "participation.png"}
+    assert {p.name for p in out.iterdir()} >= {
+        "inputs.json", "rounds-fedavg-shared.csv", "rounds-fedavg-scalar.csv",
+        "round_times.png", "participation.png"}
     job = tmp_path / "job.toml"
     job.write_text("[population]\nclients = 100\nup_Mbps = -2\n")
     assert main(["fl", str(job)]) == 2

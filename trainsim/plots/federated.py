@@ -26,7 +26,7 @@ def round_time_figure(results: dict[str, Any], path: Path, title: str) -> Path:
     ax.set_ylabel("Fraction of rounds at most this long")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(title="model", fontsize=8)
+    ax.legend(title="strategy, server link", fontsize=8)
     fig.tight_layout()
     return save_figure(fig, path)
 
@@ -53,12 +53,13 @@ def participation_figure(res: Any, path: Path, title: str) -> Path:
 
 def tta_figure(curves: dict[str, tuple[np.ndarray, np.ndarray]], target: float, path: Path,
                title: str) -> Path:
-    """Predicted test accuracy against virtual time (hours), one line per strategy."""
+    """When each test accuracy is predicted to be reached (virtual hours), one line per
+    strategy: each point is the fitted rounds to that accuracy on the simulated clock."""
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for label, (hours, acc) in curves.items():
-        ax.plot(hours, acc, label=label, lw=1.3)
+        ax.plot(hours, acc, label=label, lw=1.3, marker="o")
     ax.axhline(target, color="grey", ls="--", lw=0.8, label=f"target {target:.0%}")
     ax.set_xlabel("Virtual time (hours)")
     ax.set_ylabel("Predicted test accuracy (fraction)")
