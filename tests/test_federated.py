@@ -175,3 +175,53 @@ def test_inf_alpha_means_iid() -> None:
     job = fl_from_dict({"training": {"non_iid_alpha": "inf"}}, "x")
     assert math.isinf(job.training.non_iid_alpha)
     assert fl_from_dict({"training": {"local_epochs": 1.0}}, "x").training.local_steps == 0
+
+
+def test_the_bundled_model_fits_and_predicts_what_the_runs_say() -> None:
+    from sim.federated.accuracy import fit_fl, load_fl_observations
+
+    obs = load_fl_observations()
+    model = fit_fl(obs)
+    assert {0.8, 0.85, 0.9} <= set(model.targets)
+    # IID, 8 local epochs, 10 clients a round: the runs took 7.5 rounds to 90% on average
+    p = model.predict("fedavg", 0.9, 10, 8, math.inf)
+    assert 5 <= p.rounds <= 11 and p.band[0] < p.rounds < p.band[1] and not p.notes
+    # non-IID data needs more rounds than IID
+    assert model.predict("fedavg", 0.9, 10, 3, 0.5).rounds > model.predict(
+        "fedavg", 0.9, 10, 3, math.inf).rounds
+    assert model.predict("fedavg", 0.9, 500, 3, 0.5).notes  # outside the runs: flagged
+    with pytest.raises(SpecError, match="fedbuff"):
+        model.predict("fedbuff", 0.9, 10, 3, 0.5)
+
+
+def test_time_to_target_reads_the_simulated_clock() -> None:
+    from sim.federated.accuracy import fit_fl, load_fl_observations, time_to_target
+
+    model = fit_fl(load_fl_observations())
+    job = dataclasses.replace(_job(rounds=5), training=dataclasses.replace(
+        _job().training, rounds=5, local_steps=0, local_epochs=3.0, non_iid_alpha=0.5))
+    res = simulate_fl(job)
+    t = time_to_target(res, model, 0.9)
+    assert t["rounds"] > 5 and any("beyond" in n for n in t["notes"])
+    mean = float(np.mean(res.round_times()))
+    n = math.ceil(t["rounds"])
+    assert t["time_s"] == pytest.approx(res.total_s + (n - 5) * mean)
+
+
+def test_observations_need_their_columns(tmp_path: Path) -> None:
+    from sim.federated.accuracy import load_fl_observations
+
+    bad = tmp_path / "o.csv"
+    bad.write_text("strategy,clients_per_round\nfedavg,5\n")
+    with pytest.raises(SpecError, match="lacks"):
+        load_fl_observations(bad)
+
+
+def test_cli_target(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    args = ["fl", "fl:mobile:300", "--rounds", "3", "--clients-per-round", "10",
+            "--no-progress", "--target"]
+    assert main([*args, "0.9"]) == 0
+    assert "to 0.9 test accuracy" in capsys.readouterr().out
+    assert main([*args, "1.5"]) == 2
+    assert main([*args, "0.42"]) == 2
+    assert "targets" in capsys.readouterr().err

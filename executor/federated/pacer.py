@@ -3,11 +3,12 @@
 Transfers are cut into chunks. The link is a token bucket of ``rate`` bytes/s and every
 transfer one of its own cap: a chunk may start when the link is free and its transfer's
 bucket allows; it is *delivered* when both have paid for it (``max`` of the two bucket
-times). Among the transfers allowed to go, the one served least recently goes first (round
-robin), so transfers below their fair share run at their caps and the rest split the link
-evenly: max-min fairness at the granularity of a chunk, the fluid model the simulator uses
-(:mod:`sim.network.shared_link`). A transfer with an infinite cap on an infinite link is
-delivered at once in one chunk (no pacing).
+times). A transfer's bucket banks at most one chunk of credit. Among the transfers allowed
+to go, the one served least recently goes first (round robin), so transfers below their
+fair share run at their caps and the rest split the link evenly: max-min fairness at the
+granularity of a chunk, the fluid model the simulator uses (:mod:`sim.network.shared_link`).
+A transfer with an infinite cap on an infinite link is delivered at once in one chunk (no
+pacing).
 """
 
 from __future__ import annotations
@@ -63,7 +64,9 @@ class Pacer:
             flow = self.flows[fid]
             size = flow.chunk_bytes[flow.sent]
             self.free_at = max(now, self.free_at) + size / self.rate
-            flow.bucket_at = max(now, flow.bucket_at) + size / flow.cap
+            # a transfer served late (others were ahead of it in the round) keeps one chunk
+            # of credit, so one below its fair share still averages its cap
+            flow.bucket_at = max(now - size / flow.cap, flow.bucket_at) + size / flow.cap
             out.append((fid, flow.sent, max(self.free_at, flow.bucket_at)))
             flow.sent += 1
             self.order.remove(fid)
