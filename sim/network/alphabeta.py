@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from sim.layout.placement import GroupSpan
 from sim.network.collectives import CHUNK_BYTES, tree_load_factor
+from sim.network.wan import wan_fabric
 from sim.spec.cluster import ClusterSpec
 
 __all__ = ["Fabric", "fabric_for", "NIC_EFFICIENCY", "PCIE_EFFICIENCY", "default_algorithm",
@@ -55,10 +56,12 @@ def fabric_for(cluster: ClusterSpec, span: GroupSpan) -> Fabric:
     intra = link * (PCIE_EFFICIENCY if kind == "pcie" else cluster.gpu.comm_eff)
     nvls = link * cluster.gpu.nvls_eff if kind == "nvswitch" else 0.0
     inter = cluster.nic_GBps_per_gpu * 1e9 * NIC_EFFICIENCY
+    alpha = (cluster.inter_node.latency_us + cluster.intra_node.latency_us) * 1e-6
     if span.cross_pod:
         inter /= cluster.inter_node.oversubscription
-    return Fabric(span, intra, cluster.intra_node.latency_us * 1e-6, inter,
-                  (cluster.inter_node.latency_us + cluster.intra_node.latency_us) * 1e-6, nvls)
+        if cluster.sites:  # the pods are sites: the group crosses the WAN
+            inter, alpha = wan_fabric(cluster, span.size, span.per_node, inter, alpha)
+    return Fabric(span, intra, cluster.intra_node.latency_us * 1e-6, inter, alpha, nvls)
 
 
 def default_algorithm(collective: str, f: Fabric, size_bytes: float) -> str:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 from sim.network.alphabeta import NIC_EFFICIENCY, PCIE_EFFICIENCY
+from sim.network.wan import site_path
 from sim.spec.cluster import ClusterSpec
 
 __all__ = ["Topology", "build_topology", "add_nics", "bisection_Bps", "check_route", "torus_dims",
@@ -138,6 +139,12 @@ def _fat_tree(t: Topology) -> None:
         for k in range(c.node_nics(node)[1]):
             t.add_link(("nic", node, k), ("pod", node // nodes_per_pod), _nic_Bps(c, node),
                        lat / 2)
+    if c.sites:  # the pods are sites, joined by their WAN links
+        index = {site.name: i for i, site in enumerate(c.sites)}
+        for w in c.wan:
+            t.add_link(("pod", index[w.a]), ("pod", index[w.b]), w.Gbps * 1e9 / 8,
+                       w.latency_ms * 1e-3)
+        return
     if pods > 1:
         for p in range(pods):
             members = range(p * nodes_per_pod, min(c.nodes, (p + 1) * nodes_per_pod))
@@ -267,7 +274,11 @@ def _fabric_path(t: Topology, a: Vertex, b: Vertex, src: int, dst: int) -> list[
     per_pod = c.pod_size // c.gpus_per_node
     if kind == "fat-tree":
         pa, pb = ("pod", na // per_pod), ("pod", nb // per_pod)
-        return [a, pa, b] if pa == pb else [a, pa, ("core",), pb, b]
+        if pa == pb:
+            return [a, pa, b]
+        if c.sites:
+            return [a, *(("pod", s) for s in site_path(c, na // per_pod, nb // per_pod)), b]
+        return [a, pa, ("core",), pb, b]
     if kind == "rail-optimized":
         ra, rb = ("rail", na // per_pod, ka), ("rail", nb // per_pod, kb)
         if ra == rb:

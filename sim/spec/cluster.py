@@ -22,11 +22,21 @@ from typing import Any
 
 from sim.errors import SpecError, field_name
 from sim.io import read_toml
+from sim.spec.groups import (
+    REGION_PRESETS,
+    NodeGroup,
+    Site,
+    WanLink,
+    check_sites,
+    groups_from_dict,
+    region_sites,
+    sites_from_dict,
+)
 from sim.spec.hardware import HardwareSpec, cpu_device_name, get_hardware
 from sim.spec.limits import check_cluster_size, preset_count
 
-__all__ = ["IntraNode", "InterNode", "NodeGroup", "ClusterSpec", "load_cluster",
-           "preset_names", "INTRA_KINDS", "TOPOLOGIES", "COMPUTE_STATS"]
+__all__ = ["IntraNode", "InterNode", "NodeGroup", "Site", "WanLink", "ClusterSpec",
+           "load_cluster", "preset_names", "INTRA_KINDS", "TOPOLOGIES", "COMPUTE_STATS"]
 
 COMPUTE_STATS = ("median", "p10")  # which recorded statistic of a profile the cost model reads
 
@@ -60,25 +70,6 @@ class InterNode:
 
 
 @dataclass(frozen=True)
-class NodeGroup:
-    """``nodes`` consecutive nodes of one GPU type; ``None`` rates are the cluster's (the
-    node fabric: the group GPU's NVLink rate, or PCIe), filled in by :class:`ClusterSpec`."""
-
-    nodes: int  # consecutive nodes in this group
-    gpu: HardwareSpec  # catalog device of this group (in a file: its name)
-    nic_Gbps: float | None = None  # TOML `inter_node.nic_Gbps` of the group; unset: the cluster's
-    # TOML `inter_node.nics_per_node` of the group; unset: the cluster's
-    nics_per_node: int | None = None
-    # TOML `intra_node.bandwidth_GBps` of the group; unset: the group GPU's NVLink rate (or PCIe)
-    intra_GBps: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"nodes": self.nodes, "gpu": self.gpu.name,
-                "inter_node": {"nic_Gbps": self.nic_Gbps, "nics_per_node": self.nics_per_node},
-                "intra_node": {"bandwidth_GBps": self.intra_GBps}}
-
-
-@dataclass(frozen=True)
 class ClusterSpec:
     name: str  # label of the cluster (the preset, or the file's stem)
     nodes: int  # number of nodes (with node groups: their sum)
@@ -93,9 +84,13 @@ class ClusterSpec:
     profile: str | None = None  # profile DB directory (issue: profiler)
     node_groups: tuple[NodeGroup, ...] = ()  # empty: one group of every node
     compute_stat: str = "median"  # which statistic of the profile's compute rows to read
+    sites: tuple[Site, ...] = ()  # data centres (`[[sites]]`); empty: one site
+    wan: tuple[WanLink, ...] = ()  # links between the sites (`[[wan]]`)
 
     def __post_init__(self) -> None:
         _check_int("nodes", self.nodes)
+        if self.sites:
+            self._apply_sites()
         _check_choice("compute_stat", self.compute_stat, COMPUTE_STATS)
         if self.compute_stat != "median" and not self.profile:
             raise SpecError("compute_stat", f"{self.compute_stat} is a statistic of profiled "
@@ -126,6 +121,22 @@ class ClusterSpec:
         check_cluster_size(self.nodes, self.gpus_per_node, [
             (g.nodes, g.nics_per_node or 0) for g in self.node_groups] or [
             (self.nodes, inter.nics_per_node)])
+
+    def _apply_sites(self) -> None:
+        """Sites are the pods (full bisection inside); a site naming its GPU makes them
+        node groups."""
+        inter = self.inter_node
+        check_sites(self.sites, self.wan, self.nodes, inter.pod_gpus, inter.topology,
+                    inter.oversubscription, self.gpus_per_node)
+        if any(s.gpu for s in self.sites) and not self.node_groups:
+            object.__setattr__(self, "node_groups", tuple(
+                NodeGroup(s.nodes, s.gpu or self.gpu) for s in self.sites))
+        pod = self.sites[0].nodes * self.gpus_per_node
+        object.__setattr__(self, "inter_node", dataclasses.replace(inter, pod_gpus=pod))
+
+    def site_of_node(self, node: int) -> int:
+        """Index of the site holding ``node`` (0 without sites)."""
+        return node // self.sites[0].nodes if self.sites else 0
 
     @property
     def intra_GBps(self) -> float:
@@ -193,8 +204,12 @@ class ClusterSpec:
                "gpu": self.gpu.name, "intra_node": dataclasses.asdict(self.intra_node),
                "inter_node": dataclasses.asdict(self.inter_node), "profile": self.profile,
                "compute_stat": self.compute_stat}
-        if self.node_groups:
+        if self.node_groups and not any(s.gpu for s in self.sites):
             out["node_groups"] = [g.to_dict() for g in self.node_groups]
+        if self.sites:
+            out["sites"] = [s.to_dict() for s in self.sites]
+            out["wan"] = [w.to_dict() for w in self.wan]
+            out["inter_node"]["pod_gpus"] = 0  # the sites' own, set again on load
         return out
 
 
@@ -263,7 +278,18 @@ _DGX = {
 
 
 def preset_names() -> list[str]:
-    return [f"{k}:NODES" for k in _DGX] + ["cpu:RANKS", "PRESET+PRESET (mixed)"]
+    return [f"{k}:NODES" for k in _DGX] + ["cpu:RANKS", "PRESET+PRESET (mixed)",
+                                          "regions2-dgx-h100:NODES_PER_SITE", "regions3-..."]
+
+
+def _region_preset(name: str) -> ClusterSpec:
+    """``regions2-PRESET:N``: N nodes of PRESET at each of the region preset's sites."""
+    kind, _, rest = name.partition("-")
+    base = _preset(rest)
+    data = {**base.to_dict(), "name": name, **region_sites(kind, base.nodes)}
+    data.pop("nodes")
+    data.pop("profile")
+    return cluster_from_dict(data, name)
 
 
 def _mixed_preset(name: str) -> ClusterSpec:
@@ -280,6 +306,8 @@ def _mixed_preset(name: str) -> ClusterSpec:
 def _preset(name: str) -> ClusterSpec:
     if "+" in name:
         return _mixed_preset(name)
+    if name.partition("-")[0] in REGION_PRESETS:
+        return _region_preset(name)
     kind, _, count = name.partition(":")
     if kind not in _DGX and kind != "cpu":
         raise SpecError("cluster", f"unknown preset or missing file {name!r} "
@@ -319,52 +347,7 @@ def _table(data: dict[str, Any], key: str, cls: type) -> Any:
 
 
 _TOP_KEYS = {"name", "nodes", "gpus_per_node", "gpu", "intra_node", "inter_node", "profile",
-             "node_groups", "compute_stat"}
-_GROUP_KEYS = {"nodes": None, "gpu": None, "inter_node": ("nic_Gbps", "nics_per_node"),
-               "intra_node": ("bandwidth_GBps",)}
-
-
-def _group_from_dict(i: int, data: Any) -> NodeGroup:
-    name = f"node_groups[{i}]"
-    if not isinstance(data, dict):
-        raise SpecError(name, "must be a TOML table ([[node_groups]])")
-    unknown = sorted(set(data) - set(_GROUP_KEYS))
-    if unknown:
-        raise SpecError(f"{name}.{field_name(unknown[0])}",
-                        f"unknown field (known: {', '.join(_GROUP_KEYS)})")
-    for key in ("nodes", "gpu"):
-        if key not in data:
-            raise SpecError(f"{name}.{key}", "is required in a node group")
-    if not isinstance(data["gpu"], str):
-        raise SpecError(f"{name}.gpu", f"must be a catalog name, got {data['gpu']!r}")
-    sub: dict[str, Any] = {}
-    for key in ("inter_node", "intra_node"):
-        table = data.get(key, {})
-        if not isinstance(table, dict):
-            raise SpecError(f"{name}.{key}", "must be a TOML table")
-        bad = sorted(set(table) - set(_GROUP_KEYS[key] or ()))
-        if bad:
-            raise SpecError(f"{name}.{key}.{field_name(bad[0])}", "unknown field (known: "
-                            f"{', '.join(_GROUP_KEYS[key] or ())})")
-        sub.update(table)
-    return NodeGroup(data["nodes"], get_hardware(data["gpu"]), sub.get("nic_Gbps"),
-                     sub.get("nics_per_node"), sub.get("bandwidth_GBps"))
-
-
-def _groups_from_dict(data: dict[str, Any]) -> tuple[NodeGroup, ...]:
-    """The ``[[node_groups]]``; with them ``nodes`` and ``gpu`` follow from the groups."""
-    raw = data.get("node_groups")
-    if raw is None:
-        return ()
-    if not isinstance(raw, list) or not raw:
-        raise SpecError("node_groups", "must be a non-empty list of tables ([[node_groups]])")
-    groups = tuple(_group_from_dict(i, g) for i, g in enumerate(raw))
-    data.setdefault("nodes", sum(g.nodes for g in groups
-                                 if isinstance(g.nodes, int) and not isinstance(g.nodes, bool)))
-    data.setdefault("gpu", groups[0].gpu.name)
-    return groups
-
-
+             "node_groups", "compute_stat", "sites", "wan"}
 def cluster_from_dict(data: dict[str, Any], name: str, base: Path | None = None) -> ClusterSpec:
     """A cluster from a TOML table; a relative ``profile`` path is taken from ``base``."""
     unknown = sorted(set(data) - _TOP_KEYS)
@@ -372,7 +355,8 @@ def cluster_from_dict(data: dict[str, Any], name: str, base: Path | None = None)
         raise SpecError(field_name(unknown[0]),
                         f"unknown field (known: {', '.join(sorted(_TOP_KEYS))})")
     data = dict(data)
-    groups = _groups_from_dict(data)
+    groups = groups_from_dict(data)
+    sites, wan = sites_from_dict(data)
     for key in ("nodes", "gpus_per_node", "gpu"):
         if key not in data:
             raise SpecError(key, "is required in a cluster file")
@@ -386,7 +370,7 @@ def cluster_from_dict(data: dict[str, Any], name: str, base: Path | None = None)
     return ClusterSpec(str(data.get("name", name)), data["nodes"], data["gpus_per_node"],
                        get_hardware(data["gpu"]), _table(data, "intra_node", IntraNode),
                        _table(data, "inter_node", InterNode), profile, groups,
-                       data.get("compute_stat", "median"))
+                       data.get("compute_stat", "median"), sites, wan)
 
 
 def load_cluster(ref: str) -> ClusterSpec:

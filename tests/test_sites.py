@@ -1,0 +1,109 @@
+"""Sites joined by WAN links: the cluster file's rules, the presets, the WAN in both tiers
+(the single-site limit), and the ways sites synchronise."""
+
+from __future__ import annotations
+
+import pytest
+
+from sim import simulate
+from sim.errors import SpecError
+from sim.network.topology import build_topology
+from sim.spec.cluster import cluster_from_dict, load_cluster
+from sim.spec.plan import Plan
+from sim.spec.zoo import load_any
+from sim.strategies.sites import SiteSync, simulate_sites, single_site, wan_sweep
+
+
+def _two(nodes: int = 2, gbps: float = 100.0, lat: float = 35.0, **extra: object):  # noqa: ANN202
+    return cluster_from_dict({"gpus_per_node": 8, "gpu": "h100-sxm5-80gb",
+                              "sites": [{"name": "e", "nodes": nodes},
+                                        {"name": "w", "nodes": nodes}],
+                              "wan": [{"a": "e", "b": "w", "Gbps": gbps, "latency_ms": lat}],
+                              **extra}, "two")
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"sites": [{"name": "e", "nodes": 0}, {"name": "w", "nodes": 2}]}, "sites[0].nodes"),
+    ({"sites": [{"name": "e", "nodes": 2}, {"name": "e", "nodes": 2}]}, "sites[1].name"),
+    ({"sites": [{"name": "e", "nodes": 2}, {"name": "w", "nodes": 3}]}, "sites"),
+    ({"wan": [{"a": "e", "b": "mars", "Gbps": 1, "latency_ms": 1}]}, "wan[0].b"),
+    ({"wan": [{"a": "e", "b": "w", "Gbps": -5, "latency_ms": 1}]}, "wan[0].Gbps"),
+    ({"wan": [{"a": "e", "b": "w", "Gbps": 5, "latency_ms": -1}]}, "wan[0].latency_ms"),
+    ({"wan": [{"a": "e", "b": "w", "Gbps": 5, "latency_ms": 1,
+               "bandwidth_by_hour": [1.0] * 23}]}, "wan[0].bandwidth_by_hour"),
+    ({"wan": []}, "wan"),
+    ({"wan": [{"a": "e", "b": "w", "Gbps": 5}]}, "wan[0].latency_ms"),
+    ({"wan": [{"a": "e", "b": "w", "Gbps": 5, "latency_ms": 1, "mtu": 9000}]}, "wan[0].mtu"),
+    ({"inter_node": {"topology": "torus2d"}}, "inter_node.topology"),
+    ({"node_groups": [{"nodes": 4, "gpu": "h100-sxm5-80gb"}]}, "sites"),
+])
+def test_bad_sites_name_the_field(change: dict, field: str) -> None:
+    data = {"gpus_per_node": 8, "gpu": "h100-sxm5-80gb",
+            "sites": [{"name": "e", "nodes": 2}, {"name": "w", "nodes": 2}],
+            "wan": [{"a": "e", "b": "w", "Gbps": 100, "latency_ms": 35}]} | change
+    with pytest.raises(SpecError) as err:
+        cluster_from_dict(data, "x")
+    assert err.value.field == field
+
+
+def test_a_cluster_with_sites_round_trips_and_makes_sites_its_pods() -> None:
+    c = _two(nodes=3)
+    assert (c.nodes, c.pod_size, c.site_of_node(2), c.site_of_node(3)) == (6, 24, 0, 1)
+    assert cluster_from_dict(c.to_dict(), "two") == c
+
+
+def test_region_presets_take_published_round_trips() -> None:
+    c = load_cluster("regions3-dgx-h100:2")
+    assert [s.name for s in c.sites] == ["us-east", "us-west", "eu-west"]
+    lat = {(w.a, w.b): w.latency_ms for w in c.wan}
+    assert lat[("us-east", "us-west")] == pytest.approx(86.98 / 2)
+    assert c.nodes == 6 and c.gpu.name == "h100-sxm5-80gb"
+
+
+def test_wan_links_are_edges_of_the_flow_network() -> None:
+    t = build_topology(_two(gbps=8.0, lat=20.0))
+    path = t.route(0, 16)  # a device of site e to one of site w
+    caps = [t.cap[i] for i in path]
+    assert min(caps) == pytest.approx(1e9)  # 8 Gb/s
+    assert t.path_latency(path) == pytest.approx(20e-3, rel=0.01)
+    assert all(t.cap[i] > 1e9 for i in t.route(0, 8))  # inside the site: no WAN
+
+
+PLAN = Plan(global_batch_size=64, seq_len=2048, dp=8, tp=4, micro_batch_size=1)
+
+
+@pytest.mark.parametrize("fidelity", ["analytic", "des"])
+def test_the_single_site_limit_is_the_single_cluster(fidelity: str) -> None:
+    model = load_any("llama3-8b")
+    lan = _two(gbps=1e6, lat=0.002)  # the WAN as wide and near as the fabric
+    one = simulate(model, single_site(lan), PLAN, fidelity=fidelity).iteration_time_s
+    two = simulate(model, lan, PLAN, fidelity=fidelity).iteration_time_s
+    assert two == pytest.approx(one, rel=0.01)
+    slow = simulate(model, _two(gbps=1.0), PLAN, fidelity=fidelity).iteration_time_s
+    assert slow > 3 * one
+
+
+def test_ways_to_synchronise_order_as_they_should() -> None:
+    model = load_any("llama3-8b")
+    c = _two(gbps=10.0)
+    got = {s.label(): simulate_sites(model, c, PLAN, s).of_single_site for s in (
+        SiteSync("flat"), SiteSync("hierarchical"), SiteSync("diloco", H=50),
+        SiteSync("diloco", H=500), SiteSync("diloco", H=50, dtype="int8"),
+        SiteSync("streaming-diloco", H=50, fragments=5, overlap=5))}
+    assert got["flat"] < got["hierarchical"] < got["diloco H=50, fp32"] \
+        < got["diloco H=500, fp32"] <= 1.0
+    assert got["diloco H=50, int8"] > got["diloco H=50, fp32"]
+    assert got["streaming-diloco H=50, 5 fragments, fp32"] >= got["diloco H=50, fp32"]
+    wide = simulate_sites(model, wan_sweep(c, 400.0), PLAN, SiteSync("hierarchical"))
+    assert wide.of_single_site > got["hierarchical"]
+
+
+def test_site_sync_rules() -> None:
+    with pytest.raises(SpecError, match="sync.kind"):
+        SiteSync("gossip")
+    with pytest.raises(SpecError, match="sync.fragments"):
+        SiteSync("streaming-diloco", H=4, fragments=8)
+    with pytest.raises(SpecError, match="plan.dp"):
+        simulate_sites(load_any("llama3-8b"), _two(), Plan(global_batch_size=64,
+                                                            seq_len=2048, dp=1, tp=8),
+                       SiteSync("hierarchical"))
