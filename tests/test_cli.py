@@ -163,7 +163,9 @@ def test_version(capsys):
 HELP_OPTIONS: dict[tuple[str, ...], list[str]] = {
     (): ["--version", "simulate", "plan", "models", "hardware", "cluster", "topology", "plot",
          "demo", "optimize", "export", "profile", "sweep", "execute", "compare", "goodput",
-         "cosim", "trace", "optimize-sync", "fl"],
+         "cosim", "trace", "optimize-sync", "fl", "sites"],
+    ("sites",): ["--model", "--cluster", "--plan", "--sync", "--wan-gbps", "--choose",
+                 "--floor", "--fidelity", "--out", "--json"],
     ("fl",): ["job", "--strategy", "--rounds", "--clients-per-round", "--overcommit",
               "--deadline-s", "--network", "--buffer", "--concurrency", "--seed",
               "--compare-networks", "--compare-strategies", "--target", "--convergence",

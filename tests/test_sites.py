@@ -93,7 +93,7 @@ def test_ways_to_synchronise_order_as_they_should() -> None:
     assert got["flat"] < got["hierarchical"] < got["diloco H=50, fp32"] \
         < got["diloco H=500, fp32"] <= 1.0
     assert got["diloco H=50, int8"] > got["diloco H=50, fp32"]
-    assert got["streaming-diloco H=50, 5 fragments, fp32"] >= got["diloco H=50, fp32"]
+    assert got["streaming-diloco H=50, 5 fragments, overlap 5, fp32"] >= got["diloco H=50, fp32"]
     wide = simulate_sites(model, wan_sweep(c, 400.0), PLAN, SiteSync("hierarchical"))
     assert wide.of_single_site > got["hierarchical"]
 
@@ -107,3 +107,41 @@ def test_site_sync_rules() -> None:
         simulate_sites(load_any("llama3-8b"), _two(), Plan(global_batch_size=64,
                                                             seq_len=2048, dp=1, tp=8),
                        SiteSync("hierarchical"))
+
+
+def test_a_day_of_wan_bandwidth() -> None:
+    from sim.strategies.sites import over_a_day
+
+    hours = [100.0] * 12 + [10.0] * 12
+    c = _two(gbps=100.0)
+    c = cluster_from_dict(c.to_dict() | {"wan": [{"a": "e", "b": "w", "Gbps": 100.0,
+                                                  "latency_ms": 35.0,
+                                                  "bandwidth_by_hour": hours}]}, "x")
+    model = load_any("llama3-8b")
+    day = over_a_day(model, c, PLAN, SiteSync("hierarchical"))
+    fast = simulate_sites(model, wan_sweep(c, 100.0), PLAN, SiteSync("hierarchical"))
+    slow = simulate_sites(model, wan_sweep(c, 10.0), PLAN, SiteSync("hierarchical"))
+    assert day["tokens_per_s"] == pytest.approx((fast.tokens_per_s + slow.tokens_per_s) / 2)
+    assert day["worst_hour"] == 12
+
+
+def test_cli_sites(tmp_path, capsys) -> None:  # noqa: ANN001
+    from trainsim.cli import main
+
+    plan = tmp_path / "p.json"
+    plan.write_text(PLAN.to_json() if hasattr(PLAN, "to_json") else __import__("json").dumps(
+        PLAN.to_dict()))
+    out = tmp_path / "run"
+    assert main(["sites", "--model", "llama3-8b", "--cluster", "regions2-dgx-h100:2",
+                 "--plan", str(plan), "--wan-gbps", "1,100", "--choose", "--out",
+                 str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "hierarchical" in text and "<- chosen" in text
+    assert {p.name for p in out.iterdir()} == {"inputs.json", "sites.csv", "sites.png"}
+    assert main(["sites", "--model", "llama3-8b", "--cluster", "dgx-h100:4", "--plan",
+                 str(plan)]) == 2
+    assert "cluster.sites" in capsys.readouterr().err
+    assert main(["sites", "--model", "llama3-8b", "--cluster", "regions2-dgx-h100:2",
+                 "--plan", str(plan), "--wan-gbps", "-1"]) == 2
+    assert main(["sites", "--model", "llama3-8b", "--cluster", "regions2-dgx-h100:2",
+                 "--plan", str(plan), "--sync", "diloco:H=x"]) == 2

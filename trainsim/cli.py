@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     from trainsim.commands.fl import add_fl_parser
 
     add_fl_parser(sub)
+    from trainsim.commands.sites import add_sites_parser
+
+    add_sites_parser(sub, MODEL_HELP)
     return parser
 
 

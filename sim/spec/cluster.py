@@ -200,7 +200,8 @@ class ClusterSpec:
         return min(rate / 8.0 * n / self.gpus_per_node for rate, n in nics)
 
     def to_dict(self) -> dict[str, Any]:
-        out = {"name": self.name, "nodes": self.nodes, "gpus_per_node": self.gpus_per_node,
+        out: dict[str, Any] = {
+               "name": self.name, "nodes": self.nodes, "gpus_per_node": self.gpus_per_node,
                "gpu": self.gpu.name, "intra_node": dataclasses.asdict(self.intra_node),
                "inter_node": dataclasses.asdict(self.inter_node), "profile": self.profile,
                "compute_stat": self.compute_stat}

@@ -45,7 +45,7 @@ from sim.spec.plan import Plan
 from sim.spec.workload import Workload
 
 __all__ = ["SiteSync", "SiteResult", "simulate_sites", "SITE_SYNCS", "single_site",
-           "site_of", "wan_sweep"]
+           "site_of", "wan_sweep", "at_hour", "over_a_day"]
 
 SITE_SYNCS = ("flat", "hierarchical", "diloco", "streaming-diloco")
 
@@ -76,7 +76,8 @@ class SiteSync:
     def label(self) -> str:
         if self.kind in ("flat", "hierarchical"):
             return self.kind
-        extra = f", {self.fragments} fragments" if self.kind == "streaming-diloco" else ""
+        extra = f", {self.fragments} fragments, overlap {self.overlap}" \
+            if self.kind == "streaming-diloco" else ""
         return f"{self.kind} H={self.H}{extra}, {self.dtype}"
 
 
@@ -186,3 +187,24 @@ def wan_sweep(cluster: ClusterSpec, Gbps: float) -> ClusterSpec:
         raise SpecError("Gbps", f"must be a positive number, got {Gbps!r}")
     return dataclasses.replace(cluster, wan=tuple(
         dataclasses.replace(w, Gbps=Gbps, bandwidth_by_hour=()) for w in cluster.wan))
+
+
+def at_hour(cluster: ClusterSpec, hour: int) -> ClusterSpec:
+    """The cluster with every WAN link at its rate during ``hour`` of the day."""
+    return dataclasses.replace(cluster, wan=tuple(
+        dataclasses.replace(w, Gbps=w.Gbps_at(hour), bandwidth_by_hour=())
+        for w in cluster.wan))
+
+
+def over_a_day(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan,
+               sync: SiteSync, fidelity: str = "analytic") -> dict[str, Any]:
+    """Each hour's throughput with the WAN links at that hour's rates; the day's tokens
+    over its seconds (the mean of the hourly rates) and the worst hour."""
+    hours = [simulate_sites(model, at_hour(cluster, h), plan, sync, fidelity)
+             for h in range(24)]
+    tokens = sum(r.tokens_per_s * 3600 for r in hours) / (24 * 3600)
+    worst = min(range(24), key=lambda h: hours[h].tokens_per_s)
+    return {"sync": sync.label(), "tokens_per_s": tokens,
+            "of_single_site": tokens / hours[0].single_site_tokens_per_s,
+            "worst_hour": worst, "worst_tokens_per_s": hours[worst].tokens_per_s,
+            "hourly_tokens_per_s": [r.tokens_per_s for r in hours]}

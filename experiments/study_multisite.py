@@ -1,0 +1,126 @@
+"""Multi-site study (issue 17): Llama 3 8B and 70B across two regions, WAN 1 to 400 Gb/s.
+
+Run: ``.venv/bin/python experiments/study_multisite.py`` (about a minute). Writes
+``experiments/results/study_multisite.csv``, ``study_multisite_limit.csv`` and a figure.
+
+Clusters: the ``regions2`` preset, DGX H100 nodes at us-east and us-west, one-way WAN
+latency 43.5 ms (half the published 87 ms AWS us-east-1 to us-west-2 round trip,
+``sim/data/wan.csv``); every WAN bandwidth swept, 1/10/100/400 Gb/s per direction.
+
+- Llama 3 8B: 8 nodes a site (128 H100), TP 4 x DP 32 (16 replicas a site), 512 sequences
+  of 8,192 tokens a step.
+- Llama 3 70B: 16 nodes a site (256 H100), TP 8 x PP 4 x DP 8, 256 sequences of 8,192 tokens
+  a step, 1F1B with 8 micro-batches.
+
+Ways: flat BSP, hierarchical BSP, DiLoCo H = 50 and 500 (fp32 pseudo-gradients), streaming
+DiLoCo H = 50 with 5 fragments each hidden behind 5 inner steps, and the one the optimizer
+picks (the most synchronous within 95% of one site). Each against the same plan on one
+cluster holding every node. *Time* is to a token budget of 20 tokens a parameter (the
+Chinchilla ratio) at the simulated throughput: for BSP the loss per token is exactly one
+site's; for DiLoCo it is not modelled (no measured LLM DiLoCo curve ships), so its time is
+the time to the same tokens, not to the same loss.
+
+The single-site limit: the WAN made as wide as 10^5 Gb/s and as near as 2 us; flat BSP
+across the sites against the single cluster, both tiers (target: within 1%).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from optimizer.sites import choose_site_sync
+from sim import simulate
+from sim.io import atomic_write_text
+from sim.layout.flops import param_count
+from sim.spec.cluster import load_cluster
+from sim.spec.plan import Plan
+from sim.spec.zoo import load_any
+from sim.strategies.sites import SiteSync, simulate_sites, single_site, wan_sweep
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "experiments" / "results"
+RATES = (1.0, 10.0, 100.0, 400.0)
+SYNCS = (SiteSync("flat"), SiteSync("hierarchical"), SiteSync("diloco", H=50),
+         SiteSync("diloco", H=500), SiteSync("streaming-diloco", H=50, fragments=5, overlap=5))
+CASES = {
+    "llama3-8b": ("regions2-dgx-h100:8",
+                  Plan(global_batch_size=512, seq_len=8192, dp=32, tp=4, micro_batch_size=1)),
+    "llama3-70b": ("regions2-dgx-h100:16",
+                   Plan(global_batch_size=256, seq_len=8192, dp=8, tp=8, pp=4,
+                        micro_batch_size=1, sequence_parallel=True)),
+}
+
+
+def study() -> pd.DataFrame:
+    rows = []
+    for name, (preset, plan) in CASES.items():
+        model, base = load_any(name), load_cluster(preset)
+        budget = 20 * param_count(model)
+        for g in RATES:
+            c = wan_sweep(base, g)
+            chosen = choose_site_sync(model, c, plan).chosen
+            for r in [simulate_sites(model, c, plan, s) for s in SYNCS] + [chosen]:
+                rows.append({"model": name, "wan_Gbps": g, "sync": r.sync.label(),
+                             "chosen": r is chosen, "tokens_per_s": r.tokens_per_s,
+                             "of_single_site": r.of_single_site,
+                             "single_site_tokens_per_s": r.single_site_tokens_per_s,
+                             "step_s": r.step_s, "wan_s_per_sync": r.wan_s_per_sync,
+                             "days_to_20_tokens_per_param": budget / r.tokens_per_s / 86400,
+                             "same_loss": r.sync.kind in ("flat", "hierarchical")})
+            print(f"{name} {g:>5.0f} Gb/s: chosen {chosen.sync.label()} "
+                  f"({chosen.of_single_site:.1%})", flush=True)
+    return pd.DataFrame(rows)
+
+
+def limit() -> pd.DataFrame:
+    rows = []
+    for name, (preset, plan) in CASES.items():
+        model = load_any(name)
+        base = load_cluster(preset)
+        lan = dataclasses.replace(base, wan=tuple(
+            dataclasses.replace(w, Gbps=1e5, latency_ms=0.002) for w in base.wan))
+        for fid in ("analytic", "des"):
+            one = simulate(model, single_site(lan), plan, fidelity=fid).iteration_time_s
+            two = simulate(model, lan, plan, fidelity=fid).iteration_time_s
+            rows.append({"model": name, "fidelity": fid, "single_cluster_s": one,
+                         "two_sites_lan_wan_s": two, "difference": two / one - 1})
+    return pd.DataFrame(rows)
+
+
+def figure(df: pd.DataFrame, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    from trainsim.plots.output import save_figure
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), sharey=True)
+    for ax, (name, sub) in zip(axes, df[~df["chosen"]].groupby("model"), strict=True):
+        for sync, s in sub.groupby("sync", sort=False):
+            ax.plot(s["wan_Gbps"], s["of_single_site"], marker="o", label=sync)
+        ax.set_xscale("log")
+        ax.set_xlabel("WAN bandwidth per direction (Gb/s)")
+        ax.set_title(f"{name}, 2 regions (43.5 ms one way)")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("Throughput (fraction of one site's)")
+    axes[1].legend(fontsize=7, title="synchronisation")
+    fig.tight_layout()
+    save_figure(fig, path)
+
+
+def main() -> int:
+    df, lim = study(), limit()
+    print(lim.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(RESULTS / "study_multisite.csv", df.to_csv(index=False))
+    atomic_write_text(RESULTS / "study_multisite_limit.csv", lim.to_csv(index=False))
+    figure(df, RESULTS / "study_multisite.png")
+    worst = float(lim["difference"].abs().max())
+    print(f"single-site limit: worst difference {worst:.3%} (target <= 1%)")
+    return 0 if worst <= 0.01 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

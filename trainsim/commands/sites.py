@@ -1,0 +1,147 @@
+"""``trainsim sites``: a plan across sites joined by WAN links: each way to synchronise
+(:mod:`sim.strategies.sites`) against one site's throughput, over a sweep of WAN
+bandwidths, and the way the optimizer picks (:mod:`optimizer.sites`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_sites_parser", "parse_site_sync"]
+
+DEFAULT_SYNCS = ("flat", "hierarchical", "diloco:H=50", "diloco:H=500",
+                 "streaming-diloco:H=50,fragments=5,overlap=5")
+
+
+def parse_site_sync(text: str) -> Any:
+    """``KIND[:k=v,...]``, e.g. ``diloco:H=500,dtype=bf16``."""
+    from sim.errors import SpecError
+    from sim.strategies.sites import SiteSync
+
+    kind, _, rest = text.partition(":")
+    kw: dict[str, Any] = {}
+    for part in filter(None, rest.split(",")):
+        key, eq, value = part.partition("=")
+        if not eq or key not in ("H", "fragments", "overlap", "dtype"):
+            raise SpecError("--sync", f"{part!r}: write KEY=VALUE with KEY one of H, "
+                            "fragments, overlap, dtype")
+        if key == "dtype":
+            kw[key] = value
+        else:
+            try:
+                kw[key] = int(value)
+            except ValueError:
+                raise SpecError(f"--sync {key}", f"must be an integer, got {value!r}") from None
+    return SiteSync(kind, **kw)
+
+
+def _gbps(text: str) -> list[float]:
+    import math
+
+    from sim.errors import SpecError
+
+    try:
+        out = [float(x) for x in text.split(",") if x]
+    except ValueError:
+        raise SpecError("--wan-gbps", f"a comma-separated list of Gb/s, got {text!r}") from None
+    if not out or any(not (math.isfinite(x) and x > 0) for x in out):
+        raise SpecError("--wan-gbps", f"every rate must be a positive number, got {text!r}")
+    return out
+
+
+def cmd_sites(args: argparse.Namespace) -> int:
+    from optimizer.sites import choose_site_sync
+    from sim import load_cluster, load_plan
+    from sim.spec.zoo import load_any
+    from sim.strategies.sites import over_a_day, simulate_sites, wan_sweep
+    from trainsim.common import check_out_dir
+
+    check_out_dir(args.out, "--out")
+    model, cluster, plan = load_any(args.model), load_cluster(args.cluster), load_plan(args.plan)
+    syncs = [parse_site_sync(s) for s in (args.sync or DEFAULT_SYNCS)]
+    rates = _gbps(args.wan_gbps) if args.wan_gbps else [None]
+    rows: list[dict[str, Any]] = []
+    if rates == [None] and any(w.bandwidth_by_hour for w in cluster.wan):
+        for s in syncs:  # the WAN's day: tokens over the day, and its worst hour
+            day = over_a_day(model, cluster, plan, s, args.fidelity)
+            rows.append({"wan_Gbps": "by hour", **day})
+        rates = []
+    for g in rates:
+        c = cluster if g is None else wan_sweep(cluster, g)
+        for s in syncs:
+            r = simulate_sites(model, c, plan, s, args.fidelity)
+            rows.append({"wan_Gbps": g if g is not None else "file", **r.to_dict()})
+        if args.choose:
+            ch = choose_site_sync(model, c, plan, args.floor, args.fidelity)
+            rows.append({"wan_Gbps": g if g is not None else "file", "chosen": True,
+                         "met_floor": ch.met, **ch.chosen.to_dict()})
+    if args.out is not None:
+        _write(args.out, rows, cluster, plan, model)
+    if args.json:
+        print(json.dumps(rows, indent=2, default=str))
+        return 0
+    print(f"{'WAN Gb/s':>9}  {'sync':52s} {'tokens/s':>11} {'of one site':>11}")
+    for row in rows:
+        mark = " <- chosen" if row.get("chosen") else ""
+        print(f"{row['wan_Gbps']!s:>9}  {row['sync'][:52]:52s} {row['tokens_per_s']:11.4g} "
+              f"{row['of_single_site']:11.1%}{mark}")
+    if args.out is not None:
+        print(f"wrote {args.out}")
+    return 0
+
+
+def _write(out: Path, rows: list[dict[str, Any]], cluster: Any, plan: Any, model: Any) -> None:
+    import pandas as pd
+
+    from sim.io import atomic_write_files
+    from trainsim.plots.output import save_figure
+
+    df = pd.DataFrame([{k: v for k, v in r.items() if k != "notes"} for r in rows])
+    atomic_write_files({
+        out / "inputs.json": json.dumps({"cluster": cluster.to_dict(), "plan": plan.to_dict(),
+                                         "model": model.name}, indent=2) + "\n",
+        out / "sites.csv": df.to_csv(index=False)})
+    plain = df[~df.get("chosen", pd.Series(False, index=df.index)).fillna(False).astype(bool)]
+    if plain["wan_Gbps"].map(lambda x: isinstance(x, float)).all() and len(
+            plain["wan_Gbps"].unique()) > 1:
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+        for sync, sub in plain.groupby("sync", sort=False):
+            ax.plot(sub["wan_Gbps"], sub["of_single_site"], marker="o", label=sync)
+        ax.set_xscale("log")
+        ax.set_xlabel("WAN bandwidth per direction (Gb/s)")
+        ax.set_ylabel("Throughput (fraction of one site's)")
+        ax.set_title(f"{model.name} across {len(cluster.sites)} sites: {cluster.name}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        save_figure(fig, out / "sites.png")
+
+
+def add_sites_parser(sub: Any, model_help: str) -> None:
+    p = sub.add_parser("sites", help="a plan across sites joined by WAN links",
+                       description="Throughput of a plan whose data parallelism spans sites "
+                       "joined by WAN links, for each way to synchronise (flat BSP, "
+                       "hierarchical BSP, DiLoCo, streaming DiLoCo), against one site "
+                       "holding every node; --choose picks the most synchronous way within "
+                       "--floor of it.")
+    p.add_argument("--model", required=True, help=model_help)
+    p.add_argument("--cluster", required=True, help="cluster TOML with [[sites]] and [[wan]] "
+                   "or a region preset (regions2-dgx-h100:N, regions3-dgx-h100:N)")
+    p.add_argument("--plan", required=True, help="plan JSON; its dp is split over the sites")
+    p.add_argument("--sync", action="append", metavar="KIND[:k=v,...]",
+                   help="flat, hierarchical, diloco:H=500,dtype=bf16 or streaming-diloco:"
+                   "H=50,fragments=5,overlap=5 (repeat; default: five of them)")
+    p.add_argument("--wan-gbps", metavar="LIST", help="sweep every WAN link over these Gb/s "
+                   "(e.g. 1,10,100,400), latencies kept")
+    p.add_argument("--choose", action="store_true", help="also pick a way (optimizer.sites)")
+    p.add_argument("--floor", type=float, default=0.95,
+                   help="--choose: least share of one site's throughput (default 0.95)")
+    p.add_argument("--fidelity", default="analytic", choices=["analytic", "des"],
+                   help="tier for the steps (des: slower)")
+    p.add_argument("--out", type=Path, help="folder: inputs, sites.csv, sites.png")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON")
+    p.set_defaults(func=cmd_sites)
