@@ -3,7 +3,8 @@ streaming DiLoCo's fragments (:mod:`sim.strategies.sites`).
 
 Without a measured loss curve for a model trained with DiLoCo across sites, the choice is
 the *most synchronous* way that keeps at least ``floor`` of the single-site throughput:
-BSP (flat, then hierarchical) first, then DiLoCo and streaming DiLoCo by increasing period
+BSP (flat, then hierarchical) first, then two-stage (half, then a tenth of the gradient
+before the step ends), then DiLoCo and streaming DiLoCo by increasing period
 ``H``, the fuller payload before the compressed one (fp32, bf16, int8), the shorter overlap
 (1 then 5 inner steps) before the longer. Every candidate is
 ranked and kept, so a user with their own convergence figures can read the whole table.
@@ -31,7 +32,8 @@ DTYPES = ("fp32", "bf16", "int8")
 
 def candidates() -> list[SiteSync]:
     """Every candidate, most synchronous first."""
-    out = [SiteSync("flat"), SiteSync("hierarchical")]
+    out = [SiteSync("flat"), SiteSync("hierarchical"), SiteSync("two-stage", fraction=0.5),
+           SiteSync("two-stage", fraction=0.1)]
     for h in PERIODS:
         for dtype in DTYPES:
             out.append(SiteSync("diloco", H=h, dtype=dtype))

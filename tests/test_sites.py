@@ -145,3 +145,27 @@ def test_cli_sites(tmp_path, capsys) -> None:  # noqa: ANN001
                  "--plan", str(plan), "--wan-gbps", "-1"]) == 2
     assert main(["sites", "--model", "llama3-8b", "--cluster", "regions2-dgx-h100:2",
                  "--plan", str(plan), "--sync", "diloco:H=x"]) == 2
+
+
+def test_jitter_slows_the_wan_steps_and_two_stage_hides_the_rest() -> None:
+    from sim.network.wan import jitter_s
+
+    model = load_any("llama3-8b")
+    calm = _two(gbps=10.0)
+    shaky = cluster_from_dict(calm.to_dict() | {"wan": [{
+        "a": "e", "b": "w", "Gbps": 10.0, "latency_ms": 35.0,
+        "jitter": {"dist": "lognormal", "median": 2.0, "sigma": 1.0}}]}, "x")
+    assert jitter_s(calm, 64) == 0.0
+    assert jitter_s(shaky, 64) > jitter_s(shaky, 1) > 1e-3  # the largest of more draws
+    for sync in (SiteSync("flat"), SiteSync("hierarchical")):
+        assert simulate_sites(model, shaky, PLAN, sync).tokens_per_s < simulate_sites(
+            model, calm, PLAN, sync).tokens_per_s
+    hier = simulate_sites(model, calm, PLAN, SiteSync("hierarchical")).tokens_per_s
+    two = simulate_sites(model, calm, PLAN, SiteSync("two-stage", fraction=0.1)).tokens_per_s
+    assert two > hier
+    assert simulate_sites(model, calm, PLAN, SiteSync("two-stage", fraction=1.0)).step_s \
+        == pytest.approx(1 / hier * PLAN.global_batch_size * PLAN.seq_len)
+    with pytest.raises(SpecError, match="wan\\[0\\].jitter.median"):
+        cluster_from_dict(calm.to_dict() | {"wan": [{
+            "a": "e", "b": "w", "Gbps": 10.0, "latency_ms": 35.0,
+            "jitter": {"dist": "lognormal", "median": -2.0, "sigma": 1.0}}]}, "x")

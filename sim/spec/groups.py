@@ -24,6 +24,7 @@ import networkx as nx
 
 from sim.errors import SpecError, field_name
 from sim.spec.hardware import HardwareSpec, get_hardware
+from sim.spec.population import Dist
 
 __all__ = ["NodeGroup", "Site", "WanLink", "groups_from_dict", "sites_from_dict",
            "check_sites", "REGION_PRESETS", "region_sites"]
@@ -78,10 +79,14 @@ class WanLink:
     Gbps: float  # per direction, Gb/s
     latency_ms: float  # one way, ms
     bandwidth_by_hour: tuple[float, ...] = ()  # 24 rates (Gb/s) by hour of the day; empty: Gbps
+    # extra one-way delay of a message, ms, drawn per message (`{dist = "lognormal", ...}`)
+    jitter: Dist | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"a": self.a, "b": self.b, "Gbps": self.Gbps,
                                "latency_ms": self.latency_ms}
+        if self.jitter is not None:
+            out["jitter"] = self.jitter.to_dict()
         return out | ({"bandwidth_by_hour": list(self.bandwidth_by_hour)}
                       if self.bandwidth_by_hour else {})
 
@@ -143,7 +148,7 @@ def groups_from_dict(data: dict[str, Any]) -> tuple[NodeGroup, ...]:
 
 
 _SITE_KEYS = ("name", "nodes", "gpu")
-_WAN_KEYS = ("a", "b", "Gbps", "latency_ms", "bandwidth_by_hour")
+_WAN_KEYS = ("a", "b", "Gbps", "latency_ms", "bandwidth_by_hour", "jitter")
 
 
 def _tables(data: dict[str, Any], key: str, known: tuple[str, ...]) -> list[dict[str, Any]]:
@@ -177,8 +182,9 @@ def sites_from_dict(data: dict[str, Any]) -> tuple[tuple[Site, ...], tuple[WanLi
         hours = t.get("bandwidth_by_hour", [])
         if not isinstance(hours, list):
             raise SpecError(f"wan[{i}].bandwidth_by_hour", "must be a list of 24 rates (Gb/s)")
+        jitter = Dist.parse(f"wan[{i}].jitter", t["jitter"]) if "jitter" in t else None
         wan.append(WanLink(str(t["a"]), str(t["b"]), t["Gbps"], t["latency_ms"],
-                           tuple(hours)))
+                           tuple(hours), jitter))
     if wan and not sites:
         raise SpecError("wan", "WAN links join [[sites]]: list the sites too")
     if sites:

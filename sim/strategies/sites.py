@@ -11,6 +11,9 @@ parallelism inside a site, as :mod:`sim.spec.groups` places it). Ways to synchro
   all-reduce overlapped with backward as usual), then the sites all-reduce the reduced
   gradient over the WAN, every rank of a site its shard at once, then each site gathers
   (part of its in-site all-reduce); the WAN phase is not overlapped;
+- ``two-stage`` (OSP-style, as the synchronisation strategy of that name): each step the
+  sites exchange the ``fraction`` of the gradient that matters most before the step ends,
+  and the rest under the next step's compute (it must be in before the next exchange);
 - ``diloco``: each site trains its own replica group for ``H`` inner steps (in-site BSP),
   then the sites all-reduce the pseudo-gradient (``fp32``, ``bf16``, ``fp16`` or ``int8``)
   over the WAN as ``hierarchical`` does, and take an outer step: the WAN is paid once every
@@ -38,7 +41,7 @@ from sim.api import simulate
 from sim.cost.sync import outer_step_s
 from sim.errors import SpecError
 from sim.layout.sync import PAYLOAD_BYTES, gradient
-from sim.network.wan import ring_wan
+from sim.network.wan import jitter_s, ring_wan
 from sim.spec.cluster import ClusterSpec
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
@@ -47,7 +50,7 @@ from sim.spec.workload import Workload
 __all__ = ["SiteSync", "SiteResult", "simulate_sites", "SITE_SYNCS", "single_site",
            "site_of", "wan_sweep", "at_hour", "over_a_day"]
 
-SITE_SYNCS = ("flat", "hierarchical", "diloco", "streaming-diloco")
+SITE_SYNCS = ("flat", "hierarchical", "two-stage", "diloco", "streaming-diloco")
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,7 @@ class SiteSync:
     fragments: int = 1  # streaming-diloco: parts of the model synchronised in turn
     overlap: int = 1  # streaming-diloco: inner steps a fragment's exchange may hide behind
     dtype: str = "fp32"  # diloco: what the pseudo-gradient travels as
+    fraction: float = 0.1  # two-stage: share of the gradient that crosses before the step ends
 
     def __post_init__(self) -> None:
         if self.kind not in SITE_SYNCS:
@@ -66,6 +70,9 @@ class SiteSync:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 10**6:
                 raise SpecError(f"sync.{name}", f"must be an integer in 1..1,000,000, got {v!r}")
+        if isinstance(self.fraction, bool) or not isinstance(self.fraction, int | float) \
+                or not 0 < self.fraction <= 1:
+            raise SpecError("sync.fraction", f"must be in (0, 1], got {self.fraction!r}")
         if self.dtype not in PAYLOAD_BYTES:
             raise SpecError("sync.dtype", f"must be one of {', '.join(PAYLOAD_BYTES)}, got "
                             f"{self.dtype!r}")
@@ -76,6 +83,8 @@ class SiteSync:
     def label(self) -> str:
         if self.kind in ("flat", "hierarchical"):
             return self.kind
+        if self.kind == "two-stage":
+            return f"two-stage {self.fraction:g}"
         extra = f", {self.fragments} fragments, overlap {self.overlap}" \
             if self.kind == "streaming-diloco" else ""
         return f"{self.kind} H={self.H}{extra}, {self.dtype}"
@@ -134,7 +143,8 @@ def _wan_allreduce_s(cluster: ClusterSpec, nbytes: float, ranks_per_site: int) -
     rate, latency = ring_wan(cluster)
     per_rank = 2 * (s - 1) / s * nbytes / max(ranks_per_site, 1)
     nic = cluster.nic_GBps_per_gpu * 1e9
-    return max(2 * (s - 1) / s * nbytes / rate, per_rank / nic) + 2 * (s - 1) * latency
+    step_latency = latency + jitter_s(cluster, max(ranks_per_site, 1))
+    return max(2 * (s - 1) / s * nbytes / rate, per_rank / nic) + 2 * (s - 1) * step_latency
 
 
 def simulate_sites(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan,
@@ -159,6 +169,13 @@ def simulate_sites(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan
     if sync.kind == "hierarchical":
         wan = _wan_allreduce_s(cluster, grad.raw_bytes, ranks)
         return _result(sync, plan, t, t + wan, wan, wan, ref.tokens_per_s, inner.warnings)
+    if sync.kind == "two-stage":  # the important share blocks, the rest runs under the next step
+        first = _wan_allreduce_s(cluster, grad.raw_bytes * sync.fraction, ranks)
+        rest = _wan_allreduce_s(cluster, grad.raw_bytes * (1 - sync.fraction), ranks) \
+            if sync.fraction < 1 else 0.0
+        step = first + max(t, rest)
+        return _result(sync, plan, t, step, first + rest, step - t, ref.tokens_per_s,
+                       inner.warnings)
     # DiLoCo: the pseudo-gradient in its dtype, then the outer step on each rank's shard
     nbytes = grad.elements * PAYLOAD_BYTES[sync.dtype]
     outer = outer_step_s(site.gpu, grad.elements / ranks)

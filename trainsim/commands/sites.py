@@ -24,11 +24,16 @@ def parse_site_sync(text: str) -> Any:
     kw: dict[str, Any] = {}
     for part in filter(None, rest.split(",")):
         key, eq, value = part.partition("=")
-        if not eq or key not in ("H", "fragments", "overlap", "dtype"):
+        if not eq or key not in ("H", "fragments", "overlap", "dtype", "fraction"):
             raise SpecError("--sync", f"{part!r}: write KEY=VALUE with KEY one of H, "
-                            "fragments, overlap, dtype")
+                            "fragments, overlap, dtype, fraction")
         if key == "dtype":
             kw[key] = value
+        elif key == "fraction":
+            try:
+                kw[key] = float(value)
+            except ValueError:
+                raise SpecError("--sync fraction", f"must be a number, got {value!r}") from None
         else:
             try:
                 kw[key] = int(value)
@@ -133,8 +138,8 @@ def add_sites_parser(sub: Any, model_help: str) -> None:
                    "or a region preset (regions2-dgx-h100:N, regions3-dgx-h100:N)")
     p.add_argument("--plan", required=True, help="plan JSON; its dp is split over the sites")
     p.add_argument("--sync", action="append", metavar="KIND[:k=v,...]",
-                   help="flat, hierarchical, diloco:H=500,dtype=bf16 or streaming-diloco:"
-                   "H=50,fragments=5,overlap=5 (repeat; default: five of them)")
+                   help="flat, hierarchical, two-stage:fraction=0.1, diloco:H=500,dtype=bf16 "
+                   "or streaming-diloco:H=50,fragments=5,overlap=5 (repeat; default: five)")
     p.add_argument("--wan-gbps", metavar="LIST", help="sweep every WAN link over these Gb/s "
                    "(e.g. 1,10,100,400), latencies kept")
     p.add_argument("--choose", action="store_true", help="also pick a way (optimizer.sites)")
