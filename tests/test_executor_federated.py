@@ -76,3 +76,15 @@ def test_a_small_real_run_learns_and_is_predicted() -> None:
     # second-fastest alone (a 0.07 MB model at 6 Mb/s), and well under a few seconds
     later = [r["collect_s"] for r in rounds[1:]]
     assert all(0.09 < t < 5 for t in later)
+
+
+def test_a_small_fedbuff_run_steps_every_buffer_with_staleness() -> None:
+    from executor.federated.launch import FLRun, execute_fl
+
+    run = FLRun(population=6, processes=2, strategy="fedbuff", buffer=2, rounds=6,
+                alpha=1.0, hidden=(32,), eval_every=1)
+    steps = execute_fl(run, timeout_s=120)["rounds"]
+    assert [s["round"] for s in steps] == list(range(6))
+    assert all(0 <= s["accuracy"] <= 1 for s in steps)
+    assert steps[0]["staleness_mean"] == 0.0  # both processes started from version 0
+    assert max(s["staleness_mean"] for s in steps) > 0

@@ -30,6 +30,9 @@ class FLRun:
     batch_size: int = 16
     lr: float = 0.1
     mu: float = 0.0  # FedProx's proximal weight (0: FedAvg)
+    strategy: str = "fedavg"  # fedavg (fedprox with mu > 0) or fedbuff
+    buffer: int = 4  # fedbuff: deltas a server step
+    server_lr: float = 1.0  # fedbuff: the server's step on the mean delta
     deadline_s: float = 0.0
     server_ingress_Mbps: float = math.inf
     server_egress_Mbps: float = math.inf
@@ -48,6 +51,13 @@ class FLRun:
         return min(self.population, math.ceil(self.clients_per_round * self.overcommit - 1e-9))
 
     def check(self) -> None:
+        if self.strategy not in ("fedavg", "fedbuff"):
+            raise SpecError("strategy", f"must be fedavg or fedbuff, got {self.strategy!r}")
+        if self.strategy == "fedbuff" and self.buffer < 1:
+            raise SpecError("buffer", f"must be >= 1, got {self.buffer}")
+        if self.strategy == "fedbuff" and self.population <= self.processes:
+            raise SpecError("population", "fedbuff samples a client no process is training: "
+                            "needs more clients than processes")
         if self.task not in TASKS:
             raise SpecError("task", f"must be one of {', '.join(TASKS)}, got {self.task!r}")
         if not 1 <= self.processes <= 16 or self.population < self.processes:

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from executor.federated.client import ClientProcess
+from executor.federated.fedbuff import fedbuff_client, fedbuff_server
 from executor.federated.server import Server
 from executor.federated.split import dirichlet_split
 from executor.rank import progress, rank_main
@@ -69,6 +70,8 @@ def _one(cfg: dict[str, Any], out: Path, rank: int) -> dict[str, Any]:
                             cfg["seed"])
     host = {c: 1 + c % n for c in range(cfg["population"])}
     dist.barrier()
+    if cfg.get("strategy") == "fedbuff":
+        return _fedbuff(cfg, out, rank, task, parts)
     if rank == 0:
         dist.barrier()  # the clients probe meanwhile
         return _server(cfg, out, task, host)
@@ -85,6 +88,22 @@ def _one(cfg: dict[str, Any], out: Path, rank: int) -> dict[str, Any]:
             "samples": {str(c): int(len(x)) for c, (x, _) in data.items()},
             "labels": {str(c): np.bincount(y.numpy(), minlength=task.classes).tolist()
                        for c, (_, y) in data.items()}}
+
+
+def _fedbuff(cfg: dict[str, Any], out: Path, rank: int, task: Any, parts: list) -> dict:
+    """FedBuff: every process may train any client (each holds every client's data)."""
+    model = mlp(task, tuple(cfg["hidden"]), cfg["seed"])
+    if rank == 0:
+        steps = fedbuff_server(cfg, model, task, list(range(1, dist.get_world_size())),
+                               lambda v: progress(out, 0, v, f"step {v}"))
+        return {"role": "server", "rounds": steps}
+    torch.manual_seed(cfg["seed"])
+    data = {c: (task.x_train[torch.as_tensor(p)], task.y_train[torch.as_tensor(p)])
+            for c, p in enumerate(parts)}
+    progress(out, rank, 1, "serving")
+    return {"role": "client", "process": rank, **fedbuff_client(cfg, model, data),
+            "ms_per_sample": {}, "samples": {str(c): int(len(x)) for c, (x, _) in data.items()},
+            "labels": {}}
 
 
 def main(argv: list[str] | None = None) -> int:

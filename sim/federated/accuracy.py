@@ -18,7 +18,8 @@ vary in the runs is left at 0 (not identified). ``sigma`` is the residual standa
 prediction's band is ``R exp(+-sigma)``). Settings outside the fitted ranges, or where the
 runs mostly did not reach the target, are flagged.
 
-FedBuff has no measured family yet: its time to accuracy is not predicted.
+FedBuff is its own family: ``K`` is its buffer, server steps count as rounds, and the
+concurrency (clients training at once) is one more regressor ``log M``.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ __all__ = ["FLObservation", "FLModel", "FLPrediction", "fit_fl", "load_fl_observ
            "BUNDLED_FL", "time_to_target"]
 
 BUNDLED_FL = Path(__file__).resolve().parents[1] / "data" / "convergence" / "fl-digits-cpu.csv"
-FAMILIES = {"fedavg": "fedavg", "fedprox": "fedavg"}  # strategy -> the family fitted
+FAMILIES = {"fedavg": "fedavg", "fedprox": "fedavg", "fedbuff": "fedbuff"}  # -> fitted
 NEEDED = ("strategy", "clients_per_round", "local_epochs", "alpha", "mu")
 
 
@@ -48,16 +49,19 @@ class FLObservation:
     alpha: float
     mu: float
     rounds_to: dict[float, int | None]  # target accuracy -> rounds (None: not reached)
+    concurrency: int = 1  # fedbuff: clients training at once (1 for round-based runs)
 
 
-def _features(k: float, e: float, alpha: float, mu: float) -> np.ndarray:
+def _features(k: float, e: float, alpha: float, mu: float, m: int = 1) -> np.ndarray:
     lk, le, h = math.log(k), math.log(e), math.log1p(1.0 / alpha)
-    return np.array([1.0, lk, le, h, math.log1p(100.0 * mu), h * lk, h * le, lk * le])
+    return np.array([1.0, lk, le, h, math.log1p(100.0 * mu), math.log(max(m, 1)), h * lk,
+                     h * le, lk * le])
 
 
-_COLS = (1, 2, 3, 4)  # the regressors themselves (ranges, extrapolation)
-_ALL = tuple(range(1, 8))
-_NAMES = ("clients a round", "local epochs", "non-IID alpha", "FedProx mu")
+_COLS = (1, 2, 3, 4, 5)  # the regressors themselves (ranges, extrapolation)
+_ALL = tuple(range(1, 9))
+_NAMES = ("clients a round (fedbuff: buffer)", "local epochs", "non-IID alpha", "FedProx mu",
+          "concurrency")
 
 
 @dataclass(frozen=True)
@@ -91,7 +95,7 @@ class FLModel:
         return (FAMILIES.get(strategy, strategy), target) in self.fits
 
     def predict(self, strategy: str, target: float, k: float, e: float, alpha: float,
-                mu: float = 0.0) -> FLPrediction:
+                mu: float = 0.0, concurrency: int = 1) -> FLPrediction:
         fit = self.fits.get((FAMILIES.get(strategy, strategy), target))
         if fit is None:
             have = sorted({s for s in FAMILIES if (FAMILIES[s], target) in self.fits})
@@ -99,10 +103,10 @@ class FLModel:
                             f"{strategy!r} at target {target:g} (measured: "
                             f"{', '.join(have) or 'none'} at targets "
                             f"{', '.join(f'{t:g}' for t in self.targets)})")
-        x = _features(k, e, alpha, mu)
+        x = _features(k, e, alpha, mu, concurrency)
         r = float(math.exp(x @ fit.coef))
         notes = []
-        for name, v, (lo, hi) in zip(_NAMES, x[1:5], fit.ranges, strict=True):
+        for name, v, (lo, hi) in zip(_NAMES, x[1:6], fit.ranges, strict=True):
             if not lo - 1e-9 <= v <= hi + 1e-9:
                 notes.append(f"{name} outside the measured range: extrapolated")
         if fit.reached < 0.5:
@@ -126,9 +130,10 @@ def load_fl_observations(path: Path = BUNDLED_FL) -> list[FLObservation]:
     for row in df.to_dict("records"):
         reach = {int(c.rsplit("_", 1)[1]) / 100: (None if pd.isna(row[c]) else int(row[c]))
                  for c in targets}
+        m = row.get("concurrency", 1)
         out.append(FLObservation(str(row["strategy"]), int(row["clients_per_round"]),
                                  float(row["local_epochs"]), float(row["alpha"]),
-                                 float(row["mu"]), reach))
+                                 float(row["mu"]), reach, 1 if pd.isna(m) else int(m)))
     return out
 
 
@@ -141,11 +146,11 @@ def fit_fl(obs: list[FLObservation], source: str = "") -> FLModel:
             ok = [o for o in mine if o.rounds_to.get(target)]
             if len(ok) < 4:
                 continue
-            x = np.array([_features(o.clients_per_round, o.local_epochs, o.alpha, o.mu)
-                          for o in ok])
+            x = np.array([_features(o.clients_per_round, o.local_epochs, o.alpha, o.mu,
+                                    o.concurrency) for o in ok])
             y = np.log([float(o.rounds_to[target] or 1) for o in ok])
             varies = [0] + [j for j in _ALL if np.ptp(x[:, j]) > 1e-12]
-            coef = np.zeros(8)
+            coef = np.zeros(9)
             sol, *_ = np.linalg.lstsq(x[:, varies], y, rcond=None)
             coef[varies] = sol
             resid = y - x @ coef
@@ -161,13 +166,14 @@ def time_to_target(result: Any, model: FLModel, target: float) -> dict[str, Any]
     """Predicted rounds to ``target`` for a simulated FedAvg/FedProx job, and when the
     simulated clock reaches them (past the simulated rounds: their mean duration on)."""
     tr = result.job.training
-    if tr.strategy == "fedbuff":
-        raise SpecError("training.strategy", "no measured rounds-to-accuracy model for "
-                        "fedbuff yet (measured: fedavg, fedprox)")
     e = tr.local_epochs or tr.local_steps * tr.batch_size / max(
         float(np.mean(result.job.population.arrays(tr.seed).samples)), 1.0)
     mu = tr.mu if tr.strategy == "fedprox" else 0.0
-    p = model.predict(tr.strategy, target, tr.clients_per_round, e, tr.non_iid_alpha, mu)
+    if tr.strategy == "fedbuff":  # server steps of `buffer` updates, `in_flight` training
+        p = model.predict("fedbuff", target, tr.buffer_size, e, tr.non_iid_alpha, 0.0,
+                          tr.in_flight)
+    else:
+        p = model.predict(tr.strategy, target, tr.clients_per_round, e, tr.non_iid_alpha, mu)
     ends = np.array([r["end_s"] for r in result.rows])
     mean = float(np.mean(result.round_times()))
 

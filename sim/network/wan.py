@@ -18,8 +18,8 @@ network does not draw it.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
-import networkx as nx
 import numpy as np
 
 from sim.spec.cluster import ClusterSpec
@@ -27,7 +27,9 @@ from sim.spec.cluster import ClusterSpec
 __all__ = ["site_path", "ring_wan", "wan_fabric", "jitter_s"]
 
 
-def _graph(cluster: ClusterSpec) -> nx.Graph:
+def _graph(cluster: ClusterSpec) -> Any:
+    import networkx as nx  # only for clusters with sites (an analytic run loads none)
+
     g = nx.Graph()
     index = {s.name: i for i, s in enumerate(cluster.sites)}
     g.add_nodes_from(range(len(cluster.sites)))
@@ -39,6 +41,8 @@ def _graph(cluster: ClusterSpec) -> nx.Graph:
 
 @functools.lru_cache(maxsize=256)
 def _paths(cluster: ClusterSpec) -> dict[tuple[int, int], list[int]]:
+    import networkx as nx
+
     g = _graph(cluster)
     return {(a, b): nx.shortest_path(g, a, b, weight="latency_s")
             for a in g.nodes for b in g.nodes}

@@ -20,8 +20,6 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import networkx as nx
-
 from sim.errors import SpecError, field_name
 from sim.spec.hardware import HardwareSpec, get_hardware
 from sim.spec.population import Dist
@@ -225,6 +223,8 @@ def check_sites(sites: tuple[Site, ...], wan: tuple[WanLink, ...], nodes: int,
 
 
 def _check_wan(sites: tuple[Site, ...], wan: tuple[WanLink, ...]) -> None:
+    import networkx as nx  # only for clusters with sites (an analytic run loads none)
+
     names = [s.name for s in sites]
     g = nx.Graph()
     g.add_nodes_from(names)
