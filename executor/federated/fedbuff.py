@@ -110,6 +110,10 @@ def fedbuff_client(cfg: dict[str, Any], model: torch.nn.Module,
 
     gen = torch.Generator().manual_seed(cfg["seed"] * 1000 + dist.get_rank())
     x = _flat(model)
+    xs, ys = data[0]  # warm torch up (its first backward and optimizer step take ~1 s) so
+    F.cross_entropy(model(xs[:8]), ys[:8]).backward()  # no process lags the others' first
+    model.zero_grad()  # jobs; a step on zero gradients leaves plain SGD's weights as they are
+    torch.optim.SGD(model.parameters(), lr=cfg["lr"]).step()
     jobs = 0
     while True:
         head = torch.zeros(3, dtype=torch.int64)
