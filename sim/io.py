@@ -12,7 +12,25 @@ from pathlib import Path
 
 from sim.errors import SpecError
 
-__all__ = ["read_text", "atomic_write_text", "atomic_write_files"]
+__all__ = ["read_text", "atomic_write_text", "atomic_write_files", "table_fields"]
+
+
+def table_fields(data: dict, key: str, cls: type) -> dict:
+    """The TOML table ``data[key]`` (empty if absent), checked to be a table whose keys are
+    fields of the dataclass ``cls``; an unknown key is named with the known ones."""
+    import dataclasses
+
+    from sim.errors import field_name
+
+    sub = data.get(key, {})
+    if not isinstance(sub, dict):
+        raise SpecError(key, "must be a TOML table")
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(sub) - known)
+    if unknown:
+        raise SpecError(f"{key}.{field_name(unknown[0])}",
+                        f"unknown field (known: {', '.join(sorted(known))})")
+    return dict(sub)
 
 
 def read_toml(path: Path, what: str, label: str) -> dict:

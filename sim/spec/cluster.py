@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.errors import SpecError, field_name
-from sim.io import read_toml
+from sim.io import read_toml, table_fields
 from sim.spec.groups import (
     REGION_PRESETS,
     NodeGroup,
@@ -336,15 +336,7 @@ def shipped_cpu_profile() -> str | None:
 
 
 def _table(data: dict[str, Any], key: str, cls: type) -> Any:
-    sub = data.get(key, {})
-    if not isinstance(sub, dict):
-        raise SpecError(key, "must be a TOML table")
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(sub) - known)
-    if unknown:
-        raise SpecError(f"{key}.{field_name(unknown[0])}",
-                        f"unknown field (known: {', '.join(sorted(known))})")
-    return cls(**sub)
+    return cls(**table_fields(data, key, cls))
 
 
 _TOP_KEYS = {"name", "nodes", "gpus_per_node", "gpu", "intra_node", "inter_node", "profile",

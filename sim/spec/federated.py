@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.errors import SpecError, field_name
-from sim.io import read_toml
+from sim.io import read_toml, table_fields
 from sim.spec.population import Population, population_from_dict
 
 __all__ = ["ServerSpec", "FLTraining", "FLJob", "load_fl", "fl_from_dict", "STRATEGIES",
@@ -168,14 +168,7 @@ def _int(name: str, v: Any, low: int, high: int | None = None) -> None:
 
 
 def _table(raw: dict[str, Any], key: str, cls: type) -> Any:
-    sub = raw.get(key, {})
-    if not isinstance(sub, dict):
-        raise SpecError(key, "must be a TOML table")
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(sub) - known)
-    if unknown:
-        raise SpecError(f"{key}.{field_name(unknown[0])}",
-                        f"unknown field (known: {', '.join(sorted(known))})")
+    sub = table_fields(raw, key, cls)
     if key == "training" and sub.get("non_iid_alpha") == "inf":
         sub = sub | {"non_iid_alpha": math.inf}
     if key == "training" and "local_epochs" in sub and "local_steps" not in sub:
