@@ -36,6 +36,7 @@ from optimizer.sites import choose_site_sync
 from sim import simulate
 from sim.io import atomic_write_text
 from sim.layout.flops import param_count
+from sim.layout.placement import site_aware
 from sim.spec.cluster import load_cluster
 from sim.spec.plan import Plan
 from sim.spec.zoo import load_any
@@ -83,6 +84,7 @@ def limit() -> pd.DataFrame:
         base = load_cluster(preset)
         lan = dataclasses.replace(base, wan=tuple(
             dataclasses.replace(w, Gbps=1e5, latency_ms=0.002) for w in base.wan))
+        plan = site_aware(plan, lan)  # whole replicas a site, the reference in the same order
         for fid in ("analytic", "des"):
             one = simulate(model, single_site(lan), plan, fidelity=fid).iteration_time_s
             two = simulate(model, lan, plan, fidelity=fid).iteration_time_s

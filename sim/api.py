@@ -12,6 +12,7 @@ from sim.cost.scales import combine_scales, gpu_compute_scales, mean_peak_tflops
 from sim.errors import SpecError
 from sim.layout.flops import hardware_flops_per_token, model_flops_per_token
 from sim.layout.memory import memory_report
+from sim.layout.placement import site_aware
 from sim.layout.routing import routing
 from sim.network.perturbation import NO_PERTURBATION, Perturbation
 from sim.result import Result, Timing
@@ -45,6 +46,7 @@ def simulate(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan,
     if not is_default_sync(plan):
         raise SpecError("plan.sync", f"{strategy_of(plan)} runs over many steps: simulate it "
                         "with sim.strategies.simulate_sync (trainsim simulate does)")
+    plan = site_aware(plan, cluster)  # sites: whole replicas at each
     if isinstance(model, Workload):
         return _graph(model, cluster, plan, fidelity, faults)
     validate(plan, model, cluster)

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 from sim.spec.cluster import ClusterSpec
 from sim.spec.experts import ep_inner, expert_tp, is_folded
-from sim.spec.plan import DIMS, Plan
+from sim.spec.plan import DEFAULT_PLACEMENT, DIMS, Plan
 
-__all__ = ["GroupSpan", "GROUP_DIMS", "group_span", "dim_sizes", "rank_coords", "groups_of",
-           "framework_rank_table", "stage_devices"]
+__all__ = ["site_aware", "SITE_PLACEMENT", "GroupSpan", "GROUP_DIMS", "group_span",
+           "dim_sizes", "rank_coords", "groups_of", "framework_rank_table", "stage_devices"]
 
 # Parallel group -> the placement dimensions it spans.
 GROUP_DIMS = {
@@ -42,6 +42,21 @@ class GroupSpan:
     per_node: int
     nodes: int
     cross_pod: bool
+
+
+SITE_PLACEMENT = "tp-cp-ep-pp-dp"  # data parallelism outermost: whole replicas a site
+
+
+def site_aware(plan: Plan, cluster: ClusterSpec) -> Plan:
+    """On a cluster of sites, a plan at the default rank order gets data parallelism
+    outermost, so each site holds whole replicas (tensor, pipeline and context parallelism
+    stay inside a site; only data-parallel groups cross the WAN). Any other order, or an
+    explicit rank table, is the user's and is kept."""
+    if cluster.sites and plan.placement == DEFAULT_PLACEMENT and plan.pp > 1:
+        import dataclasses
+
+        return dataclasses.replace(plan, placement=SITE_PLACEMENT)
+    return plan
 
 
 def dim_sizes(plan: Plan) -> dict[str, int]:

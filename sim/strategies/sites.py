@@ -40,6 +40,7 @@ from typing import Any
 from sim.api import simulate
 from sim.cost.sync import outer_step_s
 from sim.errors import SpecError
+from sim.layout.placement import site_aware
 from sim.layout.sync import PAYLOAD_BYTES, gradient
 from sim.network.wan import jitter_s, ring_wan
 from sim.spec.cluster import ClusterSpec
@@ -155,6 +156,7 @@ def simulate_sites(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan
     if any(s.gpu and s.gpu != (cluster.sites[0].gpu or cluster.gpu) for s in cluster.sites):
         raise SpecError("cluster.sites", "sites with different GPUs are not modelled across "
                         "the WAN yet: give every site the same gpu")
+    plan = site_aware(plan, cluster)  # the same rank order for the one-site reference
     ref = simulate(model, single_site(cluster), plan, fidelity=fidelity)
     if sync.kind == "flat":
         r = simulate(model, cluster, plan, fidelity=fidelity)
