@@ -169,3 +169,19 @@ def test_jitter_slows_the_wan_steps_and_two_stage_hides_the_rest() -> None:
         cluster_from_dict(calm.to_dict() | {"wan": [{
             "a": "e", "b": "w", "Gbps": 10.0, "latency_ms": 35.0,
             "jitter": {"dist": "lognormal", "median": -2.0, "sigma": 1.0}}]}, "x")
+
+
+def test_placement_keeps_whole_replicas_at_each_site() -> None:
+    from sim.layout.placement import SITE_PLACEMENT, group_span, site_aware
+
+    c = _two(nodes=4)  # 2 x 32 GPUs
+    plan = Plan(global_batch_size=64, seq_len=2048, dp=4, tp=8, pp=2, micro_batch_size=1)
+    placed = site_aware(plan, c)
+    assert placed.placement == SITE_PLACEMENT
+    assert not group_span(placed, c, "pp").cross_pod  # stages inside a site
+    assert group_span(placed, c, "dp").cross_pod  # replicas across the sites
+    assert group_span(plan, c, "pp").cross_pod  # the default order would cross with PP
+    mine = Plan(global_batch_size=64, seq_len=2048, dp=4, tp=8, pp=2, micro_batch_size=1,
+                placement="tp-cp-dp-ep-pp")
+    assert site_aware(mine, c) is mine  # a user's order is kept
+    assert site_aware(plan, single_site(c)) is plan
