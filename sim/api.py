@@ -12,7 +12,7 @@ from sim.cost.scales import combine_scales, gpu_compute_scales, mean_peak_tflops
 from sim.errors import SpecError
 from sim.layout.flops import hardware_flops_per_token, model_flops_per_token
 from sim.layout.memory import memory_report
-from sim.layout.placement import site_aware
+from sim.layout.placement import site_aware, wan_crossings
 from sim.layout.routing import routing
 from sim.network.perturbation import NO_PERTURBATION, Perturbation
 from sim.result import Result, Timing
@@ -192,7 +192,10 @@ def _result(model: ModelSpec, cluster: ClusterSpec, plan: Plan, fidelity: str, t
         communication=t.communication, memory_gib=mem.ranks_gib,
         extrapolated=sorted(cost.extrapolated),
         warnings=_warnings(plan, peak, capacity) + _dropped(model, plan)
-        + model.seq_len_warnings(plan.seq_len),
+        + model.seq_len_warnings(plan.seq_len) + [
+            f"{g} groups span sites: their traffic crosses the WAN (placement "
+            f"{plan.placement}; the default order keeps whole replicas a site)"
+            for g in wan_crossings(plan, cluster)],
         links=t.links, simulation=t.simulation,
         samples_per_s=plan.global_batch_size / t.iteration_s,
         routing=routing(model, plan).to_dict() if model.is_moe else {})

@@ -207,8 +207,13 @@ def test_time_to_target_reads_the_simulated_clock() -> None:
     t = time_to_target(res, model, 0.9)
     assert t["rounds"] > 5 and any("beyond" in n for n in t["notes"])
     mean = float(np.mean(res.round_times()))
-    n = math.ceil(t["rounds"])
-    assert t["time_s"] == pytest.approx(res.total_s + (n - 5) * mean)
+    assert t["time_s"] == pytest.approx(res.total_s + (t["rounds"] - 5) * mean)
+    # rounds that got half their updates count for half a round each
+    half = dataclasses.replace(job, population=Population(clients=200, dropout=0.5,
+                                                          latency_ms=0.0))
+    slow = time_to_target(simulate_fl(half), model, 0.9)
+    assert any("counted in proportion" in n for n in slow["notes"])
+    assert slow["time_s"] > t["time_s"]
 
 
 def test_observations_need_their_columns(tmp_path: Path) -> None:
@@ -228,3 +233,79 @@ def test_cli_target(tmp_path: Path, capsys) -> None:  # noqa: ANN001
     assert main([*args, "1.5"]) == 2
     assert main([*args, "0.42"]) == 2
     assert "targets" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("raw", "field"), [
+    ({"population": {"up_Mbps": {"dist": ["x"]}}}, "population.up_Mbps.dist"),
+    ({"population": {"up_Mbps": {"dist": {}}}}, "population.up_Mbps.dist"),
+    ({"population": {"up_Mbps": {"dist": "lognormal", "median": 5, "sigma": 400}}},
+     "population.up_Mbps"),
+    ({"population": {"ms_per_sample": 1e306}}, "population.ms_per_sample"),
+    ({"training": {"strategy": "fedbuff", "concurrency": 20, "buffer": 5,
+                   "deadline_s": 30.0}}, "training.deadline_s"),
+    ({"training": {"strategy": "fedbuff", "concurrency": 20, "buffer": 5},
+      "server": {"secure_aggregation": True}}, "server.secure_aggregation"),
+])
+def test_more_bad_jobs_name_the_field(raw: dict, field: str) -> None:
+    with pytest.raises(SpecError) as err:
+        simulate_fl(fl_from_dict(raw, "x"))
+    assert err.value.field == field
+
+
+def test_traces_refuse_a_client_count_and_repeated_ids(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text("client,ms_per_sample,up_Mbps,down_Mbps\n1,10,8,16\n1,20,4,8\n")
+    with pytest.raises(SpecError, match="repeats client"):
+        population_from_dict({"trace": str(path)})
+    path.write_text("client,ms_per_sample,up_Mbps,down_Mbps\n1,10,8,16\n")
+    with pytest.raises(SpecError, match="population.clients"):
+        population_from_dict({"trace": str(path), "clients": 5})
+
+
+def test_fedbuff_with_nobody_online_stops_with_an_error() -> None:
+    pop = Population(clients=30, availability=tuple([0.0] * 23 + [1e-300]), latency_ms=0.0)
+    job = FLJob("t", pop, ServerSpec(), FLTraining(strategy="fedbuff", rounds=3,
+                                                   clients_per_round=5, concurrency=10))
+    with pytest.raises(SpecError, match="week"):
+        simulate_fl(job)
+
+
+def test_the_day_may_start_mid_hour() -> None:
+    hours = [1.0] * 24
+    hours[20] = 0.0
+    pop = Population(clients=50, availability=tuple(hours), latency_ms=0.0, start_hour=20.5)
+    res = simulate_fl(FLJob("t", pop, ServerSpec(), FLTraining(rounds=1,
+                                                               clients_per_round=5)))
+    assert res.rows[0]["waited_s"] == pytest.approx(1800.0)
+
+
+def test_an_override_can_make_a_job_valid(tmp_path: Path) -> None:
+    assert load_fl("fl:mobile:100", {"clients_per_round": 10}).training.sampled == 13
+    with pytest.raises(SpecError):
+        load_fl("fl:mobile:100")
+
+
+def test_bad_observation_files_are_one_line_errors(tmp_path: Path) -> None:
+    from sim.federated.accuracy import load_fl_observations
+
+    head = "strategy,clients_per_round,local_epochs,alpha,mu,rounds_to_90\n"
+    for body, match in (("fedavg,2.5,1,0.5,0,10\n", "clients_per_round"),
+                        ("fedavg,2,1,0,0,10\n", "alpha"),
+                        ("fedavg,0,1,0.5,0,10\n", "clients_per_round"),
+                        ("fedavg,2,1,0.5,0,ten\n", "rounds_to_90")):
+        bad = tmp_path / "o.csv"
+        bad.write_text(head + body)
+        with pytest.raises(SpecError, match=match):
+            load_fl_observations(bad)
+    bad.write_text("strategy,clients_per_round,local_epochs,alpha,mu,rounds_to_abc\n")
+    with pytest.raises(SpecError, match="rounds_to_<accuracy"):
+        load_fl_observations(bad)
+    bad.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(SpecError):
+        load_fl_observations(bad)
+
+
+def test_fedbuff_rows_count_each_steps_own_clients() -> None:
+    res = simulate_fl(_job(strategy="fedbuff", buffer=5, concurrency=20, rounds=30))
+    assert sum(r["sampled"] for r in res.rows) >= 20 + 30 * 5 - 20
+    assert all(r["sampled"] >= 0 for r in res.rows)

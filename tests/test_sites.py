@@ -185,3 +185,32 @@ def test_placement_keeps_whole_replicas_at_each_site() -> None:
                 placement="tp-cp-dp-ep-pp")
     assert site_aware(mine, c) is mine  # a user's order is kept
     assert site_aware(plan, single_site(c)) is plan
+
+
+def test_groups_that_leave_a_site_are_named_in_the_result() -> None:
+    c = _two(nodes=4)
+    mine = Plan(global_batch_size=64, seq_len=2048, dp=4, tp=8, pp=2, micro_batch_size=1,
+                placement="tp-cp-dp-ep-pp")  # stages outermost: a pipeline across the WAN
+    warns = simulate(load_any("llama3-8b"), c, mine).warnings
+    assert any(w.startswith("pp groups span sites") for w in warns)
+    fine = simulate(load_any("llama3-8b"), c, Plan(global_batch_size=64, seq_len=2048, dp=4,
+                                                   tp=8, pp=2, micro_batch_size=1)).warnings
+    assert not any("span sites" in w for w in fine)
+
+
+def test_choose_with_hourly_wan_rates(tmp_path, capsys) -> None:  # noqa: ANN001
+    import json
+
+    from trainsim.cli import main
+
+    plan = tmp_path / "p.json"
+    plan.write_text(json.dumps(PLAN.to_dict()))
+    hours = [100.0] * 12 + [10.0] * 12
+    cl = tmp_path / "c.toml"
+    cl.write_text('gpus_per_node = 8\ngpu = "h100-sxm5-80gb"\n[[sites]]\nname = "e"\n'
+                  'nodes = 2\n[[sites]]\nname = "w"\nnodes = 2\n[[wan]]\na = "e"\nb = "w"\n'
+                  f'Gbps = 100.0\nlatency_ms = 35.0\nbandwidth_by_hour = {hours}\n')
+    assert main(["sites", "--model", "llama3-8b", "--cluster", str(cl), "--plan", str(plan),
+                 "--choose"]) == 0
+    out = capsys.readouterr().out
+    assert "by hour" in out and "hour 12" in out and "<- chosen" in out

@@ -69,6 +69,15 @@ class FLRun:
         if self.schedule is not None and len(self.schedule) < self.rounds:
             raise SpecError("schedule", f"one list of clients a round: {self.rounds} rounds, "
                             f"{len(self.schedule)} lists")
+        for r, ids in enumerate(self.schedule or []):
+            if len(set(ids)) != len(ids) or any(not 0 <= c < self.population for c in ids):
+                raise SpecError("schedule", f"round {r}: distinct client ids in "
+                                f"0..{self.population - 1}, got {ids!r}")
+        from executor.federated.protocol import MAX_ASSIGN
+
+        if math.ceil(self.population / self.processes) > MAX_ASSIGN:
+            raise SpecError("population", f"at most {MAX_ASSIGN} clients a process "
+                            f"({self.processes} processes), got {self.population}")
 
 
 def _mbps(v: float) -> float:

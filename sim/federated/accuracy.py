@@ -116,25 +116,62 @@ class FLModel:
 
 
 def load_fl_observations(path: Path = BUNDLED_FL) -> list[FLObservation]:
+    """Real runs from a CSV (columns ``strategy, clients_per_round, local_epochs, alpha, mu``,
+    optionally ``concurrency``, and ``rounds_to_<accuracy %>`` columns, empty where the run
+    did not reach it); every value checked, a bad one named with its row."""
     import pandas as pd
 
     if not path.is_file():
         raise SpecError("convergence", f"no such file: {path}")
-    df = pd.read_csv(path)
+    try:
+        df = pd.read_csv(path)
+    except (ValueError, UnicodeDecodeError, pd.errors.ParserError) as exc:
+        raise SpecError("convergence", f"{path.name} is not a readable CSV: "
+                        f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+                        ) from None
     missing = [c for c in NEEDED if c not in df.columns]
-    targets = [c for c in df.columns if c.startswith("rounds_to_")]
+    targets = [c for c in df.columns if str(c).startswith("rounds_to_")]
     if missing or not targets:
         raise SpecError("convergence", f"{path.name} lacks column(s) "
                         f"{', '.join(missing or ['rounds_to_<accuracy %>'])}")
-    out = []
-    for row in df.to_dict("records"):
-        reach = {int(c.rsplit("_", 1)[1]) / 100: (None if pd.isna(row[c]) else int(row[c]))
-                 for c in targets}
-        m = row.get("concurrency", 1)
-        out.append(FLObservation(str(row["strategy"]), int(row["clients_per_round"]),
-                                 float(row["local_epochs"]), float(row["alpha"]),
-                                 float(row["mu"]), reach, 1 if pd.isna(m) else int(m)))
-    return out
+    levels = {}
+    for c in targets:
+        pct = str(c)[len("rounds_to_"):]
+        if not pct.isdigit() or not 0 < int(pct) < 100:
+            raise SpecError("convergence", f"column {c!r} of {path.name}: write "
+                            "rounds_to_<accuracy in percent>, e.g. rounds_to_90")
+        levels[c] = int(pct) / 100
+    return [_observation(row, i, levels, path.name)
+            for i, row in enumerate(df.to_dict("records"))]
+
+
+def _observation(row: dict[str, Any], i: int, levels: dict[str, float], name: str
+                 ) -> FLObservation:
+    def num(key: str, low: float, integer: bool = False, default: float | None = None
+            ) -> float:
+        v = row.get(key, default)
+        try:
+            x = float(v)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            x = math.nan
+        if x != x and default is not None:
+            x = default
+        if not (x >= low) or (integer and (not math.isfinite(x) or x != int(x))) or (
+                key != "alpha" and not math.isfinite(x)):
+            raise SpecError("convergence", f"row {i + 2} of {name}: {key} must be "
+                            f"{'an integer' if integer else 'a number'} >= {low:g}, got {v!r}")
+        return x
+
+    reach: dict[float, int | None] = {}
+    for col, level in levels.items():
+        v = row[col]
+        reach[level] = None if v != v else int(num(col, 1, True))
+    alpha = num("alpha", 0.0)
+    if alpha <= 0:
+        raise SpecError("convergence", f"row {i + 2} of {name}: alpha must be > 0 (inf: IID)")
+    return FLObservation(str(row["strategy"]), int(num("clients_per_round", 1, True)),
+                         num("local_epochs", 1e-9), alpha, num("mu", 0.0), reach,
+                         int(num("concurrency", 1, True, default=1.0)))
 
 
 def fit_fl(obs: list[FLObservation], source: str = "") -> FLModel:
@@ -174,14 +211,35 @@ def time_to_target(result: Any, model: FLModel, target: float) -> dict[str, Any]
                           tr.in_flight)
     else:
         p = model.predict(tr.strategy, target, tr.clients_per_round, e, tr.non_iid_alpha, mu)
+    return _on_the_clock(result, p, target)
+
+
+def _on_the_clock(result: Any, p: FLPrediction, target: float) -> dict[str, Any]:
+    """Full rounds on the simulated clock: a round that got fewer than its K updates counts
+    for its share of one (a failed round for none), as the model's rounds are of K updates
+    each; past the simulated rounds, their mean progress and duration on."""
+    tr = result.job.training
+    k = tr.buffer_size if tr.strategy == "fedbuff" else tr.clients_per_round
     ends = np.array([r["end_s"] for r in result.rows])
-    mean = float(np.mean(result.round_times()))
+    gain = np.array([0.0 if r["failed"] else min(r["updates"] / k, 1.0)
+                     for r in result.rows])
+    done = np.cumsum(gain)
+    per_round, mean = float(gain.mean()), float(np.mean(result.round_times()))
+    notes = list(p.notes)
+    if per_round < 0.999:
+        notes.append(f"the simulated rounds average {per_round:.2f} of the K updates the "
+                     "model's rounds have: counted in proportion")
 
     def when(rounds: float) -> float:
-        n = math.ceil(rounds)
-        return float(ends[n - 1]) if n <= len(ends) else float(ends[-1] + (n - len(ends))
-                                                               * mean)
+        i = int(np.searchsorted(done, rounds - 1e-9))
+        if i < len(done):
+            return float(ends[i])
+        if per_round <= 0:
+            return math.inf
+        return float(ends[-1] + (rounds - done[-1]) / per_round * mean)
+    if p.rounds > done[-1]:
+        notes.append(f"beyond the {len(ends)} simulated rounds: their mean progress and "
+                     "duration on" if per_round > 0 else "never: every simulated round failed")
     return {"target": target, "rounds": p.rounds, "rounds_band": p.band,
             "time_s": when(p.rounds), "time_band_s": (when(p.band[0]), when(p.band[1])),
-            "notes": list(p.notes) + ([f"beyond the {len(ends)} simulated rounds: the mean "
-                                       "round time on"] if p.rounds > len(ends) else [])}
+            "notes": notes}

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sim.errors import SpecError
 from sim.spec.federated import FLJob
 from sim.spec.population import ClientArrays
 
@@ -62,6 +63,9 @@ class Fleet:
             self.compute_s = t.train_factor * t.local_epochs * self.c.samples \
                 * self.c.ms_per_sample / 1000.0
         self.latency_s = job.population.latency_ms / 1000.0
+        if not np.all(np.isfinite(self.compute_s)):
+            raise SpecError("population.ms_per_sample", "a client's local training time "
+                            "overflows: draw or give smaller values")
 
     def online(self, t: float, busy: np.ndarray | None = None) -> np.ndarray:
         """Indices of the clients online at time ``t`` (drawn now), not ``busy``."""
@@ -81,8 +85,10 @@ class Fleet:
         return self.rng.choice(online, size=count, replace=False)
 
     def next_hour(self, t: float) -> float:
-        """The next hour boundary after ``t`` (when the hourly availability changes)."""
-        return (math.floor(t / 3600.0 + 1e-12) + 1) * 3600.0
+        """The next hour boundary of the virtual day after ``t`` (when the hourly
+        availability changes; the day starts at ``start_hour``, maybe mid-hour)."""
+        start = self.job.population.start_hour
+        return (math.floor(t / 3600.0 + start + 1e-12) + 1 - start) * 3600.0
 
     def drops(self, count: int) -> np.ndarray:
         """Which of ``count`` participants drop out before uploading."""

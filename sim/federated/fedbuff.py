@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from sim.errors import SpecError
 from sim.federated.clients import Fleet
 from sim.network.shared_link import SharedLink
 
@@ -86,6 +87,7 @@ class _Loop:
         self.events: list[tuple[float, int, str, int]] = []  # (time, seq, what, client)
         self.version_of: dict[int, int] = {}
         self.seq = 0
+        self.empty_hours = 0  # dispatches in a row that found nobody online
 
     def push(self, t: float, what: str, client: int) -> None:
         heapq.heappush(self.events, (t, self.seq, what, client))
@@ -93,6 +95,10 @@ class _Loop:
 
     def dispatch(self, t: float, count: int) -> None:
         picked = self.fleet.sample(t, count, self.busy)
+        self.empty_hours = self.empty_hours + 1 if not len(picked) else 0
+        if self.empty_hours > 24 * 7:
+            raise SpecError("population.availability", "no client came online in a week "
+                            "of virtual time")
         if len(picked) < count:  # too few online: try again at the next hour
             self.push(self.fleet.next_hour(t), "dispatch", count - len(picked))
         for cl in picked:
@@ -145,8 +151,11 @@ class _Loop:
             t, _, what, cl = heapq.heappop(events)
             links.advance(t)
             self.handle(t, what, cl, progress)
-        for row in self.server.steps:
+        done = {"sampled": 0, "dropped": 0}
+        for row in self.server.steps:  # totals so far -> this step's own counts
             row["duration_s"] = row["end_s"] - row["start_s"]
+            for key in done:
+                row[key], done[key] = row[key] - done[key], row[key]
         return self.server.steps
 
 

@@ -21,7 +21,7 @@ from sim.spec.cluster import ClusterSpec
 from sim.spec.experts import ep_inner, expert_tp, is_folded
 from sim.spec.plan import DEFAULT_PLACEMENT, DIMS, Plan
 
-__all__ = ["site_aware", "SITE_PLACEMENT", "GroupSpan", "GROUP_DIMS", "group_span",
+__all__ = ["site_aware", "wan_crossings", "SITE_PLACEMENT", "GroupSpan", "GROUP_DIMS", "group_span",
            "dim_sizes", "rank_coords", "groups_of", "framework_rank_table", "stage_devices"]
 
 # Parallel group -> the placement dimensions it spans.
@@ -57,6 +57,15 @@ def site_aware(plan: Plan, cluster: ClusterSpec) -> Plan:
 
         return dataclasses.replace(plan, placement=SITE_PLACEMENT)
     return plan
+
+
+def wan_crossings(plan: Plan, cluster: ClusterSpec) -> list[str]:
+    """The model-parallel groups (tp, cp, pp, ep) that leave a site: with sites, their
+    traffic crosses the WAN."""
+    if not cluster.sites:
+        return []
+    sizes = {"tp": plan.tp, "cp": plan.cp, "pp": plan.pp, "ep": plan.ep}
+    return [g for g, n in sizes.items() if n > 1 and group_span(plan, cluster, g).cross_pod]
 
 
 def dim_sizes(plan: Plan) -> dict[str, int]:

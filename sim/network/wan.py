@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from sim.errors import SpecError
 from sim.spec.cluster import ClusterSpec
 
 __all__ = ["site_path", "ring_wan", "wan_fabric", "jitter_s"]
@@ -80,7 +81,11 @@ def jitter_s(cluster: ClusterSpec, flows: int) -> float:
         if w.jitter is None:
             continue
         draws = w.jitter.draw(np.random.default_rng(0), 20_000)
-        worst = max(worst, float(np.quantile(draws, flows / (flows + 1))) * 1e-3)
+        q = float(np.quantile(draws, flows / (flows + 1))) * 1e-3
+        if not np.isfinite(q):
+            raise SpecError("wan.jitter", f"draws of the {w.a}-{w.b} link's jitter overflow: "
+                            "narrow its distribution")
+        worst = max(worst, q)
     return worst
 
 

@@ -142,8 +142,14 @@ class FLJob:
             raise SpecError(f"training.{what.split()[0]}", f"{what} = {busy:,} exceeds the "
                             f"population's {self.population.clients:,} clients")
         if t.strategy == "fedbuff" and t.buffer_size > t.in_flight:
-            raise SpecError("training.buffer", f"must be <= concurrency ({t.in_flight}): the "
-                            f"server would wait for more updates than clients train")
+            what = "buffer" if t.buffer else f"buffer (unset: clients_per_round = {t.buffer_size})"
+            raise SpecError("training.buffer", f"{what} must be <= concurrency "
+                            f"({t.in_flight}): the server would wait for more updates than "
+                            "clients train")
+        if t.strategy == "fedbuff" and (t.deadline_s or self.server.secure_aggregation):
+            field = "training.deadline_s" if t.deadline_s else "server.secure_aggregation"
+            raise SpecError(field, "is modelled for fedavg and fedprox rounds only: FedBuff "
+                            "has no rounds to cut or to mask")
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "population": self.population.to_dict(),
@@ -176,25 +182,32 @@ def _table(raw: dict[str, Any], key: str, cls: type) -> Any:
     return cls(**sub)
 
 
-def fl_from_dict(raw: dict[str, Any], name: str, base: Path | None = None) -> FLJob:
+def fl_from_dict(raw: dict[str, Any], name: str, base: Path | None = None,
+                 training: dict[str, Any] | None = None) -> FLJob:
+    """A job from its TOML tables; ``training``: fields that override the file's (checked
+    together with it, so an override can make a file valid)."""
     unknown = sorted(set(raw) - {"name", "population", "server", "training"})
     if unknown:
         raise SpecError(field_name(unknown[0]), "unknown table (known: name, population, "
                         "server, training)")
-    training = _table(raw, "training", FLTraining)
+    if training:
+        if not isinstance(raw.get("training", {}), dict):
+            raise SpecError("training", "must be a TOML table")
+        raw = raw | {"training": {**raw.get("training", {}), **training}}
     return FLJob(str(raw.get("name", name)), population_from_dict(raw.get("population", {}),
                                                                   base),
-                 _table(raw, "server", ServerSpec), training)
+                 _table(raw, "server", ServerSpec), _table(raw, "training", FLTraining))
 
 
 def fl_preset_names() -> list[str]:
     return ["fl:mobile", "fl:mobile:CLIENTS"]
 
 
-def load_fl(ref: str) -> FLJob:
+def load_fl(ref: str, training: dict[str, Any] | None = None) -> FLJob:
     """A job file (TOML) or the preset ``fl:mobile[:CLIENTS]`` (10,000 clients by default:
     phones with lognormal compute and bandwidths; their medians are illustrative
-    assumptions, not measurements: bring a trace for real figures)."""
+    assumptions, not measurements: bring a trace for real figures). ``training``: fields
+    that override the job's ``[training]``."""
     if ref.startswith("fl:"):
         parts = ref.split(":")
         if parts[1] != "mobile" or len(parts) > 3:
@@ -204,9 +217,10 @@ def load_fl(ref: str) -> FLJob:
         if not count.isdigit() or int(count) < 1:
             raise SpecError("job", f"preset {ref!r} needs a positive client count, e.g. "
                             "fl:mobile:10000")
-        return FLJob(ref, Population(clients=int(count)))
+        return fl_from_dict({"population": {"clients": int(count)}}, ref, None, training)
     path = Path(ref)
     if path.suffix != ".toml" and not path.is_file():
         raise SpecError("job", f"no such file or preset {ref!r} (presets: "
                         f"{', '.join(fl_preset_names())})")
-    return fl_from_dict(read_toml(path, "job", f"job[{path.name}]"), path.stem, path.parent)
+    return fl_from_dict(read_toml(path, "job", f"job[{path.name}]"), path.stem, path.parent,
+                        training)

@@ -10,8 +10,9 @@ closed-form tier charges as the group's inter-node rate and latency and the flow
 the links themselves. Placement puts data parallelism across sites and keeps model
 parallelism inside (a site must hold whole model replicas).
 
-Published inter-region round-trip times (``sim/data/wan.csv``) give the latencies of the
-region presets; their bandwidths are assumptions a user should replace with a measurement.
+Measured inter-region round trips (``sim/data/wan.csv``, a 2017 third-party table of AWS
+regions; its source named there) give the latencies of the region presets; their bandwidths
+are assumptions a user should replace with a measurement.
 """
 
 from __future__ import annotations

@@ -58,6 +58,10 @@ class Dist:
                             f"low={self.params[0]!r}, high={self.params[1]!r}")
 
     def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        with np.errstate(over="ignore", under="ignore"):  # callers check the range
+            return self._draw(rng, n)
+
+    def _draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
         p = self.params
         if self.kind == "constant":
             return np.full(n, float(p[0]))
@@ -78,7 +82,7 @@ class Dist:
             raise SpecError(name, f"must be a positive number or a table {{dist = ...}}, "
                             f"got {raw!r}")
         kind = raw.get("dist")
-        if kind not in DISTS:
+        if not isinstance(kind, str) or kind not in DISTS:
             raise SpecError(f"{name}.dist", f"must be one of {', '.join(DISTS)}, got {kind!r}")
         keys = DISTS[kind]
         unknown = sorted(set(raw) - set(keys) - {"dist"})
@@ -150,10 +154,16 @@ class Population:
             return self._trace_rows
         rng = np.random.default_rng([seed, 17])
         n = self.clients
-        return ClientArrays(np.arange(n), self.ms_per_sample.draw(rng, n),
-                            self.up_Mbps.draw(rng, n) * 1e6 / 8,
-                            self.down_Mbps.draw(rng, n) * 1e6 / 8,
-                            np.maximum(np.rint(self.samples.draw(rng, n)), 1.0), None)
+        drawn = {k: getattr(self, k).draw(rng, n)
+                 for k in ("ms_per_sample", "up_Mbps", "down_Mbps", "samples")}
+        for key, v in drawn.items():  # a wide distribution can under- or overflow a double
+            if not np.all(np.isfinite(v) & (v > 0)) or (key != "samples" and (
+                    v.min() < 1e-9 or v.max() > 1e12)):
+                raise SpecError(f"population.{key}", "draws fall outside 1e-9..1e12 (a "
+                                "sigma or range too wide for any device): narrow it")
+        return ClientArrays(np.arange(n), drawn["ms_per_sample"],
+                            drawn["up_Mbps"] * 1e6 / 8, drawn["down_Mbps"] * 1e6 / 8,
+                            np.maximum(np.rint(drawn["samples"]), 1.0), None)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"clients": self.clients, "dropout": self.dropout,
@@ -189,6 +199,9 @@ def population_from_dict(raw: Any, base: Path | None = None) -> Population:
         a = raw["availability"]
         kw["availability"] = tuple(a) if isinstance(a, list) else (a,)
     if "trace" in raw:
+        if "clients" in raw:
+            raise SpecError("population.clients", "a trace gives the clients (one row "
+                            "each): leave clients unset")
         path = Path(str(raw["trace"]))
         if base is not None and not path.is_absolute():
             path = base / path
@@ -225,9 +238,14 @@ def load_trace(path: Path) -> ClientArrays:
         bad = ~np.isfinite(v) | (v <= 0) if c != "availability" else ~((v >= 0) & (v <= 1))
         if bad.any():
             rule = "a probability in [0, 1]" if c == "availability" else "a positive number"
-            raise SpecError(f"population.trace.{c}", f"row {int(np.argmax(bad)) + 2} of "
-                            f"{path.name} must be {rule}, got {df[c].iloc[int(np.argmax(bad))]!r}")
+            i = int(np.argmax(bad))
+            raise SpecError(f"population.trace.{c}", f"row {i + 2} of {path.name} must be "
+                            f"{rule}, got {str(df[c].iloc[i])!r}")
         cols[c] = v
+    if df["client"].duplicated().any():
+        i = int(np.argmax(df["client"].duplicated().to_numpy()))
+        raise SpecError("population.trace.client", f"row {i + 2} of {path.name} repeats "
+                        f"client {str(df['client'].iloc[i])!r}: one row a client")
     return ClientArrays(df["client"].to_numpy(), cols["ms_per_sample"],
                         cols["up_Mbps"] * 1e6 / 8, cols["down_Mbps"] * 1e6 / 8,
                         np.rint(cols.get("samples", np.ones(len(df)))).clip(min=1),

@@ -77,6 +77,9 @@ class SiteSync:
         if self.dtype not in PAYLOAD_BYTES:
             raise SpecError("sync.dtype", f"must be one of {', '.join(PAYLOAD_BYTES)}, got "
                             f"{self.dtype!r}")
+        if self.overlap > self.H:
+            raise SpecError("sync.overlap", f"at most H = {self.H} inner steps, got "
+                            f"{self.overlap}")
         if self.kind == "streaming-diloco" and self.fragments > self.H:
             raise SpecError("sync.fragments", f"at most H = {self.H} (one fragment an inner "
                             f"step at most), got {self.fragments}")

@@ -19,11 +19,8 @@ _OVERRIDES = ("strategy", "rounds", "clients_per_round", "overcommit", "deadline
 def _job(args: argparse.Namespace) -> Any:
     from sim.spec.federated import load_fl
 
-    job = load_fl(args.job)
     changes = {k: getattr(args, k) for k in _OVERRIDES if getattr(args, k) is not None}
-    if changes:
-        job = dataclasses.replace(job, training=dataclasses.replace(job.training, **changes))
-    return job
+    return load_fl(args.job, changes)  # the overrides checked with the job, not after
 
 
 def _progress(total: int, quiet: bool) -> Any:

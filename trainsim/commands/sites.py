@@ -60,7 +60,7 @@ def cmd_sites(args: argparse.Namespace) -> int:
     from optimizer.sites import choose_site_sync
     from sim import load_cluster, load_plan
     from sim.spec.zoo import load_any
-    from sim.strategies.sites import over_a_day, simulate_sites, wan_sweep
+    from sim.strategies.sites import at_hour, over_a_day, simulate_sites, wan_sweep
     from trainsim.common import check_out_dir
 
     check_out_dir(args.out, "--out")
@@ -72,6 +72,12 @@ def cmd_sites(args: argparse.Namespace) -> int:
         for s in syncs:  # the WAN's day: tokens over the day, and its worst hour
             day = over_a_day(model, cluster, plan, s, args.fidelity)
             rows.append({"wan_Gbps": "by hour", **day})
+        if args.choose:  # chosen for the day's worst hour: it holds all day
+            worst = min(range(24), key=lambda h: sum(w.Gbps_at(h) for w in cluster.wan))
+            ch = choose_site_sync(model, at_hour(cluster, worst), plan, args.floor,
+                                  args.fidelity)
+            rows.append({"wan_Gbps": f"hour {worst}", "chosen": True, "met_floor": ch.met,
+                         **ch.chosen.to_dict()})
         rates = []
     for g in rates:
         c = cluster if g is None else wan_sweep(cluster, g)
@@ -142,7 +148,8 @@ def add_sites_parser(sub: Any, model_help: str) -> None:
                    "or streaming-diloco:H=50,fragments=5,overlap=5 (repeat; default: five)")
     p.add_argument("--wan-gbps", metavar="LIST", help="sweep every WAN link over these Gb/s "
                    "(e.g. 1,10,100,400), latencies kept")
-    p.add_argument("--choose", action="store_true", help="also pick a way (optimizer.sites)")
+    p.add_argument("--choose", action="store_true", help="also pick a way (optimizer.sites; "
+                   "with hourly WAN rates, for the day's slowest hour)")
     p.add_argument("--floor", type=float, default=0.95,
                    help="--choose: least share of one site's throughput (default 0.95)")
     p.add_argument("--fidelity", default="analytic", choices=["analytic", "des"],
