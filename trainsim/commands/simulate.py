@@ -56,9 +56,40 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             progress.close()
     if args.out:
         write_run(Path(args.out), result, model, cluster, plan, faults)
-    print(json.dumps(result.to_dict(), indent=2) if args.json
-          else format_result(result, plan, faults))
+    table = _explain(args, model, cluster, plan, faults) if args.explain else None
+    if args.json:
+        out = result.to_dict() | ({"explain": table} if table is not None else {})
+        print(json.dumps(out, indent=2))
+        return 0
+    print(format_result(result, plan, faults))
+    if table is not None:
+        print(_explain_text(table, args.explain_delta))
     return 0
+
+
+def _explain(args: argparse.Namespace, model: Any, cluster: Any, plan: Any, faults: Any
+             ) -> list[dict[str, Any]]:
+    from optimizer.explain import explain
+    from sim import SpecError
+
+    if faults is not None:
+        raise SpecError("--explain", "explains a plan without stragglers or failures")
+    _, rows = explain(model, cluster, plan, args.fidelity, args.explain_delta)
+    return [r.to_dict() for r in rows]
+
+
+def _explain_text(rows: list[dict[str, Any]], delta: float) -> str:
+    lines = [f"what moves the iteration time (each knob alone at -/+{delta:.0%}):",
+             f"  {'knob':34s} {'kind':10s} {'value':>10s} {'-':>10s} {'+':>10s} "
+             f"{'elasticity':>10s}"]
+    for r in rows:
+        lines.append(f"  {r['knob']:34s} {r['kind']:10s} {r['value']:10.4g} "
+                     f"{r['minus_s']:9.4g}s {r['plus_s']:9.4g}s {r['elasticity']:10.3f}"
+                     + (f"  ({r['note']})" if r["note"] else ""))
+    lines.append("  elasticity: relative change of the iteration time per relative change "
+                 "of the knob; 0: the knob does not enter (e.g. GEMM assumptions on a "
+                 "profiled cluster)")
+    return "\n".join(lines)
 
 
 def add_simulate_parser(sub: Any) -> None:
@@ -83,6 +114,11 @@ def add_simulate_parser(sub: Any) -> None:
     p.add_argument("--out", metavar="DIR", help="also write inputs.json, result.json and "
                    "summary.txt to this run folder")
     add_watch_options(p, "a des run")
+    p.add_argument("--explain", action="store_true",
+                   help="also move each hardware assumption and cluster input by "
+                   "--explain-delta alone and show which move the iteration time most")
+    p.add_argument("--explain-delta", type=float, default=0.1, metavar="FRACTION",
+                   help="--explain: the relative move of each knob (default 0.1)")
     from trainsim.commands.sync import add_sync_options
 
     add_sync_options(p)
