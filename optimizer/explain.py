@@ -19,6 +19,7 @@ relative change of the knob, averaged over both directions.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -92,31 +93,39 @@ def _fabric(cluster: ClusterSpec, key: str, factor: float) -> ClusterSpec:
 def _wan(cluster: ClusterSpec, i: int, field: str, factor: float) -> ClusterSpec:
     wan = list(cluster.wan)
     w = wan[i]
-    wan[i] = dataclasses.replace(w, **{field: getattr(w, field) * factor}, **(
-        {"bandwidth_by_hour": tuple(x * factor for x in w.bandwidth_by_hour)}
-        if field == "Gbps" else {}))
+    changes: dict[str, Any] = {field: getattr(w, field) * factor}
+    if field == "Gbps":
+        changes["bandwidth_by_hour"] = tuple(x * factor for x in w.bandwidth_by_hour)
+    wan[i] = dataclasses.replace(w, **changes)
     return dataclasses.replace(cluster, wan=tuple(wan))
 
 
-def _knobs(cluster: ClusterSpec) -> list[tuple[str, str, float, Callable[[float], Any]]]:
+Move = Callable[[float], tuple[ClusterSpec, str]]
+
+
+def _knobs(cluster: ClusterSpec) -> list[tuple[str, str, float, Move]]:
     """(name, kind, value, move) for every knob of this cluster."""
-    out: list[tuple[str, str, float, Callable[[float], Any]]] = []
+    out: list[tuple[str, str, float, Move]] = []
     for f in GPU_KNOBS:
         v = getattr(cluster.gpu, f)
         if f == "nvls_eff" and not v:
             continue
-        out.append((f"gpu.{f}", "assumption", v, lambda x, f=f: _gpu(cluster, f, x)))
+        out.append((f"gpu.{f}", "assumption", v, functools.partial(_gpu, cluster, f)))
     for key in CLUSTER_KNOBS:
         table, field = key.split(".")
         v = getattr(getattr(cluster, table), field)
         if (cluster.nodes == 1 and table == "inter_node") or not v:
             continue
-        out.append((key, "input", v, lambda x, k=key: (_fabric(cluster, k, x), "")))
+        out.append((key, "input", v, functools.partial(_noted, _fabric, cluster, key)))
     for i, w in enumerate(cluster.wan):
         for field in ("Gbps", "latency_ms"):
             out.append((f"wan[{w.a}-{w.b}].{field}", "input", getattr(w, field),
-                        lambda x, i=i, f=field: (_wan(cluster, i, f, x), "")))
+                        functools.partial(_noted, _wan, cluster, i, field)))
     return out
+
+
+def _noted(move: Callable[..., ClusterSpec], *args: Any) -> tuple[ClusterSpec, str]:
+    return move(*args), ""
 
 
 def explain(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan,
