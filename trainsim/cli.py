@@ -67,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     from trainsim.commands.sites import add_sites_parser
 
     add_sites_parser(sub, MODEL_HELP)
+    from trainsim.commands.calibrate import add_calibrate_parser
+
+    add_calibrate_parser(sub)
     return parser
 
 

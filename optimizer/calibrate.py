@@ -1,0 +1,171 @@
+"""Fit a calibration (:mod:`sim.spec.calibration`) to measured runs: a few named factors of
+the hardware catalog, by least squares in relative error, with a prior.
+
+A run is a measured iteration time with its model, cluster and plan (a CSV row: ``model,
+cluster, plan, measured_iteration_s`` and optionally ``label``; the cluster a preset or a
+TOML path, the plan a JSON path, paths relative to the CSV's folder). Every run must be on
+one device type. The fit minimises::
+
+    mean_i (predicted_i / measured_i - 1)^2 + prior * sum_k (log f_k - log f_k0)^2
+
+over the factors ``f_k`` in log space (``f_k0``: the catalog's values), by damped
+Gauss-Newton with finite-difference slopes, each factor within its bounds. The prior keeps
+what a run cannot identify where the catalog put it: one run moves mostly the factor its
+time depends on most. A factor that ends at a bound with the runs still pulling it out is
+an error (the model misses something a calibration cannot fix), and nothing is written.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sim import simulate
+from sim.errors import SpecError
+from sim.spec.calibration import BOUNDS, FACTORS, SCHEMA_VERSION, apply_calibration
+from sim.spec.cluster import ClusterSpec, load_cluster
+from sim.spec.model import ModelSpec
+from sim.spec.plan import Plan, load_plan
+from sim.spec.workload import Workload
+from sim.spec.zoo import load_any
+
+__all__ = ["Run", "load_runs", "fit", "leave_one_out", "calibrate_on_one"]
+
+COLUMNS = ("model", "cluster", "plan", "measured_iteration_s")
+
+
+@dataclass(frozen=True)
+class Run:
+    model: ModelSpec | Workload
+    cluster: ClusterSpec
+    plan: Plan
+    measured_s: float
+    label: str
+
+
+def load_runs(path: Path) -> list[Run]:
+    """The runs of a CSV, each checked (one line naming the row and column if not)."""
+    if not path.is_file():
+        raise SpecError("runs", f"no such file: {path}")
+    with path.open(newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    if not rows or any(c not in rows[0] for c in COLUMNS):
+        raise SpecError("runs", f"{path.name} needs a header with {', '.join(COLUMNS)} and "
+                        "at least one run")
+    out = []
+    for i, row in enumerate(rows):
+        try:
+            t = float(row["measured_iteration_s"])
+        except (TypeError, ValueError):
+            t = math.nan
+        if not (math.isfinite(t) and t > 0):
+            raise SpecError(f"runs[{i}].measured_iteration_s", f"row {i + 2} of {path.name}: "
+                            f"must be a positive number of seconds, got "
+                            f"{row['measured_iteration_s']!r}")
+        def local(ref: str) -> str:
+            p = path.parent / ref
+            return str(p) if not Path(ref).is_absolute() and p.exists() else ref
+        out.append(Run(load_any(local(row["model"])), load_cluster(local(row["cluster"])),
+                       load_plan(local(row["plan"])), t, row.get("label") or f"row {i + 2}"))
+    devices = {r.cluster.gpu.name for r in out}
+    if len(devices) > 1:
+        raise SpecError("runs", f"every run must be on one device type to calibrate it, got "
+                        f"{', '.join(sorted(devices))}")
+    return out
+
+
+def _errors(runs: list[Run], cal: dict[str, Any], fidelity: str) -> np.ndarray:
+    return np.array([simulate(r.model, apply_calibration(r.cluster, cal), r.plan,
+                              fidelity=fidelity).iteration_time_s / r.measured_s - 1
+                     for r in runs])
+
+
+def _cal(device: str, names: tuple[str, ...], x: np.ndarray) -> dict[str, Any]:
+    return {"schema_version": SCHEMA_VERSION, "device": device,
+            "factors": {k: float(math.exp(v)) for k, v in zip(names, x, strict=True)}}
+
+
+def fit(runs: list[Run], factors: tuple[str, ...] = FACTORS, prior: float = 0.05,
+        fidelity: str = "analytic", iterations: int = 12) -> dict[str, Any]:
+    """The calibration of ``factors`` that best explains ``runs`` (see the module)."""
+    if not runs:
+        raise SpecError("runs", "no run to calibrate on")
+    bad = [f for f in factors if f not in BOUNDS]
+    if bad or not factors:
+        raise SpecError("--factors", f"each one of {', '.join(FACTORS)}, got "
+                        f"{', '.join(bad) or 'none'}")
+    device = runs[0].cluster.gpu
+    x0 = np.log([getattr(device, f) for f in factors])
+    lo = np.log([BOUNDS[f][0] for f in factors])
+    hi = np.log([BOUNDS[f][1] for f in factors])
+    x = np.clip(x0, lo, hi)
+    w = math.sqrt(prior)
+
+    def residual(v: np.ndarray) -> np.ndarray:
+        e = _errors(runs, _cal(device.name, factors, v), fidelity) / math.sqrt(len(runs))
+        return np.concatenate([e, w * (v - x0)])
+
+    r = residual(x)
+    damping = 1e-3
+    for _ in range(iterations):
+        jac = np.empty((len(r), len(x)))
+        for k in range(len(x)):
+            step = np.zeros_like(x)
+            step[k] = 1e-3 if x[k] + 1e-3 <= hi[k] else -1e-3
+            jac[:, k] = (residual(x + step) - r) / step[k]
+        lhs = jac.T @ jac + damping * np.eye(len(x))
+        trial = np.clip(x - np.linalg.solve(lhs, jac.T @ r), lo, hi)
+        rt = residual(trial)
+        if rt @ rt < r @ r:
+            x, r, damping = trial, rt, damping / 3
+        else:
+            damping *= 10
+        if damping > 1e6:
+            break
+    _check_bounds(factors, x, lo, hi, jac, r)
+    cal = _cal(device.name, factors, x)
+    before = _errors(runs, _cal(device.name, factors, x0), fidelity)
+    after = _errors(runs, cal, fidelity)
+    cal |= {"fitted_on": len(runs), "prior": prior, "fidelity": fidelity,
+            "fit": [{"run": run.label, "error_before": float(b), "error_after": float(a)}
+                    for run, b, a in zip(runs, before, after, strict=True)]}
+    return cal
+
+
+def _check_bounds(factors: tuple[str, ...], x: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+                  jac: np.ndarray, r: np.ndarray) -> None:
+    """A factor pinned at a bound while the runs pull it further out: refuse."""
+    grad = jac.T @ r
+    for k, f in enumerate(factors):
+        if (x[k] >= hi[k] - 1e-9 and grad[k] < 0) or (x[k] <= lo[k] + 1e-9 and grad[k] > 0):
+            lo_b, hi_b = BOUNDS[f]
+            raise SpecError(f"factors.{f}", f"the runs pull it outside [{lo_b}, {hi_b}]: the "
+                            "model misses something a calibration cannot fix (check the "
+                            "runs' plans, or leave this factor out with --factors)")
+
+
+def leave_one_out(runs: list[Run], **kw: Any) -> list[dict[str, Any]]:
+    """Each run predicted by a calibration fitted to the others."""
+    out = []
+    for i, run in enumerate(runs):
+        cal = fit(runs[:i] + runs[i + 1:], **kw)
+        err = float(_errors([run], cal, kw.get("fidelity", "analytic"))[0])
+        out.append({"run": run.label, "held_out_error": err})
+    return out
+
+
+def calibrate_on_one(runs: list[Run], **kw: Any) -> list[dict[str, Any]]:
+    """For each run, a calibration fitted to it alone, and the others' errors under it."""
+    out = []
+    for i, run in enumerate(runs):
+        cal = fit([run], **kw)
+        others = [r for j, r in enumerate(runs) if j != i]
+        errs = np.abs(_errors(others, cal, kw.get("fidelity", "analytic")))
+        out.append({"calibrated_on": run.label, "mean_error": float(errs.mean()),
+                    "worst_error": float(errs.max()), "factors": cal["factors"]})
+    return out

@@ -1,0 +1,107 @@
+"""trainsim calibrate: the fit recovers what made the runs, refuses what it cannot fix, and
+a calibration file applies to the devices it names."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from optimizer.calibrate import Run, calibrate_on_one, fit, leave_one_out, load_runs
+from sim import load_cluster, simulate
+from sim.errors import SpecError
+from sim.spec.calibration import apply_calibration, load_calibration
+from sim.spec.plan import Plan
+from sim.spec.zoo import load_any
+from trainsim.cli import main
+
+MODEL = load_any("llama3-8b")
+CLUSTER = load_cluster("dgx-a100:2")
+PLANS = [Plan(global_batch_size=b, seq_len=s, dp=dp, tp=16 // dp, micro_batch_size=1)
+         for b, s, dp in ((32, 2048, 4), (64, 4096, 2), (16, 8192, 8))]
+
+
+def _truth(gemm: float) -> list[Run]:
+    """Runs 'measured' on a device whose best GEMM efficiency is ``gemm``."""
+    dev = dataclasses.replace(CLUSTER.gpu, gemm_eff_max=gemm)
+    real = dataclasses.replace(CLUSTER, gpu=dev)
+    return [Run(MODEL, CLUSTER, p, simulate(MODEL, real, p).iteration_time_s, f"plan {i}")
+            for i, p in enumerate(PLANS)]
+
+
+def test_the_fit_recovers_the_efficiency_that_made_the_runs() -> None:
+    cal = fit(_truth(0.55), factors=("gemm_eff_max",), prior=0.0)
+    assert cal["factors"]["gemm_eff_max"] == pytest.approx(0.55, rel=0.01)
+    assert all(abs(r["error_after"]) < 0.005 < abs(r["error_before"]) for r in cal["fit"])
+
+
+def test_one_run_moves_what_it_identifies_and_the_others_follow() -> None:
+    runs = _truth(0.6)
+    on_one = calibrate_on_one(runs, factors=("gemm_eff_max", "attention_eff"), prior=0.01)
+    assert all(r["worst_error"] < 0.05 for r in on_one)
+    loo = leave_one_out(runs, factors=("gemm_eff_max",), prior=0.0)
+    assert all(abs(r["held_out_error"]) < 0.01 for r in loo)
+
+
+def test_runs_no_factor_can_explain_are_refused() -> None:
+    fast = [dataclasses.replace(r, measured_s=r.measured_s / 10) for r in _truth(0.7)]
+    with pytest.raises(SpecError, match="outside"):
+        fit(fast, factors=("gemm_eff_max",), prior=0.0)
+
+
+def test_a_calibration_applies_to_its_device_only(tmp_path: Path) -> None:
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps({"schema_version": 1, "device": "a100-sxm4-80gb",
+                                "factors": {"gemm_eff_max": 0.5}}))
+    cal = load_calibration(path)
+    c = apply_calibration(CLUSTER, cal)
+    assert c.gpu.gemm_eff_max == 0.5 and "calibrated: cal.json" in c.name
+    with pytest.raises(SpecError, match="does not have"):
+        apply_calibration(load_cluster("dgx-h100:2"), cal)
+    path.write_text(json.dumps({"schema_version": 1, "device": "a100-sxm4-80gb",
+                                "factors": {"gemm_eff_max": 1.5}}))
+    with pytest.raises(SpecError, match="gemm_eff_max"):
+        load_calibration(path)
+
+
+def _csv(tmp_path: Path, runs: list[Run]) -> Path:
+    rows = ["model,cluster,plan,measured_iteration_s,label"]
+    for i, r in enumerate(runs):
+        (tmp_path / f"p{i}.json").write_text(json.dumps(r.plan.to_dict()))
+        rows.append(f"llama3-8b,dgx-a100:2,p{i}.json,{r.measured_s!r},{r.label}")
+    path = tmp_path / "runs.csv"
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def test_cli_calibrate_then_simulate_with_it(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    runs = _csv(tmp_path, _truth(0.6))
+    assert len(load_runs(runs)) == 3
+    out = tmp_path / "cal.json"
+    assert main(["calibrate", str(runs), "--out", str(out), "--factors", "gemm_eff_max",
+                 "--prior", "0", "--loo"]) == 0
+    text = capsys.readouterr().out
+    assert "leave-one-out" in text and out.is_file()
+    assert main(["simulate", "--model", "llama3-8b", "--cluster", "dgx-a100:2", "--plan",
+                 str(tmp_path / "p0.json"), "--calibration", str(out), "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert "calibrated" in res["cluster"]
+    assert res["iteration_time_s"] == pytest.approx(_truth(0.6)[0].measured_s, rel=0.01)
+
+
+def test_bad_runs_are_one_line_errors_and_write_nothing(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    out = tmp_path / "cal.json"
+    empty = tmp_path / "e.csv"
+    empty.write_text("model,cluster,plan,measured_iteration_s\n")
+    assert main(["calibrate", str(empty), "--out", str(out)]) == 2
+    bad = _csv(tmp_path, _truth(0.7))
+    bad.write_text(bad.read_text().replace(str(_truth(0.7)[0].measured_s), "-1", 1))
+    assert main(["calibrate", str(bad), "--out", str(out)]) == 2
+    fast = _csv(tmp_path, [dataclasses.replace(r, measured_s=r.measured_s / 10)
+                           for r in _truth(0.7)])
+    assert main(["calibrate", str(fast), "--out", str(out), "--factors", "gemm_eff_max",
+                 "--prior", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3 and not out.exists()
