@@ -8,11 +8,13 @@ one device type. The fit minimises::
 
     mean_i (predicted_i / measured_i - 1)^2 + prior * sum_k (log f_k - log f_k0)^2
 
-over the factors ``f_k`` in log space (``f_k0``: the catalog's values), by damped
+over the factors ``f_k`` in log space (an additive one, the per-layer fixed cost, in units
+of 100 µs; ``f_k0``: the catalog's values), by damped
 Gauss-Newton with finite-difference slopes, each factor within its bounds. The prior keeps
 what a run cannot identify where the catalog put it: one run moves mostly the factor its
 time depends on most. A factor that ends at a bound with the runs still pulling it out is
-an error (the model misses something a calibration cannot fix), and nothing is written.
+an error (the model misses something a calibration cannot fix), and nothing is written; a
+fixed cost resting at 0 is not (the runs want none).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import numpy as np
 
 from sim import simulate
 from sim.errors import SpecError
-from sim.spec.calibration import BOUNDS, FACTORS, SCHEMA_VERSION, apply_calibration
+from sim.spec.calibration import ADDITIVE, BOUNDS, FACTORS, SCHEMA_VERSION, apply_calibration
 from sim.spec.cluster import ClusterSpec, load_cluster
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan, load_plan
@@ -85,9 +87,21 @@ def _errors(runs: list[Run], cal: dict[str, Any], fidelity: str) -> np.ndarray:
                      for r in runs])
 
 
+LINEAR_UNIT = 100.0  # an additive factor is fitted in units of 100 µs
+
+
+def _to(name: str, value: float) -> float:
+    """A factor's value in the fit's coordinates (log for an efficiency)."""
+    return value / LINEAR_UNIT if name in ADDITIVE else math.log(value)
+
+
+def _from(name: str, x: float) -> float:
+    return float(x * LINEAR_UNIT) if name in ADDITIVE else float(math.exp(x))
+
+
 def _cal(device: str, names: tuple[str, ...], x: np.ndarray) -> dict[str, Any]:
     return {"schema_version": SCHEMA_VERSION, "device": device,
-            "factors": {k: float(math.exp(v)) for k, v in zip(names, x, strict=True)}}
+            "factors": {k: _from(k, v) for k, v in zip(names, x, strict=True)}}
 
 
 def fit(runs: list[Run], factors: tuple[str, ...] = FACTORS, prior: float = 0.05,
@@ -100,9 +114,10 @@ def fit(runs: list[Run], factors: tuple[str, ...] = FACTORS, prior: float = 0.05
         raise SpecError("--factors", f"each one of {', '.join(FACTORS)}, got "
                         f"{', '.join(bad) or 'none'}")
     device = runs[0].cluster.gpu
-    x0 = np.log([getattr(device, f) for f in factors])
-    lo = np.log([BOUNDS[f][0] for f in factors])
-    hi = np.log([BOUNDS[f][1] for f in factors])
+    x0 = np.array([_to(f, getattr(device, f)) for f in factors])
+    lo = np.array([_to(f, BOUNDS[f][0]) if f in ADDITIVE else math.log(BOUNDS[f][0])
+                   for f in factors])
+    hi = np.array([_to(f, BOUNDS[f][1]) for f in factors])
     x = np.clip(x0, lo, hi)
     w = math.sqrt(prior)
 
@@ -142,7 +157,10 @@ def _check_bounds(factors: tuple[str, ...], x: np.ndarray, lo: np.ndarray, hi: n
     """A factor pinned at a bound while the runs pull it further out: refuse."""
     grad = jac.T @ r
     for k, f in enumerate(factors):
-        if (x[k] >= hi[k] - 1e-9 and grad[k] < 0) or (x[k] <= lo[k] + 1e-9 and grad[k] > 0):
+        at_floor = x[k] <= lo[k] + 1e-9 and grad[k] > 0
+        if f in ADDITIVE and at_floor:
+            continue  # no fixed cost at all is a fit, not a failure
+        if (x[k] >= hi[k] - 1e-9 and grad[k] < 0) or at_floor:
             lo_b, hi_b = BOUNDS[f]
             raise SpecError(f"factors.{f}", f"the runs pull it outside [{lo_b}, {hi_b}]: the "
                             "model misses something a calibration cannot fix (check the "

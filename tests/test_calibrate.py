@@ -105,3 +105,14 @@ def test_bad_runs_are_one_line_errors_and_write_nothing(tmp_path: Path, capsys) 
                  "--prior", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 3 and not out.exists()
+
+
+def test_a_per_layer_fixed_cost_is_recovered_and_may_rest_at_zero() -> None:
+    dev = dataclasses.replace(CLUSTER.gpu, layer_overhead_us=300.0)
+    real = dataclasses.replace(CLUSTER, gpu=dev)
+    runs = [Run(MODEL, CLUSTER, p, simulate(MODEL, real, p).iteration_time_s, f"plan {i}")
+            for i, p in enumerate(PLANS)]
+    cal = fit(runs, factors=("layer_overhead_us",), prior=0.0)
+    assert cal["factors"]["layer_overhead_us"] == pytest.approx(300.0, rel=0.02)
+    both = fit(_truth(0.7), factors=("gemm_eff_max", "layer_overhead_us"), prior=0.0)
+    assert both["factors"]["layer_overhead_us"] == pytest.approx(0.0, abs=1.0)

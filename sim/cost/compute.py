@@ -156,8 +156,10 @@ def layer_time(cm: CostModel, m: ModelSpec, plan: Plan, moe: bool = False) -> La
     lt = ops_layer_time(cm, m, plan, moe)
     factor = getattr(cm, "layer_factor", None)
     f, b = factor(m, plan) if factor is not None else (1.0, 1.0)
-    return LayerTime(lt.forward * f, lt.backward * b, lt.attention_forward * f,
-                     lt.attention_backward * b, lt.shared_forward * f, lt.shared_backward * b)
+    over = getattr(cm, "layer_overhead_s", 0.0)  # the roofline's calibrated fixed cost
+    return LayerTime(lt.forward * f + over, lt.backward * b + 2 * over,
+                     lt.attention_forward * f, lt.attention_backward * b,
+                     lt.shared_forward * f, lt.shared_backward * b)
 
 
 def ops_layer_time(cm: CostModel, m: ModelSpec, plan: Plan, moe: bool = False) -> LayerTime:

@@ -73,6 +73,7 @@ class Roofline:
     mem_Bps: float
     attention_flops: dict[str, float]
     _extrapolated: set[str] = field(default_factory=set)
+    layer_overhead_s: float = 0.0  # a layer's fixed forward cost (backward: twice)
 
     @property
     def extrapolated(self) -> set[str]:
@@ -128,4 +129,5 @@ def roofline_for(hw: HardwareSpec) -> Roofline:
             continue
         gemm[dtype] = peak * hw.gemm_eff_max
         attn[dtype] = peak * hw.attention_eff
-    return Roofline(gemm, hw.gemm_dim_half, hw.hbm_GBps * 1e9 * hw.hbm_eff, attn)
+    return Roofline(gemm, hw.gemm_dim_half, hw.hbm_GBps * 1e9 * hw.hbm_eff, attn,
+                    layer_overhead_s=hw.layer_overhead_us * 1e-6)

@@ -4,7 +4,7 @@
 
 ```json
 {"schema_version": 1, "device": "a100-sxm4-80gb",
- "factors": {"gemm_eff_max": 0.66, "attention_eff": 0.31},
+ "factors": {"gemm_eff_max": 0.66, "attention_eff": 0.31, "layer_overhead_us": 40.0},
  "fitted_on": 3, "fit": [...]}
 ```
 
@@ -26,13 +26,15 @@ from sim.errors import SpecError
 from sim.io import read_text
 from sim.spec.cluster import ClusterSpec
 
-__all__ = ["FACTORS", "BOUNDS", "load_calibration", "apply_calibration", "SCHEMA_VERSION"]
+__all__ = ["FACTORS", "BOUNDS", "ADDITIVE", "load_calibration", "apply_calibration",
+           "SCHEMA_VERSION"]
 
 SCHEMA_VERSION = 1
 # field -> (low, high): what a fit may move, and within what
 BOUNDS = {"gemm_eff_max": (0.2, 1.0), "attention_eff": (0.05, 1.0), "hbm_eff": (0.3, 1.0),
-          "comm_eff": (0.2, 1.0)}
+          "comm_eff": (0.2, 1.0), "layer_overhead_us": (0.0, 5000.0)}
 FACTORS = tuple(BOUNDS)
+ADDITIVE = ("layer_overhead_us",)  # fitted in linear units, may rest at 0
 
 
 def _check(factors: Any, where: str) -> dict[str, float]:

@@ -44,6 +44,10 @@ class HardwareSpec:
     nvls_eff: float  # NVLS (in-switch) all-reduce bus bandwidth / link bandwidth; 0: none
     reserved_gib: float  # memory taken by runtime, communication buffers, fragmentation
     comm_overlap: float = 1.0  # 1: collectives run beside compute; 0: on the same cores (CPU)
+    # fixed cost of one transformer layer's forward on top of its operations (kernel launch,
+    # framework dispatch), µs; its backward twice that; 0 in the catalog: fitted by trainsim
+    # calibrate (a profiled cost model measures it instead)
+    layer_overhead_us: float = 0.0
 
     def peak_tflops(self, dtype: str) -> float:
         """Dense tensor-core peak for a training dtype (fp32 training uses TF32 matmuls)."""
