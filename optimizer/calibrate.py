@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from optimizer.logs import iteration_s_from_log
 from sim import simulate
 from sim.errors import SpecError
 from sim.spec.calibration import ADDITIVE, BOUNDS, FACTORS, SCHEMA_VERSION, apply_calibration
@@ -51,34 +52,49 @@ class Run:
 
 
 def load_runs(path: Path) -> list[Run]:
-    """The runs of a CSV, each checked (one line naming the row and column if not)."""
+    """The runs of a CSV, each checked (one line naming the row and column if not). A run's
+    time is ``measured_iteration_s``, or a Megatron-LM or torchtitan training ``log`` (a
+    path; :mod:`optimizer.logs`)."""
     if not path.is_file():
         raise SpecError("runs", f"no such file: {path}")
     with path.open(newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
-    if not rows or any(c not in rows[0] for c in COLUMNS):
-        raise SpecError("runs", f"{path.name} needs a header with {', '.join(COLUMNS)} and "
-                        "at least one run")
+    need = COLUMNS[:3]
+    if not rows or any(c not in rows[0] for c in need) or not (
+            "measured_iteration_s" in rows[0] or "log" in rows[0]):
+        raise SpecError("runs", f"{path.name} needs a header with {', '.join(need)} and "
+                        "measured_iteration_s or log, and at least one run")
+
+    def local(ref: str) -> str:
+        p = path.parent / ref
+        return str(p) if not Path(ref).is_absolute() and p.exists() else ref
+
     out = []
     for i, row in enumerate(rows):
-        try:
-            t = float(row["measured_iteration_s"])
-        except (TypeError, ValueError):
-            t = math.nan
-        if not (math.isfinite(t) and t > 0):
-            raise SpecError(f"runs[{i}].measured_iteration_s", f"row {i + 2} of {path.name}: "
-                            f"must be a positive number of seconds, got "
-                            f"{row['measured_iteration_s']!r}")
-        def local(ref: str) -> str:
-            p = path.parent / ref
-            return str(p) if not Path(ref).is_absolute() and p.exists() else ref
+        plan = load_plan(local(row["plan"]))
         out.append(Run(load_any(local(row["model"])), load_cluster(local(row["cluster"])),
-                       load_plan(local(row["plan"])), t, row.get("label") or f"row {i + 2}"))
+                       plan, _time(row, plan, i, path, local),
+                       row.get("label") or f"row {i + 2}"))
     devices = {r.cluster.gpu.name for r in out}
     if len(devices) > 1:
         raise SpecError("runs", f"every run must be on one device type to calibrate it, got "
                         f"{', '.join(sorted(devices))}")
     return out
+
+
+def _time(row: dict[str, str], plan: Plan, i: int, path: Path, local: Any) -> float:
+    """A row's measured iteration time: its number, or what its log reports."""
+    if row.get("log"):
+        return iteration_s_from_log(Path(local(row["log"])), plan, f"runs[{i}].log")
+    text = row.get("measured_iteration_s") or ""
+    try:
+        t = float(text)
+    except ValueError:
+        t = math.nan
+    if not (math.isfinite(t) and t > 0):
+        raise SpecError(f"runs[{i}].measured_iteration_s", f"row {i + 2} of {path.name}: "
+                        f"must be a positive number of seconds (or give a log), got {text!r}")
+    return t
 
 
 def _errors(runs: list[Run], cal: dict[str, Any], fidelity: str) -> np.ndarray:

@@ -116,3 +116,42 @@ def test_a_per_layer_fixed_cost_is_recovered_and_may_rest_at_zero() -> None:
     assert cal["factors"]["layer_overhead_us"] == pytest.approx(300.0, rel=0.02)
     both = fit(_truth(0.7), factors=("gemm_eff_max", "layer_overhead_us"), prior=0.0)
     assert both["factors"]["layer_overhead_us"] == pytest.approx(0.0, abs=1.0)
+
+
+_MEG = (" iteration {i:8d}/     100 | consumed samples: {s:12d} | elapsed time per iteration "
+        "(ms): {ms} | learning rate: 1.0E-04 | global batch size:    32 | lm loss: 8.0E+00 |\n")
+MEGATRON_LOG = "".join(_MEG.format(i=i, s=32 * i, ms=ms)
+                       for i, ms in ((10, "9000.0"), (20, "1500.5"), (30, "1499.5")))
+TITAN_LOG = ("\x1b[31mstep:  1  \x1b[32mloss: 12.0  \x1b[34mtps: 100  tflops: 1.0  mfu: 1%\n"
+             "step: 10  loss:  8.1  grad_norm:  1.2  memory: 30.00GiB(38.00%)  tps: 4,096  "
+             "tflops: 300.00  mfu: 30.00%\n"
+             "step: 20  loss:  7.9  grad_norm:  1.1  memory: 30.00GiB(38.00%)  tps: 4,096  "
+             "tflops: 300.00  mfu: 30.00%\n")
+
+
+def test_iteration_times_from_training_logs(tmp_path: Path) -> None:
+    from optimizer.logs import iteration_s_from_log
+
+    plan = PLANS[0]  # 32 x 2048 tokens on 16 devices
+    log = tmp_path / "m.log"
+    log.write_text(MEGATRON_LOG)
+    assert iteration_s_from_log(log, plan) == pytest.approx(1.5)  # the first left out
+    log.write_text(TITAN_LOG)
+    assert iteration_s_from_log(log, plan) == pytest.approx(32 * 2048 / 16 / 4096)
+    log.write_text("nothing to see\n")
+    with pytest.raises(SpecError, match="no iteration-time lines"):
+        iteration_s_from_log(log, plan)
+    log.write_text(MEGATRON_LOG + TITAN_LOG)
+    with pytest.raises(SpecError, match="both"):
+        iteration_s_from_log(log, plan)
+
+
+def test_a_runs_csv_may_name_logs(tmp_path: Path) -> None:
+    (tmp_path / "p.json").write_text(json.dumps(PLANS[0].to_dict()))
+    (tmp_path / "m.log").write_text(MEGATRON_LOG)
+    runs = tmp_path / "runs.csv"
+    runs.write_text("model,cluster,plan,log\nllama3-8b,dgx-a100:2,p.json,m.log\n")
+    assert load_runs(runs)[0].measured_s == pytest.approx(1.5)
+    (tmp_path / "m.log").write_text("no lines\n")
+    with pytest.raises(SpecError, match="runs\\[0\\].log"):
+        load_runs(runs)
