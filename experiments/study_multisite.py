@@ -20,6 +20,9 @@ Chinchilla ratio) at the simulated throughput: for BSP the loss per token is exa
 site's; for DiLoCo it is not modelled (no measured LLM DiLoCo curve ships), so its time is
 the time to the same tokens, not to the same loss.
 
+Flat BSP is also run in the DES (``of_single_site_des``): it reduces the gradient bucket by
+bucket, each paying the WAN's latency, where the closed form prices one all-reduce.
+
 The single-site limit: the WAN made as wide as 10^5 Gb/s and as near as 2 us; flat BSP
 across the sites against the single cluster, both tiers (target: within 1%).
 """
@@ -64,10 +67,13 @@ def study() -> pd.DataFrame:
         for g in RATES:
             c = wan_sweep(base, g)
             chosen = choose_site_sync(model, c, plan).chosen
+            flat_des = simulate_sites(model, c, plan, SYNCS[0], "des").of_single_site
             for r in [simulate_sites(model, c, plan, s) for s in SYNCS] + [chosen]:
                 rows.append({"model": name, "wan_Gbps": g, "sync": r.sync.label(),
                              "chosen": r is chosen, "tokens_per_s": r.tokens_per_s,
                              "of_single_site": r.of_single_site,
+                             "of_single_site_des": flat_des if r.sync.kind == "flat"
+                             and r is not chosen else None,
                              "single_site_tokens_per_s": r.single_site_tokens_per_s,
                              "step_s": r.step_s, "wan_s_per_sync": r.wan_s_per_sync,
                              "days_to_20_tokens_per_param": budget / r.tokens_per_s / 86400,
