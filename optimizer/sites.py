@@ -20,7 +20,7 @@ from sim.spec.cluster import ClusterSpec
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
 from sim.spec.workload import Workload
-from sim.strategies.sites import SiteResult, SiteSync, simulate_sites
+from sim.strategies.sites import SiteResult, SiteSync, simulate_sites, site_steps
 
 __all__ = ["SiteChoice", "choose_site_sync", "candidates"]
 
@@ -60,7 +60,8 @@ def choose_site_sync(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Pl
     fastest)."""
     if not 0 < floor <= 1:
         raise SpecError("--floor", f"must be a fraction in (0, 1], got {floor!r}")
-    rows = [simulate_sites(model, cluster, plan, s, fidelity) for s in candidates()]
+    steps = site_steps(model, cluster, plan, fidelity)  # shared by every candidate
+    rows = [simulate_sites(model, cluster, plan, s, fidelity, steps) for s in candidates()]
     ok = [r for r in rows if r.of_single_site >= floor]
     chosen = ok[0] if ok else max(rows, key=lambda r: r.tokens_per_s)
     return SiteChoice(chosen, rows, floor, bool(ok))

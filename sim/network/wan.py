@@ -54,6 +54,7 @@ def site_path(cluster: ClusterSpec, a: int, b: int) -> list[int]:
     return _paths(cluster)[(a, b)]
 
 
+@functools.lru_cache(maxsize=256)
 def ring_wan(cluster: ClusterSpec) -> tuple[float, float]:
     """(bytes/s, seconds) of a ring over every site: the tightest WAN link's rate per
     direction divided by the ring hops routed over it, and the slowest hop's one-way

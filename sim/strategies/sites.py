@@ -48,8 +48,8 @@ from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
 from sim.spec.workload import Workload
 
-__all__ = ["SiteSync", "SiteResult", "simulate_sites", "SITE_SYNCS", "single_site",
-           "site_of", "wan_sweep", "at_hour", "over_a_day"]
+__all__ = ["SiteSync", "SiteResult", "SiteSteps", "site_steps", "simulate_sites",
+           "SITE_SYNCS", "single_site", "site_of", "wan_sweep", "at_hour", "over_a_day"]
 
 SITE_SYNCS = ("flat", "hierarchical", "two-stage", "diloco", "streaming-diloco")
 
@@ -151,9 +151,21 @@ def _wan_allreduce_s(cluster: ClusterSpec, nbytes: float, ranks_per_site: int) -
     return max(2 * (s - 1) / s * nbytes / rate, per_rank / nic) + 2 * (s - 1) * step_latency
 
 
-def simulate_sites(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan,
-                   sync: SiteSync, fidelity: str = "analytic") -> SiteResult:
-    """Throughput of ``plan`` across ``cluster``'s sites synchronised by ``sync``."""
+@dataclass(frozen=True)
+class SiteSteps:
+    """What every way to synchronise shares and no WAN rate changes: the plan (site-aware),
+    one cluster's step (the reference), one site's step and one replica's gradient."""
+
+    plan: Plan
+    ref: Any  # sim.result.Result of the single cluster
+    site: ClusterSpec
+    inner: Any  # sim.result.Result of one site's share
+    grad: Any  # sim.layout.sync.Gradient of one replica
+
+
+def site_steps(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan,
+               fidelity: str = "analytic") -> SiteSteps:
+    """The :class:`SiteSteps` of a plan on a cluster of sites (checked)."""
     if len(cluster.sites) < 2:
         raise SpecError("cluster.sites", "needs two or more sites joined by WAN links")
     if any(s.gpu and s.gpu != (cluster.sites[0].gpu or cluster.gpu) for s in cluster.sites):
@@ -161,16 +173,27 @@ def simulate_sites(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan
                         "the WAN yet: give every site the same gpu")
     plan = site_aware(plan, cluster)  # the same rank order for the one-site reference
     ref = simulate(model, single_site(cluster), plan, fidelity=fidelity)
+    site, splan = site_of(cluster, plan)
+    inner = simulate(model, site, splan, fidelity=fidelity)
+    return SiteSteps(plan, ref, site, inner, gradient(model, splan))  # grad: activation dtype
+
+
+def simulate_sites(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan,
+                   sync: SiteSync, fidelity: str = "analytic",
+                   steps: SiteSteps | None = None) -> SiteResult:
+    """Throughput of ``plan`` across ``cluster``'s sites synchronised by ``sync``;
+    ``steps``: :func:`site_steps` of the same model, plan and sites (any WAN rates), when
+    the caller tries several ways or rates."""
+    st = steps or site_steps(model, cluster, plan, fidelity)
+    plan, ref = st.plan, st.ref
     if sync.kind == "flat":
         r = simulate(model, cluster, plan, fidelity=fidelity)
         wan = max(0.0, r.iteration_time_s - ref.iteration_time_s)
         return SiteResult(sync, r.tokens_per_s, r.iteration_time_s, r.iteration_time_s,
                           wan, wan, ref.tokens_per_s, list(r.warnings))
-    site, splan = site_of(cluster, plan)
-    inner = simulate(model, site, splan, fidelity=fidelity)
+    site, inner, grad = st.site, st.inner, st.grad
     t = inner.iteration_time_s
     ranks = site.world_size
-    grad = gradient(model, splan)  # one replica's, in the activation dtype
     if sync.kind == "hierarchical":
         wan = _wan_allreduce_s(cluster, grad.raw_bytes, ranks)
         return _result(sync, plan, t, t + wan, wan, wan, ref.tokens_per_s, inner.warnings)
@@ -222,7 +245,8 @@ def over_a_day(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan,
                sync: SiteSync, fidelity: str = "analytic") -> dict[str, Any]:
     """Each hour's throughput with the WAN links at that hour's rates; the day's tokens
     over its seconds (the mean of the hourly rates) and the worst hour."""
-    hours = [simulate_sites(model, at_hour(cluster, h), plan, sync, fidelity)
+    steps = site_steps(model, cluster, plan, fidelity)  # the same every hour
+    hours = [simulate_sites(model, at_hour(cluster, h), plan, sync, fidelity, steps)
              for h in range(24)]
     tokens = sum(r.tokens_per_s * 3600 for r in hours) / (24 * 3600)
     worst = min(range(24), key=lambda h: hours[h].tokens_per_s)

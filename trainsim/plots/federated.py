@@ -14,6 +14,18 @@ from trainsim.plots.output import save_figure
 __all__ = ["round_time_figure", "participation_figure", "tta_figure"]
 
 
+def _finish(fig: Any, ax: Any, xlabel: str, ylabel: str, title: str, path: Path,
+            legend_title: str | None = None) -> Path:
+    """Labels, title, grid and legend, then the figure written (atomically) to ``path``."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(title=legend_title, fontsize=8)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
 def round_time_figure(results: dict[str, Any], path: Path, title: str) -> Path:
     """Empirical CDF of round durations, one line per labelled result."""
     import matplotlib.pyplot as plt
@@ -22,13 +34,8 @@ def round_time_figure(results: dict[str, Any], path: Path, title: str) -> Path:
     for label, res in results.items():
         t = np.sort(res.round_times())
         ax.step(t, np.arange(1, len(t) + 1) / len(t), where="post", label=label)
-    ax.set_xlabel("Round duration (s)")
-    ax.set_ylabel("Fraction of rounds at most this long")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(title="strategy, server link", fontsize=8)
-    fig.tight_layout()
-    return save_figure(fig, path)
+    return _finish(fig, ax, "Round duration (s)", "Fraction of rounds at most this long",
+                   title, path, "strategy, server link")
 
 
 def participation_figure(res: Any, path: Path, title: str) -> Path:
@@ -42,13 +49,7 @@ def participation_figure(res: Any, path: Path, title: str) -> Path:
     if res.job.training.strategy != "fedbuff":
         ax.plot(t, [r["sampled"] for r in rows], label="clients sampled", lw=1.0, ls="--")
         ax.plot(t, [r["dropped"] for r in rows], label="dropped out", lw=1.0, ls=":")
-    ax.set_xlabel("Virtual time (hours)")
-    ax.set_ylabel("Clients per round")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return save_figure(fig, path)
+    return _finish(fig, ax, "Virtual time (hours)", "Clients per round", title, path)
 
 
 def tta_figure(curves: dict[str, tuple[np.ndarray, np.ndarray]], target: float, path: Path,
@@ -61,10 +62,5 @@ def tta_figure(curves: dict[str, tuple[np.ndarray, np.ndarray]], target: float, 
     for label, (hours, acc) in curves.items():
         ax.plot(hours, acc, label=label, lw=1.3, marker="o")
     ax.axhline(target, color="grey", ls="--", lw=0.8, label=f"target {target:.0%}")
-    ax.set_xlabel("Virtual time (hours)")
-    ax.set_ylabel("Predicted test accuracy (fraction)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return save_figure(fig, path)
+    return _finish(fig, ax, "Virtual time (hours)", "Predicted test accuracy (fraction)",
+                   title, path)
