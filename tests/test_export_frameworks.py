@@ -30,6 +30,8 @@ PLANS: dict[str, tuple[str, str, Plan]] = {
         512, 4096, 1, dp=8, tp=8, pp=2, vpp=4, schedule="interleaved-1f1b",
         sequence_parallel=True)),
     "llama3-8b fsdp dp16": ("llama3-8b", "dgx-h100:2", Plan(64, 4096, 1, dp=16, zero_stage=3)),
+    "llama3-8b fsdp dp16 fp32 grads": ("llama3-8b", "dgx-h100:2", Plan(
+        64, 4096, 1, dp=16, zero_stage=3, grad_reduce_dtype="fp32")),
     "mixtral-8x7b ep8 tp2": ("mixtral-8x7b", "dgx-h100:4", Plan(
         256, 4096, 1, dp=16, tp=2, ep=8, sequence_parallel=True, zero_stage=1)),
     "llama3-8b tp4 cp2 seq16k": ("llama3-8b", "dgx-h100:2", Plan(
@@ -43,11 +45,13 @@ EXPECTED: dict[str, dict[str, str | None]] = {
     "megatron": dict.fromkeys(PLANS),
     "torchtitan": {"gpt3-175b tp8 pp16 dp8 sp zero1": "model",
                    "llama3-70b tp8 pp2 vpp4 dp8": None, "llama3-8b fsdp dp16": None,
+                   "llama3-8b fsdp dp16 fp32 grads": None,
                    "mixtral-8x7b ep8 tp2": "model",
                    "llama3-8b tp4 cp2 seq16k": "plan.zero_stage",
                    "llama3-70b tp8 pp2 uneven": "plan.zero_stage"},
     "deepspeed": {"gpt3-175b tp8 pp16 dp8 sp zero1": "plan.tp",
                   "llama3-70b tp8 pp2 vpp4 dp8": "plan.tp", "llama3-8b fsdp dp16": None,
+                  "llama3-8b fsdp dp16 fp32 grads": None,
                   "mixtral-8x7b ep8 tp2": "plan.tp", "llama3-8b tp4 cp2 seq16k": "plan.tp",
                   "llama3-70b tp8 pp2 uneven": "plan.tp"},
 }
@@ -59,7 +63,7 @@ def _expected(plan: Plan, model: Any) -> dict[str, Any]:
             "vpp": plan.vpp, "layers": virtual_stage_layers(plan, model),
             "zero": plan.zero_stage, "recompute": plan.recompute, "dtype": plan.dtype,
             "sequence_parallel": plan.sequence_parallel,
-            "overlap_grad_reduce": plan.overlap_grad_reduce}
+            "overlap_grad_reduce": plan.overlap_grad_reduce, "grad_bytes": plan.grad_bytes}
 
 
 def _case(name: str, fmt: str) -> tuple[Any, Any, Plan, dict[str, str] | None]:
@@ -131,6 +135,9 @@ def test_torchtitan_loads_the_config_module(name, tmp_path):
     parsed = torchtitan_parsed(tmp_path, MODULE, CONFIG_FN, cluster.world_size)
     want = _expected(plan, model)
     want.pop("overlap_grad_reduce")  # always on in torchtitan (false is refused)
+    if plan.grad_reduce_dtype is None:  # torchtitan reduces in fp32 only: the script says so
+        want["grad_bytes"] = 4
+        assert "torchtitan reduces gradients in float32" in files["torchtitan.sh"]
     if plan.pp == 1:
         want.pop("layers")
     _same(parsed, want)
@@ -162,7 +169,7 @@ def test_deepspeed_parses_the_config(name, deepspeed_comm):
     cfg = json.loads(files["deepspeed_config.json"])
     # the config holds the data-parallel side only; the export refuses every other degree
     want = {k: v for k, v in _expected(plan, model).items()
-            if k in ("dp", "micro_batch", "accumulation", "zero", "dtype")}
+            if k in ("dp", "micro_batch", "accumulation", "zero", "dtype", "grad_bytes")}
     assert (plan.tp, plan.pp, plan.cp, plan.ep, plan.recompute) == (1, 1, 1, 1, "none")
     _same(deepspeed_parsed(cfg, cluster.world_size), want)
     with pytest.raises(AssertionError):  # it does check: a wrong accumulation is refused

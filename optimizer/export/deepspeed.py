@@ -52,7 +52,9 @@ def deepspeed_config(plan: Plan) -> dict[str, Any]:
             "zero_optimization": {"stage": plan.zero_stage,
                                   "overlap_comm": plan.overlap_grad_reduce},
             "bf16": {"enabled": plan.dtype == "bf16"},
-            "fp16": {"enabled": plan.dtype == "fp16"}}
+            "fp16": {"enabled": plan.dtype == "fp16"},
+            **({"communication_data_type": plan.grad_reduce_dtype}
+               if plan.grad_reduce_dtype is not None else {})}
 
 
 def files(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> dict[str, str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from sim.errors import SpecError
 from sim.spec.cluster import ClusterSpec
 from sim.spec.experts import expert_tp
+from sim.spec.hardware import DTYPE_BYTES
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
 
@@ -45,6 +46,11 @@ def check(plan: Plan, model: ModelSpec) -> None:
     if plan.pp > 1 and plan.schedule == "gpipe":
         raise SpecError("plan.schedule", "gpipe is not expressible in Megatron-LM: with pp > 1 "
                         "it runs 1F1B (or interleaved 1F1B)")
+    if plan.grad_bytes < DTYPE_BYTES[plan.dtype] or (
+            plan.dtype in ("bf16", "fp8") and plan.grad_reduce_dtype == "fp16"):
+        raise SpecError("plan.grad_reduce_dtype", f"{plan.grad_reduce_dtype} with {plan.dtype} "
+                        "training is not expressible in Megatron-LM: gradients are reduced in "
+                        "fp32, or in the parameters' dtype (--grad-reduce-in-bf16 under bf16)")
     if plan.zero_stage >= 2 and plan.pp > 1:
         raise SpecError("plan.zero_stage", f"ZeRO-{plan.zero_stage} (Megatron-FSDP) with pp = "
                         f"{plan.pp} is not expressible: Megatron-FSDP does not pipeline")
@@ -151,7 +157,16 @@ def megatron_args(plan: Plan, model: ModelSpec) -> list[str]:
     args += ["--attention-backend flash"] if plan.attention == "flash" else \
         ["--attention-backend local", "--spec local"]
     args += ["--overlap-grad-reduce"] if plan.overlap_grad_reduce else []
-    return args + _DTYPE[plan.dtype] + _model_args(model, plan)
+    return args + _DTYPE[plan.dtype] + _grad_reduce(plan) + _model_args(model, plan)
+
+
+def _grad_reduce(plan: Plan) -> list[str]:
+    """Megatron-LM accumulates and reduces gradients in fp32 under bf16 unless told
+    otherwise, in the parameters' dtype under fp16 and fp32."""
+    if plan.dtype in ("bf16", "fp8"):
+        return ["--grad-reduce-in-bf16"] if plan.grad_bytes == 2 else []
+    return ["--accumulate-allreduce-grads-in-fp32"] if plan.grad_bytes > \
+        DTYPE_BYTES[plan.dtype] else []
 
 
 def megatron_env(plan: Plan) -> dict[str, str]:

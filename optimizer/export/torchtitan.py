@@ -68,6 +68,10 @@ def check(plan: Plan, model: ModelSpec) -> None:
     if not plan.overlap_grad_reduce:
         raise SpecError("plan.overlap_grad_reduce", "false is not expressible in torchtitan: "
                         "FSDP and DDP always overlap the gradient reduction")
+    if plan.grad_reduce_dtype not in (None, "fp32"):
+        raise SpecError("plan.grad_reduce_dtype", f"{plan.grad_reduce_dtype} is not expressible "
+                        "in torchtitan 0.3.0: it reduces gradients in float32 only "
+                        "(mixed_precision_reduce; use grad_reduce_dtype fp32)")
 
 
 def _split(plan: Plan, model: ModelSpec) -> list[list[str]] | None:
@@ -202,4 +206,7 @@ def files(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> dict[str, str]:
               "node", *PREAMBLE, *env_lines(nccl_env(plan, "torchtitan")),
               f'PYTHONPATH="$(dirname "$0"):${{PYTHONPATH:-}}" {launcher(cluster)} '
               f"-m torchtitan.train --module {MODULE} --config {CONFIG_FN}"]
+    if plan.grad_reduce_dtype is None and plan.grad_bytes < 4:
+        script.insert(2, "# note: torchtitan reduces gradients in float32; trainsim timed this "
+                      "plan with 16-bit reductions (set grad_reduce_dtype = \"fp32\" to match)")
     return {f"{MODULE}.py": module_source(plan, model), "torchtitan.sh": "\n".join(script) + "\n"}

@@ -224,13 +224,15 @@ def _hide(comm_s: float, window_s: float) -> tuple[float, float]:
 
 
 def _dp_costs(x: _Ctx, st: StageLayers, compute_s: float) -> _DPCost:
-    """Gradient reduction and ZeRO weight gathers of one pipeline rank. Gradients and
-    gathered weights move in the training dtype (fp32 for fp32 training, else 16 bits)."""
+    """Gradient reduction and ZeRO weight gathers of one pipeline rank. Gathered weights
+    move in the training dtype (fp32 for fp32 training, else 16 bits), gradients in
+    ``plan.grad_reduce_dtype``."""
     dense, expert = rank_params(x.m, x.p, st)
-    dense_b, expert_b = dense * x.e, expert * x.e
 
     def both(kind: str, scale: float = 1.0) -> float:
-        return x.coll("dp", kind, dense_b * scale) + x.coll("edp", kind, expert_b * scale)
+        width = x.e if kind == "all_gather" else x.p.grad_bytes
+        return (x.coll("dp", kind, dense * width * scale)
+                + x.coll("edp", kind, expert * width * scale))
 
     backward_s = st.dense * x.dense.backward + st.moe * x.moe.backward
     window_s = backward_s * x.overlap if x.p.overlap_grad_reduce else 0.0

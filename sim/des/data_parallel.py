@@ -61,8 +61,8 @@ class DataParallel:
         with self._stream[u].request() as turn:
             yield turn
             t0 = yield from x.on_core(u, lambda: simpy.AllOf(x.env, [
-                comm.collective(u, "dp", coll, dense * x.act, tag + ("dense",)),
-                comm.collective(u, "edp", coll, expert * x.act, tag + ("expert",))]))
+                comm.collective(u, "dp", coll, dense * x.p.grad_bytes, tag + ("dense",)),
+                comm.collective(u, "edp", coll, expert * x.p.grad_bytes, tag + ("expert",))]))
             x.acct[u].comm_total["dp"] += x.env.now - t0
             x.log(u, "dp", f"dp {coll}", t0)
 

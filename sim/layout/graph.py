@@ -105,7 +105,10 @@ def _pack(cost: list[float], cap: float, stages: int) -> list[range]:
 def comm_bytes(plan: Plan) -> float:
     """Bytes per parameter element that data parallelism moves: bf16 training keeps fp32
     weights and gradients under autocast (DDP reduces fp32), except where FSDP's
-    mixed-precision policy gathers and reduces in bf16 (ZeRO-2/3)."""
+    mixed-precision policy gathers and reduces in bf16 (ZeRO-2/3); ``grad_reduce_dtype``
+    when the plan names one."""
+    if plan.grad_reduce_dtype is not None:
+        return float(plan.grad_bytes)
     return 2.0 if plan.dtype in ("bf16", "fp16") and plan.zero_stage >= 2 else 4.0
 
 
@@ -145,7 +148,8 @@ def graph_memory(w: Workload, cluster: ClusterSpec, plan: Plan,
     """Peak GiB of each pipeline stage's ranks: parameters, gradients and Adam states under
     ZeRO, saved activations of the micro-batches in flight (1F1B: pp - stage; GPipe: all),
     the largest layer output as working space, and the device's reserve."""
-    w_b, g_b, o_b = model_state_bytes_per_param(plan.dtype, plan.zero_stage, plan.dp)
+    w_b, g_b, o_b = model_state_bytes_per_param(plan.dtype, plan.zero_stage, plan.dp,
+                                                plan.grad_bytes)
     s = activation_scale(w, plan) * plan.micro_batch_size
     out = []
     for r, layers in enumerate(graph_stages(w, plan, times)):

@@ -126,7 +126,7 @@ def _dp(t: _Tally, m: ModelSpec, p: Plan, st: StageLayers, conv: Conventions) ->
     if p.dp * p.cp == 1:
         return
     dense, expert = rank_params(m, p, st)
-    grad = p.activation_bytes
+    grad, weight = p.grad_bytes, p.activation_bytes
     n = p.num_microbatches
     if p.zero_stage == 3:
         layer = [sum(layer_rank_params(m, p, False))] * st.dense + \
@@ -134,7 +134,7 @@ def _dp(t: _Tally, m: ModelSpec, p: Plan, st: StageLayers, conv: Conventions) ->
         extra = dense - sum(layer_rank_params(m, p, False)) * st.dense - \
             layer_rank_params(m, p, True)[0] * st.moe
         for params in layer + ([extra] if extra > 0 and conv.zero3_edges else []):
-            t.add("dp", "all_gather", params * grad, 2 * n)
+            t.add("dp", "all_gather", params * weight, 2 * n)
             t.add("dp", "reduce_scatter", params * grad, n)
         return
     coll = "all_reduce" if p.zero_stage == 0 else "reduce_scatter"
@@ -143,7 +143,7 @@ def _dp(t: _Tally, m: ModelSpec, p: Plan, st: StageLayers, conv: Conventions) ->
     for _ in range(buckets):
         t.add("dp", coll, dense * grad / buckets, times)
     if p.zero_stage in (1, 2):
-        t.add("dp", "all_gather", dense * grad)
+        t.add("dp", "all_gather", dense * weight)
     if expert and p.expert_replicas > 1:
         t.add("edp", coll, expert * grad, times)
 
@@ -151,10 +151,11 @@ def _dp(t: _Tally, m: ModelSpec, p: Plan, st: StageLayers, conv: Conventions) ->
 def _dp_pair(t: _Tally, p: Plan, coll: str, dense: float, expert: float, times: int) -> None:
     """One collective over the data-parallel group (dense parameters) and one over the
     expert-data-parallel group (expert parameters), where those groups have ranks."""
+    width = p.activation_bytes if coll == "all_gather" else p.grad_bytes
     if p.dp * p.cp > 1:
-        t.add("dp", coll, dense * p.activation_bytes, times)
+        t.add("dp", coll, dense * width, times)
     if p.expert_replicas > 1:
-        t.add("edp", coll, expert * p.activation_bytes, times)
+        t.add("edp", coll, expert * width, times)
 
 
 def _layer_buckets(m: ModelSpec, p: Plan, pp_rank: int) -> list[tuple[float, float]]:

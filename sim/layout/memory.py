@@ -54,10 +54,13 @@ class MemoryBreakdown:
                 + self.transient + self.reserved)
 
 
-def model_state_bytes_per_param(dtype: str, zero_stage: int, shards: int
+def model_state_bytes_per_param(dtype: str, zero_stage: int, shards: int,
+                                grad_bytes: float | None = None
                                 ) -> tuple[float, float, float]:
-    """(weights, gradients, optimizer) bytes per parameter on one rank under ZeRO."""
+    """(weights, gradients, optimizer) bytes per parameter on one rank under ZeRO; the
+    gradient buffer holds ``grad_bytes`` a parameter (default: the training dtype's)."""
     w, g, k = (4.0, 4.0, 8.0) if dtype == "fp32" else (2.0, 2.0, 12.0)
+    g = g if grad_bytes is None else float(grad_bytes)
     if zero_stage >= 1:
         k /= shards
     if zero_stage >= 2:
@@ -192,8 +195,10 @@ def _transient_bytes(m: ModelSpec, plan: Plan, st: StageLayers) -> float:
 def rank_memory(m: ModelSpec, plan: Plan, st: StageLayers, rank: int, reserved_gib: float
                 ) -> MemoryBreakdown:
     dense, expert = rank_params(m, plan, st)
-    wd, gd, od = model_state_bytes_per_param(plan.dtype, plan.zero_stage, plan.dense_replicas)
-    we, ge, oe = model_state_bytes_per_param(plan.dtype, plan.zero_stage, plan.expert_replicas)
+    wd, gd, od = model_state_bytes_per_param(plan.dtype, plan.zero_stage, plan.dense_replicas,
+                                             plan.grad_bytes)
+    we, ge, oe = model_state_bytes_per_param(plan.dtype, plan.zero_stage, plan.expert_replicas,
+                                             plan.grad_bytes)
     per_mb = (st.dense * _stored_layer_bytes(m, plan, False)
               + st.moe * _stored_layer_bytes(m, plan, True))
     acts = per_mb * inflight_microbatches(plan, rank)

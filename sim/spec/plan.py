@@ -31,6 +31,7 @@ RECOMPUTE_MODES = ("none", "selective", "full")
 SCHEMA_VERSION = 1
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 ATTENTION = ("flash", "standard")
+GRAD_DTYPES = ("fp32", "bf16", "fp16")
 DIMS = ("tp", "cp", "ep", "dp", "pp")
 _REDUCTIONS = ("auto", "ring", "tree", "hierarchical", "halving-doubling", "nvls")
 # Algorithms a group may be given: TP and DP reduce and gather, EP exchanges all-to-all,
@@ -65,6 +66,9 @@ class Plan:
     # split the TP group's norm and dropout activations (needs tp > 1)
     sequence_parallel: bool = False
     dtype: str = "bf16"  # training precision: `bf16`, `fp16`, `fp8` or `fp32`
+    # dtype gradients are accumulated and reduced in: `fp32` (Megatron-LM's default under
+    # bf16, torchtitan's FSDP), `bf16` or `fp16` (null: fp32 for fp32 training, else 16 bits)
+    grad_reduce_dtype: str | None = None
     # rank order, innermost first, or an explicit rank table (list of devices)
     placement: str | tuple[int, ...] = DEFAULT_PLACEMENT
     collectives: tuple[tuple[str, str], ...] = ()  # (group, algorithm) pairs
@@ -119,6 +123,13 @@ class Plan:
     @property
     def activation_bytes(self) -> int:
         return DTYPE_BYTES[self.activation_dtype]
+
+    @property
+    def grad_bytes(self) -> int:
+        """Bytes of one gradient in the accumulation buffer and on the wire."""
+        if self.grad_reduce_dtype is None:
+            return self.activation_bytes
+        return DTYPE_BYTES[self.grad_reduce_dtype]
 
     @property
     def local_tokens(self) -> int:
@@ -243,6 +254,9 @@ def _check_fields(plan: Plan) -> None:
         if getattr(plan, name) not in choices:
             raise SpecError(f"plan.{name}", f"must be one of {', '.join(choices)}, "
                             f"got {getattr(plan, name)!r}")
+    if plan.grad_reduce_dtype not in (None, *GRAD_DTYPES):
+        raise SpecError("plan.grad_reduce_dtype", f"must be null or one of "
+                        f"{', '.join(GRAD_DTYPES)}, got {plan.grad_reduce_dtype!r}")
     for name in ("sequence_parallel", "overlap_grad_reduce"):
         if not isinstance(getattr(plan, name), bool):
             raise SpecError(f"plan.{name}", f"must be true or false, got {getattr(plan, name)!r}")

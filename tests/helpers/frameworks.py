@@ -100,6 +100,11 @@ def _megatron_configs(flags: dict[str, Any]) -> tuple[Any, Any]:
 
     if flags.get("multi_latent_attention"):  # what pretrain_gpt.py builds for MLA
         TransformerConfig = MLATransformerConfig  # noqa: N806
+    # arguments.py: bf16 accumulates and reduces in fp32 unless --grad-reduce-in-bf16
+    flags = dict(flags)
+    in_bf16 = flags.pop("grad_reduce_in_bf16", False)
+    in_fp32 = flags.pop("accumulate_allreduce_grads_in_fp32", False)
+    flags["grad_reduce_in_fp32"] = bool(in_fp32 or (flags.get("bf16") and not in_bf16))
     unknown = set(flags) - {f.name for f in dataclasses.fields(TransformerConfig)} \
         - {f.name for f in dataclasses.fields(DistributedDataParallelConfig)} \
         - MEGATRON_SCRIPT_ARGS - {"swiglu", "disable_bias_linear", "add_qkv_bias"}
@@ -162,6 +167,7 @@ def megatron_parsed(text: str, world: int) -> dict[str, Any]:
             "micro_batch": micro.micro_batch_size, "accumulation": micro.get(),
             "vpp": cfg.virtual_pipeline_model_parallel_size or 1,
             "layers": _megatron_layers(cfg), "zero": zero,
+            "grad_bytes": 4 if ddp.grad_reduce_in_fp32 or not (cfg.bf16 or cfg.fp16) else 2,
             "recompute": cfg.recompute_granularity or "none",
             "dtype": "fp8" if cfg.fp8 else "bf16" if cfg.bf16 else "fp16" if cfg.fp16
             else "fp32", "sequence_parallel": cfg.sequence_parallel,
@@ -205,6 +211,7 @@ def torchtitan_parsed(folder: Path, module: str, fn: str, world: int) -> dict[st
                                             // par.pipeline_parallel_microbatch_size
                                             if dims.pp > 1 else 1),
             "vpp": len(parts) // dims.pp if dims.pp > 1 else 1,
+            "grad_bytes": {"float32": 4, "bfloat16": 2}[train.mixed_precision_reduce],
             "layers": [sum(1 for m in p if m.startswith("layers.")) for p in parts]
             if dims.pp > 1 else None,
             "zero": 0 if dims.dp_shard == 1 else
@@ -243,7 +250,11 @@ def deepspeed_parsed(cfg: dict[str, Any], world: int) -> dict[str, Any]:
             "zero": parsed.zero_optimization_stage,
             "dtype": "bf16" if parsed.bfloat16_config.enabled else
             "fp16" if parsed.float16_config.enabled else "fp32",
-            "overlap_grad_reduce": parsed.zero_config.overlap_comm}
+            "overlap_grad_reduce": parsed.zero_config.overlap_comm,
+            # DeepSpeedEngine.communication_data_type: the config's, else the model dtype
+            "grad_bytes": parsed.communication_data_type.itemsize
+            if parsed.communication_data_type is not None else
+            2 if parsed.bfloat16_config.enabled or parsed.float16_config.enabled else 4}
 
 
 def torchrun_parsed(text: str) -> dict[str, Any]:

@@ -28,7 +28,7 @@ def cmd_plan_new(args: argparse.Namespace) -> int:
     from sim import Plan, load_cluster, load_model, save_plan, validate
 
     fields = {k: getattr(args, k) for k in _PLAN_INTS if getattr(args, k) is not None}
-    for k in ("schedule", "recompute", "dtype", "placement", "attention"):
+    for k in ("schedule", "recompute", "dtype", "grad_reduce_dtype", "placement", "attention"):
         if getattr(args, k) is not None:
             fields[k] = getattr(args, k)
     fields["sequence_parallel"] = args.sequence_parallel
@@ -74,6 +74,9 @@ def add_plan_parser(sub: Any) -> None:
                      help="activation recomputation (default none)")
     new.add_argument("--dtype", choices=["bf16", "fp16", "fp8", "fp32"],
                      help="training precision (default bf16)")
+    new.add_argument("--grad-reduce-dtype", choices=["fp32", "bf16", "fp16"],
+                     help="dtype gradients are accumulated and reduced in (default: fp32 for "
+                     "fp32 training, else 16 bits; Megatron-LM's default under bf16 is fp32)")
     new.add_argument("--attention", choices=["flash", "standard"], help="flash (default) or "
                      "standard (materialises the s x s scores)")
     new.add_argument("--placement", help="rank order, innermost first (default tp-cp-ep-dp-pp)")
