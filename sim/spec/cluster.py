@@ -275,6 +275,8 @@ _DGX = {
     "dgx-a100": ("a100-sxm4-80gb", 3.0, 200.0, 8),  # 8x HDR InfiniBand
     "dgx-h100": ("h100-sxm5-80gb", 2.0, 400.0, 8),  # 8x NDR ConnectX-7
     "hgx-h200": ("h200-sxm-141gb", 2.0, 400.0, 8),  # 8x NDR ConnectX-7
+    # NICs as DGX H100 (DeepEP's H800 testbed: ConnectX-7 400 Gb/s; MegaScale-MoE names none)
+    "hgx-h800": ("h800-sxm5-80gb", 2.0, 400.0, 8),
 }
 
 
