@@ -15,8 +15,9 @@ in trainsim, so a row takes the least recomputation that fits in 80 GB by trains
 model (none, selective, full), as in ``validate_moe_h100.py``; DeepEP rows the DeepEP
 dispatcher; "1F1B overlap" the merged forward/backward steps (``moe_overlap = "a2a"``,
 which Megatron-LM runs without full recomputation); Megatron-FSDP is ZeRO-3; 94 layers over
-``pp x vpp`` virtual stages split as evenly as they go (the first ones one layer more). A
-row trainsim cannot express (fewer layers than virtual stages) says why.
+``pp x vpp`` virtual stages split as evenly as they go (the first ones one layer more), or,
+for 96 virtual stages (Q235-4), one layer a stage with the embedding and the loss on stages
+of their own, as Megatron-LM's ``--pipeline-model-parallel-layout`` writes it.
 
 The optimizer searches tp, cp, pp, dp, ep, etp, schedule, recomputation, ZeRO, placement
 and, in its local moves, the dispatcher and the all-to-all overlap, over the default space;
@@ -51,15 +52,15 @@ GBS, SEQ = 2048, 4096
 
 def plan_of(row: dict[str, str], model: ModelSpec, recompute: str) -> Plan:
     tp, pp, vpp, ep, etp = (int(row[k]) for k in ("tp", "pp", "vpp", "ep", "etp"))
-    if model.num_layers < pp * vpp:
-        raise SpecError("plan.layers_per_stage", f"{model.num_layers} layers over pp x vpp = "
-                        f"{pp * vpp} virtual stages leaves some empty (Megatron-LM's layout "
-                        f"puts the embedding and loss there; trainsim's stages hold layers)")
+    stages = pp * vpp
+    split = even_split(model.num_layers, stages)
+    if model.num_layers == stages - 2:  # Megatron-LM's layout: the embedding and the loss
+        split = (0,) + (1,) * model.num_layers + (0,)  # on stages of their own
     return Plan(GBS, SEQ, int(row["mbs"]), dp=int(row["dp"]), tp=tp, pp=pp,
                 cp=int(row["cp"]), ep=ep, etp=None if etp == tp else etp, vpp=vpp,
                 schedule="interleaved-1f1b" if vpp > 1 else "1f1b",
                 zero_stage=3 if row["fsdp"] == "On" else 1, sequence_parallel=tp > 1,
-                recompute=recompute, layers_per_stage=even_split(model.num_layers, pp * vpp),
+                recompute=recompute, layers_per_stage=split,
                 moe_dispatcher="deepep" if row["dispatcher"] == "DeepEP" else "alltoall",
                 moe_overlap="a2a" if "1F1B overlap" in row["notes"] else "none")
 

@@ -223,7 +223,7 @@ def test_memory_against_each_stages_own_gpu(model):
 @pytest.mark.parametrize("kw, rule", [
     ({"micro_batches_per_replica": (16,)}, "must list dp = 2 counts"),
     ({"micro_batches_per_replica": (16, 15)}, r"sum 16\+15 = 31"),
-    ({"micro_batches_per_replica": (16, 0)}, "positive integers"),
+    ({"micro_batches_per_replica": (16, 0)}, "integers >= 1"),
     ({"micro_batches_per_replica": (16, 16), "zero_stage": 2}, "zero_stage <= 1"),
 ])
 def test_uneven_microbatches_validated(kw, rule):

@@ -66,9 +66,6 @@ class Plan:
     # split the TP group's norm and dropout activations (needs tp > 1)
     sequence_parallel: bool = False
     dtype: str = "bf16"  # training precision: `bf16`, `fp16`, `fp8` or `fp32`
-    # dtype gradients are accumulated and reduced in: `fp32` (Megatron-LM's default under
-    # bf16, torchtitan's FSDP), `bf16` or `fp16` (null: fp32 for fp32 training, else 16 bits)
-    grad_reduce_dtype: str | None = None
     # rank order, innermost first, or an explicit rank table (list of devices)
     placement: str | tuple[int, ...] = DEFAULT_PLACEMENT
     collectives: tuple[tuple[str, str], ...] = ()  # (group, algorithm) pairs
@@ -94,6 +91,9 @@ class Plan:
     sync: Sync = Sync()
     communication: Communication = Communication()
     compression: Compression = Compression()
+    # dtype gradients are accumulated and reduced in: `fp32` (Megatron-LM's default under
+    # bf16, torchtitan's FSDP), `bf16` or `fp16` (null: fp32 for fp32 training, else 16 bits)
+    grad_reduce_dtype: str | None = None
 
     def __post_init__(self) -> None:
         coerce_sync(self)
@@ -274,12 +274,14 @@ def _check_fields(plan: Plan) -> None:
 
 
 def _check_lists(plan: Plan) -> None:
-    for name in ("layers_per_stage", "micro_batches_per_replica"):
+    # a (virtual) stage may hold no layers, only the embedding or the loss (Megatron-LM's
+    # layouts do); a replica runs at least one micro-batch
+    for name, least in (("layers_per_stage", 0), ("micro_batches_per_replica", 1)):
         lps = getattr(plan, name)
         if lps is not None and (not isinstance(lps, tuple) or any(
-                isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in lps)):
-            raise SpecError(f"plan.{name}", f"must be null or a list of positive "
-                            f"integers, got {lps!r}")
+                isinstance(n, bool) or not isinstance(n, int) or n < least for n in lps)):
+            raise SpecError(f"plan.{name}", f"must be null or a list of integers >= {least}, "
+                            f"got {lps!r}")
     if not isinstance(plan.collectives, tuple) or any(
             not isinstance(pair, tuple) or len(pair) != 2 for pair in plan.collectives):
         raise SpecError("plan.collectives", "must be an object mapping group to algorithm")
@@ -374,8 +376,8 @@ def _check_layers(plan: Plan, m: ModelSpec) -> None:
                             f"model.num_layers = {m.num_layers} (or give layers_per_stage)")
         return
     if len(lps) != stages:
-        raise SpecError("plan.layers_per_stage", f"must list pp*vpp = {stages} positive "
-                        f"integers, got {list(lps)}")
+        raise SpecError("plan.layers_per_stage", f"must list pp*vpp = {stages} counts, got "
+                        f"{list(lps)}")
     if sum(lps) != m.num_layers:
         raise SpecError("plan.layers_per_stage", f"sum {'+'.join(map(str, lps))} = {sum(lps)} "
                         f"!= model.num_layers = {m.num_layers}")
