@@ -84,3 +84,25 @@ def test_megascale_moe_352b_model_and_h800():
     assert param_count(m) == pytest.approx(352e9, rel=0.001)
     c = load_cluster("hgx-h800:30")
     assert c.world_size == 240 and c.gpu.nvlink_GBps == 200
+
+
+def test_fp8_dispatch_halves_the_forward_dispatch_only():
+    """Full recomputation: 6 exchanges a layer, 2 of them forward dispatches in fp8."""
+    m, c = load_model("mixtral-8x7b"), load_cluster("dgx-h100:2")
+    p = Plan(64, 4096, 1, dp=16, ep=8, zero_stage=1, recompute="full")
+    q = dataclasses.replace(p, moe_dispatch_dtype="fp8")
+    scale = (1 + 4 / 128) / 2
+    for fidelity in ("analytic", "des"):
+        e16 = simulate(m, c, p, fidelity=fidelity).breakdown["ep"]
+        e8 = simulate(m, c, q, fidelity=fidelity).breakdown["ep"]
+        assert e8 < e16 and e8 / e16 > (4 + 2 * scale) / 6 - 0.02
+    def a2a(plan):  # torch's account: no expert recompute, 4 exchanges a layer
+        return sum(r["bytes"] for r in expected_collectives(m, plan) if r["kind"] == "all_to_all")
+    assert a2a(q) / a2a(p) == pytest.approx((3 + scale) / 4)
+    with pytest.raises(SpecError, match="needs expert parallelism"):
+        Plan(64, 4096, 1, dp=16, moe_dispatch_dtype="fp8")
+    with pytest.raises(SpecError, match="must be null .* or fp8"):
+        dataclasses.replace(p, moe_dispatch_dtype="int8")
+    from optimizer.export import export
+    with pytest.raises(SpecError, match="plan.moe_dispatch_dtype"):
+        export("megatron", q, m, c)

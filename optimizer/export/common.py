@@ -35,6 +35,10 @@ def check_common(plan: Plan, fmt: str) -> None:
         raise SpecError("plan.micro_batches_per_replica", "micro_batches_per_replica "
                         f"{list(plan.micro_batches_per_replica)} is not expressible: {fmt} gives "
                         "every data-parallel replica the same batch (export the even split)")
+    if plan.moe_dispatch_dtype is not None:
+        raise SpecError("plan.moe_dispatch_dtype", f"{plan.moe_dispatch_dtype} dispatch is not "
+                        f"expressible in {fmt}: no option sets the dispatch's wire dtype "
+                        "(export with moe_dispatch_dtype null)")
     nccl_env(plan, fmt)
 
 

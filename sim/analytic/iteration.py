@@ -169,11 +169,11 @@ def _cp_per_layer(x: _Ctx, layer: cm.LayerTime) -> tuple[float, float]:
     return max(0.0, comm - hide), min(comm, hide)
 
 
-def _ep_pass(x: _Ctx) -> float:
-    """One MoE layer's dispatch and combine in one pass."""
+def _ep_pass(x: _Ctx, forward: bool) -> float:
+    """One MoE layer's dispatch and combine in one forward or backward pass."""
     if x.p.ep == 1:
         return 0.0
-    ways = dispatches(x.m, x.p, x.fabric["ep"].span.nodes)  # dispatch, combine
+    ways = dispatches(x.m, x.p, x.fabric["ep"].span.nodes, forward)  # dispatch, combine
     return sum(max(x.coll("ep", kind, size) for kind, size in parts) for parts in ways)
 
 
@@ -186,14 +186,15 @@ def _ep_stage(x: _Ctx, st: StageLayers, rank: int, k: float) -> tuple[float, flo
       streams: a pair's all-to-alls hide behind both passes' compute (``max(0, E - C)``).
       The forwards before the first merged step and the backwards after the last (the
       warm-up's, at least one each) wait as ``none``."""
-    layer = _ep_pass(x)
-    one = st.moe * layer
-    total = st.moe * (layer * (3 if x.p.recompute == "full" else 2))  # as earlier releases
+    fwd, bwd = _ep_pass(x, True), _ep_pass(x, False)
+    full = x.p.recompute == "full"
+    passes = [fwd, bwd] + ([fwd] if full else [])  # forward, backward, recomputed forward
+    total = st.moe * sum(passes)
     if x.p.moe_overlap == "shared-expert":
         e = x.moe
-        hidden = [e.shared_forward, e.shared_backward] + (
-            [e.shared_forward] if x.p.recompute == "full" else [])
-        exposed = sum(max(0.0, one - st.moe * k * h) for h in hidden)
+        hidden = [e.shared_forward, e.shared_backward] + ([e.shared_forward] if full else [])
+        exposed = sum(max(0.0, st.moe * (one - k * h))
+                      for one, h in zip(passes, hidden, strict=True))
         return exposed, total - exposed
     if x.p.moe_overlap != "a2a" or total == 0:
         return total, 0.0

@@ -29,7 +29,7 @@ class Layers:
 
     def __init__(self, x: Context, comm: Collectives, dp: DataParallel) -> None:
         self.x, self.comm, self.dp = x, comm, dp
-        self._ways: list[list[tuple[str, float]]] | None = None
+        self._ways: dict[bool, list[list[tuple[str, float]]]] = {}
         # units in a merged forward/backward step (moe_overlap a2a): their expert
         # all-to-alls, started and not waited for, as (start, process) pairs
         self.merged: dict[Unit, list[tuple[float, simpy.Process]]] = {}
@@ -45,12 +45,14 @@ class Layers:
         return ["all_gather", "reduce_scatter"] * blocks if p.sequence_parallel else \
             ["all_reduce"] * blocks
 
-    def _dispatches(self) -> list[list[tuple[str, float]]]:
-        """Dispatch and combine of one MoE layer (:func:`sim.layout.routing.dispatches`)."""
-        if self._ways is None:
+    def _dispatches(self, forward: bool) -> list[list[tuple[str, float]]]:
+        """Dispatch and combine of one MoE layer in a forward or backward pass
+        (:func:`sim.layout.routing.dispatches`)."""
+        if forward not in self._ways:
             x = self.x
-            self._ways = dispatches(x.m, x.p, group_span(x.p, x.c, "ep").nodes)
-        return self._ways
+            self._ways[forward] = dispatches(x.m, x.p, group_span(x.p, x.c, "ep").nodes,
+                                             forward)
+        return self._ways[forward]
 
     def _cp_bytes(self) -> float:
         """Ring all-gather size of one pass: every rank's K and V chunk."""
@@ -58,32 +60,35 @@ class Layers:
         return p.cp * p.local_tokens * (self.x.m.kv_dim + self.x.m.v_dim) / p.tp * self.x.act
 
     def _comm_passes(self, u: Unit, moe: bool, passes: int, tag: tuple,
-                     hide: tuple[float, ...] = ()) -> Proc:
+                     hide: tuple[float, ...] = (), backward: bool = False) -> Proc:
         """``passes`` forward-shaped TP passes and, for an MoE layer, expert all-to-alls:
         waited for, run beside ``hide[i]`` seconds of the pass's shared expert
-        (``shared-expert`` overlap), or left running in a merged step (``a2a``)."""
+        (``shared-expert`` overlap), or left running in a merged step (``a2a``). In a
+        backward with two passes the first is the recomputed forward."""
         x = self.x
         for i in range(passes):
+            forward = not backward or (passes == 2 and i == 0)
             for j, coll in enumerate(self._tp_ops(moe)):
                 yield from self.comm.blocking(u, "tp", coll, x.tp_bytes(), tag + (i, j))
             if not (moe and x.p.ep > 1):
                 continue
             if u in self.merged:
-                self.merged[u].append((x.env.now, x.env.process(self._ep_chain(u, tag + (i,)))))
+                self.merged[u].append((x.env.now, x.env.process(
+                    self._ep_chain(u, tag + (i,), forward))))
             elif hide:
                 t0 = x.env.now
-                chain = x.env.process(self._ep_chain(u, tag + (i,)))
+                chain = x.env.process(self._ep_chain(u, tag + (i,), forward))
                 yield from x.compute(u, hide[i], f"shared expert {tag}")
                 yield from x.wait(u, "ep", chain, "ep (beside the shared expert)")
                 x.acct[u].comm_total["ep"] += cast(float, chain.value) - t0
             else:
-                for j, parts in enumerate(self._dispatches()):
+                for j, parts in enumerate(self._dispatches(forward)):
                     yield from self.comm.blocking_all(u, "ep", parts, tag + (i, "ep", j))
 
-    def _ep_chain(self, u: Unit, tag: tuple) -> Proc:
+    def _ep_chain(self, u: Unit, tag: tuple, forward: bool) -> Proc:
         """Dispatch then combine, off the unit's critical path; returns when it ended."""
         x = self.x
-        for j, parts in enumerate(self._dispatches()):
+        for j, parts in enumerate(self._dispatches(forward)):
             events = [self.comm.collective(u, "ep", coll, size,
                                            tag + ("ep", j) + ((coll,) if len(parts) > 1 else ()))
                       for coll, size in parts]
@@ -234,7 +239,7 @@ class Layers:
             seconds = lt.backward + self._recompute(lt) - sum(hide)
             yield from self._with_cp(u, seconds, 2 * self._cp_bytes(), ("Bcp", mb, vs, i),
                                      f"B{mb} v{vs} L{i}")
-            yield from self._comm_passes(u, moe, passes, ("B", mb, vs, i), hide)
+            yield from self._comm_passes(u, moe, passes, ("B", mb, vs, i), hide, backward=True)
             if x.p.zero_stage == 3:
                 dp.z3_reduce(u, moe, ("B", mb, vs, i))
             elif reduce_now:

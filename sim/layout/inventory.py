@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sim.layout.memory import chunk_edge_params, layer_rank_params, rank_params
-from sim.layout.routing import ep_bytes
+from sim.layout.routing import dispatch_scale, ep_bytes
 from sim.layout.stages import StageLayers, pipeline_rank_layers, tp_blocks, virtual_stage_moe
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan, replica_plan
@@ -215,9 +215,13 @@ def _pp(t: _Tally, m: ModelSpec, p: Plan, pp_rank: int, conv: Conventions) -> No
 def _ep_cp(t: _Tally, m: ModelSpec, p: Plan, st: StageLayers, conv: Conventions) -> None:
     n = p.num_microbatches
     if p.ep > 1 and st.moe:
-        size = ep_bytes(m, p)
+        size, fp8 = ep_bytes(m, p), dispatch_scale(p)
         replays = 1 if conv.expert_recompute and p.recompute == "full" else 0
-        t.add("ep", "all_to_all", size, (4 + 2 * replays) * st.moe * n)
+        forwards = (1 + replays) * st.moe * n  # each forward's dispatch, maybe in fp8
+        if fp8 != 1.0:
+            t.add("ep", "all_to_all", size * fp8, forwards)
+        t.add("ep", "all_to_all", size, (4 + 2 * replays) * st.moe * n
+              - (forwards if fp8 != 1.0 else 0))
     if conv.context_parallel and p.cp > 1:  # the K/V ring: forward, backward (twice the bytes)
         ring = p.cp * p.local_tokens * (m.kv_dim + m.v_dim) / p.tp * p.activation_bytes
         t.add("cp", "all_gather", ring, st.total * n)

@@ -29,7 +29,10 @@ from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
 from sim.spec.routing import routing_is_balanced
 
-__all__ = ["Routing", "routing", "gini", "ep_bytes", "expected_nodes", "dispatches"]
+__all__ = ["Routing", "routing", "gini", "ep_bytes", "expected_nodes", "dispatches",
+           "dispatch_scale", "FP8_GROUP"]
+
+FP8_GROUP = 128  # channels sharing one fp32 scale in an fp8 dispatch (DeepEP's)
 
 
 @dataclass(frozen=True)
@@ -131,7 +134,16 @@ def expected_nodes(m: ModelSpec, nodes: int) -> float:
                            m.expert_groups_per_token, nodes)
 
 
-def dispatches(m: ModelSpec, plan: Plan, nodes: int) -> list[list[tuple[str, float]]]:
+def dispatch_scale(plan: Plan, forward: bool = True) -> float:
+    """Bytes of a dispatched element over the activation dtype's: with ``fp8`` dispatch the
+    forward sends 1 byte and an fp32 scale per 128 channels (DeepEP's), else 1."""
+    if plan.moe_dispatch_dtype != "fp8" or not forward:
+        return 1.0
+    return (1.0 + 4.0 / FP8_GROUP) / plan.activation_bytes
+
+
+def dispatches(m: ModelSpec, plan: Plan, nodes: int, forward: bool = True
+               ) -> list[list[tuple[str, float]]]:
     """The collectives of one dispatch and of one combine of an MoE layer for one
     micro-batch, as ``[(kind, bytes), ...]`` that run at once, for the plan's dispatcher
     over an expert-parallel group spanning ``nodes`` nodes:
@@ -143,14 +155,19 @@ def dispatches(m: ModelSpec, plan: Plan, nodes: int) -> list[list[tuple[str, flo
     * ``deepep``: a token crosses to each node holding one of its experts once, to the rank
       of the sender's local index (``dispatch_rdma``, ``ep_bytes x expected_nodes /
       top_k``), which forwards it over NVLink to the experts' ranks (``dispatch_nvl``); the
-      two parts are pipelined, so they run at once."""
+      two parts are pipelined, so they run at once.
+
+    ``forward``: the forward pass's (its dispatch in ``plan.moe_dispatch_dtype``); the
+    backward's exchanges (the combine's gradient out, the dispatch's back) stay 16-bit."""
+    k = dispatch_scale(plan, forward)
     if plan.moe_dispatcher == "allgather":
         tokens = plan.local_tokens / (plan.tp if plan.sequence_parallel else 1)
         whole = plan.ep * tokens * m.hidden_size * plan.activation_bytes
-        return [[("all_gather", whole)], [("reduce_scatter", whole)]]
+        return [[("all_gather", whole * k)], [("reduce_scatter", whole)]]
     size = ep_bytes(m, plan)
     if plan.moe_dispatcher == "deepep":
-        parts = [("dispatch_rdma", size * expected_nodes(m, nodes) / m.top_k),
-                 ("dispatch_nvl", size)]
-        return [parts, parts]
-    return [[("all_to_all", size)], [("all_to_all", size)]]
+        def parts(scale: float) -> list[tuple[str, float]]:
+            return [("dispatch_rdma", size * scale * expected_nodes(m, nodes) / m.top_k),
+                    ("dispatch_nvl", size * scale)]
+        return [parts(k), parts(1.0)]
+    return [[("all_to_all", size * k)], [("all_to_all", size)]]

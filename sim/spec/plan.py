@@ -94,6 +94,9 @@ class Plan:
     # dtype gradients are accumulated and reduced in: `fp32` (Megatron-LM's default under
     # bf16, torchtitan's FSDP), `bf16` or `fp16` (null: fp32 for fp32 training, else 16 bits)
     grad_reduce_dtype: str | None = None
+    # MoE: the forward dispatch's dtype, `fp8` (DeepEP's: E4M3 with an fp32 scale per 128
+    # channels; the combine and the backward stay 16-bit) or null (the activation dtype)
+    moe_dispatch_dtype: str | None = None
 
     def __post_init__(self) -> None:
         coerce_sync(self)

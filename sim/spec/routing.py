@@ -51,6 +51,12 @@ def check_routing(plan: Plan) -> None:
     if plan.moe_dispatcher not in DISPATCHERS:
         raise SpecError("plan.moe_dispatcher", f"must be one of {', '.join(DISPATCHERS)}, got "
                         f"{plan.moe_dispatcher!r}")
+    if plan.moe_dispatch_dtype not in (None, "fp8"):
+        raise SpecError("plan.moe_dispatch_dtype", f"must be null (the activation dtype) or "
+                        f"fp8, got {plan.moe_dispatch_dtype!r}")
+    if plan.moe_dispatch_dtype is not None and plan.ep == 1:
+        raise SpecError("plan.moe_dispatch_dtype", "fp8 dispatch needs expert parallelism "
+                        "(ep > 1)")
     c = plan.moe_capacity_factor
     if c is not None and _number("plan.moe_capacity_factor", c) <= 0:
         raise SpecError("plan.moe_capacity_factor", f"must be > 0 (an expert's capacity over "
@@ -66,6 +72,8 @@ def routing_is_balanced(plan: Plan) -> bool:
 def check_routing_model(plan: Plan, m: ModelSpec) -> None:
     if plan.moe_dispatcher != "alltoall" and not m.is_moe:
         raise SpecError("plan.moe_dispatcher", f"is for MoE models; {m.name!r} is dense")
+    if plan.moe_dispatch_dtype is not None and not m.is_moe:
+        raise SpecError("plan.moe_dispatch_dtype", f"is for MoE models; {m.name!r} is dense")
     if routing_is_balanced(plan):
         return
     if not m.is_moe:

@@ -35,7 +35,8 @@ def cmd_plan_new(args: argparse.Namespace) -> int:
     from trainsim.commands.sync import section_fields
 
     fields.update(section_fields(args))
-    for k in ("moe_max_load", "moe_capacity_factor", "moe_dispatcher", "moe_overlap"):
+    for k in ("moe_max_load", "moe_capacity_factor", "moe_dispatcher", "moe_dispatch_dtype",
+              "moe_overlap"):
         if getattr(args, k) is not None:
             fields[k] = getattr(args, k)
     plan = Plan.from_dict(fields)
@@ -90,6 +91,9 @@ def add_plan_parser(sub: Any) -> None:
                      "and drops the rest (default: dropless)")
     new.add_argument("--moe-dispatcher", choices=["alltoall", "allgather", "deepep"],
                      help="MoE token dispatch (default alltoall)")
+    new.add_argument("--moe-dispatch-dtype", choices=["fp8"],
+                     help="MoE: dispatch tokens in fp8 in the forward (DeepEP's: an fp32 scale "
+                     "per 128 channels; the combine and the backward stay 16-bit)")
     new.add_argument("--moe-overlap", choices=["none", "shared-expert", "a2a"],
                      help="MoE: what hides the expert all-to-alls: the shared expert, or "
                      "another micro-batch's compute (a2a) (default none)")
