@@ -188,13 +188,13 @@ def _ep_stage(x: _Ctx, st: StageLayers, rank: int, k: float) -> tuple[float, flo
       warm-up's, at least one each) wait as ``none``."""
     fwd, bwd = _ep_pass(x, True), _ep_pass(x, False)
     full = x.p.recompute == "full"
-    passes = [fwd, bwd] + ([fwd] if full else [])  # forward, backward, recomputed forward
-    total = st.moe * sum(passes)
+    each = [fwd, bwd] + ([fwd] if full else [])  # forward, backward, recomputed forward
+    total = st.moe * sum(each)
     if x.p.moe_overlap == "shared-expert":
         e = x.moe
         hidden = [e.shared_forward, e.shared_backward] + ([e.shared_forward] if full else [])
         exposed = sum(max(0.0, st.moe * (one - k * h))
-                      for one, h in zip(passes, hidden, strict=True))
+                      for one, h in zip(each, hidden, strict=True))
         return exposed, total - exposed
     if x.p.moe_overlap != "a2a" or total == 0:
         return total, 0.0
