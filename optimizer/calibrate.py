@@ -30,7 +30,14 @@ import numpy as np
 from optimizer.logs import iteration_s_from_log
 from sim import simulate
 from sim.errors import SpecError
-from sim.spec.calibration import ADDITIVE, BOUNDS, FACTORS, SCHEMA_VERSION, apply_calibration
+from sim.spec.calibration import (
+    ADDITIVE,
+    ANALYTIC_ONLY,
+    BOUNDS,
+    FACTORS,
+    SCHEMA_VERSION,
+    apply_calibration,
+)
 from sim.spec.cluster import ClusterSpec, load_cluster
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan, load_plan
@@ -129,6 +136,13 @@ def fit(runs: list[Run], factors: tuple[str, ...] = FACTORS, prior: float = 0.05
     if bad or not factors:
         raise SpecError("--factors", f"each one of {', '.join(FACTORS)}, got "
                         f"{', '.join(bad) or 'none'}")
+    if fidelity == "des":  # the DES runs collectives beside compute or not, no share
+        if factors == FACTORS:
+            factors = tuple(f for f in factors if f not in ANALYTIC_ONLY)
+        elif blind := [f for f in factors if f in ANALYTIC_ONLY]:
+            raise SpecError("--factors", f"{', '.join(blind)} acts in the analytic tier only "
+                            "(the DES overlaps collectives fully or not at all): leave it out "
+                            "with --fidelity des")
     device = runs[0].cluster.gpu
     x0 = np.array([_to(f, getattr(device, f)) for f in factors])
     lo = np.array([_to(f, BOUNDS[f][0]) if f in ADDITIVE else math.log(BOUNDS[f][0])
@@ -141,7 +155,7 @@ def fit(runs: list[Run], factors: tuple[str, ...] = FACTORS, prior: float = 0.05
         e = _errors(runs, _cal(device.name, factors, v), fidelity) / math.sqrt(len(runs))
         return np.concatenate([e, w * (v - x0)])
 
-    r = residual(x)
+    x, r = _unstick(residual, x, lo, hi)
     damping = 1e-3
     for _ in range(iterations):
         jac = np.empty((len(r), len(x)))
@@ -166,6 +180,30 @@ def fit(runs: list[Run], factors: tuple[str, ...] = FACTORS, prior: float = 0.05
             "fit": [{"run": run.label, "error_before": float(b), "error_after": float(a)}
                     for run, b, a in zip(runs, before, after, strict=True)]}
     return cal
+
+
+def _unstick(residual: Any, x: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+             points: int = 7) -> tuple[np.ndarray, np.ndarray]:
+    """A factor the runs' times hardly move where the fit starts (a collective hidden behind
+    compute: its slope is near zero until it is the longer) is invisible to Gauss-Newton;
+    try each such factor alone at ``points`` values across its range and start from the
+    best, if it beats the catalog. Near zero: doubling the factor moves no run's time by
+    more than 1.4% (a slope under 0.02 in relative error per unit of log factor)."""
+    r = residual(x)
+    best_x, best_r = x, r
+    for k in range(len(x)):
+        step = np.zeros_like(x)
+        step[k] = 1e-3 if x[k] + 1e-3 <= hi[k] else -1e-3
+        slope = (residual(x + step) - r)[:-len(x)] / step[k]  # the runs', not the prior's
+        if np.max(np.abs(slope)) >= 0.02:
+            continue
+        for v in np.linspace(lo[k], hi[k], points):
+            trial = x.copy()
+            trial[k] = v
+            rt = residual(trial)
+            if rt @ rt < best_r @ best_r:
+                best_x, best_r = trial, rt
+    return best_x, best_r
 
 
 def _check_bounds(factors: tuple[str, ...], x: np.ndarray, lo: np.ndarray, hi: np.ndarray,

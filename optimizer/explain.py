@@ -35,11 +35,11 @@ from sim.spec.workload import Workload
 __all__ = ["Sensitivity", "explain", "KNOBS"]
 
 GPU_KNOBS = ("gemm_eff_max", "gemm_dim_half", "attention_eff", "hbm_eff", "comm_eff",
-             "nvls_eff")
+             "nvls_eff", "nic_eff")
 CLUSTER_KNOBS = ("inter_node.nic_Gbps", "inter_node.latency_us", "intra_node.bandwidth_GBps",
                  "intra_node.latency_us")
 KNOBS = tuple(f"gpu.{k}" for k in GPU_KNOBS) + CLUSTER_KNOBS
-CAPPED = ("gemm_eff_max", "attention_eff", "hbm_eff", "comm_eff")  # fractions of a peak
+CAPPED = ("gemm_eff_max", "attention_eff", "hbm_eff", "comm_eff", "nic_eff")  # of a peak
 # (nvls_eff is a bus-bandwidth ratio that may exceed 1: not capped)
 
 
@@ -108,7 +108,7 @@ def _knobs(cluster: ClusterSpec) -> list[tuple[str, str, float, Move]]:
     out: list[tuple[str, str, float, Move]] = []
     for f in GPU_KNOBS:
         v = getattr(cluster.gpu, f)
-        if f == "nvls_eff" and not v:
+        if (f == "nvls_eff" and not v) or (f == "nic_eff" and cluster.nodes == 1):
             continue
         out.append((f"gpu.{f}", "assumption", v, functools.partial(_gpu, cluster, f)))
     for key in CLUSTER_KNOBS:

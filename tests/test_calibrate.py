@@ -155,3 +155,42 @@ def test_a_runs_csv_may_name_logs(tmp_path: Path) -> None:
     (tmp_path / "m.log").write_text("no lines\n")
     with pytest.raises(SpecError, match="runs\\[0\\].log"):
         load_runs(runs)
+
+
+def test_nic_efficiency_moves_inter_node_collectives_in_both_tiers():
+    """nic_eff (a calibration factor) is the NICs' achievable share of line rate."""
+    import dataclasses
+
+    from sim import Plan, load_cluster, load_model, simulate
+    from sim.spec.calibration import apply_calibration
+
+    m, c = load_model("llama3-8b"), load_cluster("dgx-h100:2")
+    p = Plan(32, 2048, 1, dp=16, overlap_grad_reduce=False)
+    slow = apply_calibration(c, {"device": c.gpu.name, "factors": {"nic_eff": 0.46}})
+    assert "calibrated" in slow.name
+    for fidelity in ("analytic", "des"):
+        fast_dp = simulate(m, c, p, fidelity=fidelity).breakdown["dp"]
+        slow_dp = simulate(m, slow, p, fidelity=fidelity).breakdown["dp"]
+        assert slow_dp > 1.3 * fast_dp
+    one_node = load_cluster("dgx-h100:1")
+    q = dataclasses.replace(p, dp=8, global_batch_size=16)
+    moved = apply_calibration(one_node, {"device": c.gpu.name, "factors": {"nic_eff": 0.46}})
+    assert simulate(m, moved, q).iteration_time_s == simulate(m, one_node, q).iteration_time_s
+
+
+def test_a_hidden_collective_is_found_and_des_refuses_overlap_share():
+    """ZeRO-3 gathers hidden behind compute: their factors have no slope where the fit
+    starts; the fit still finds the slower, less hidden communication a run implies."""
+    from optimizer.calibrate import Run, fit
+    from sim import Plan, load_cluster, load_model, simulate
+    from sim.errors import SpecError
+
+    m, c = load_model("llama3-8b"), load_cluster("dgx-a100:4")
+    p = Plan(64, 2048, 1, dp=32, zero_stage=3)
+    t = simulate(m, c, p).iteration_time_s
+    run = Run(m, c, p, 2.0 * t, "slow gathers")
+    cal = fit([run], factors=("nic_eff", "comm_overlap"), prior=0.005)
+    assert cal["factors"]["nic_eff"] < 0.5
+    assert abs(cal["fit"][0]["error_after"]) < 0.05
+    with pytest.raises(SpecError, match="analytic tier only"):
+        fit([run], factors=("nic_eff", "comm_overlap"), fidelity="des")

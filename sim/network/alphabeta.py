@@ -24,7 +24,8 @@ __all__ = ["Fabric", "fabric_for", "NIC_EFFICIENCY", "PCIE_EFFICIENCY", "default
            "ring_s", "flat_rates", "halving_doubling_s", "nvls_s", "tree_s", "hierarchical_s",
            "all_to_all_s", "send_recv_s", "broadcast_s"]
 # Achievable fraction of InfiniBand/RoCE line rate for large messages (nccl-tests inter-node
-# busbw is typically 90-95% of line rate) and of a PCIe link; constants, not per-run knobs.
+# busbw is typically 90-95% of line rate; the GPUs' NICs take HardwareSpec.nic_eff, which
+# defaults to it and calibrations move) and of a PCIe link.
 NIC_EFFICIENCY = 0.92
 PCIE_EFFICIENCY = 0.80
 
@@ -55,7 +56,7 @@ def fabric_for(cluster: ClusterSpec, span: GroupSpan) -> Fabric:
     link = _intra_link_Bps(cluster, span)
     intra = link * (PCIE_EFFICIENCY if kind == "pcie" else cluster.gpu.comm_eff)
     nvls = link * cluster.gpu.nvls_eff if kind == "nvswitch" else 0.0
-    inter = cluster.nic_GBps_per_gpu * 1e9 * NIC_EFFICIENCY
+    inter = cluster.nic_GBps_per_gpu * 1e9 * cluster.gpu.nic_eff
     alpha = (cluster.inter_node.latency_us + cluster.intra_node.latency_us) * 1e-6
     if span.cross_pod:
         inter /= cluster.inter_node.oversubscription

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import networkx as nx
 
-from sim.network.alphabeta import NIC_EFFICIENCY, PCIE_EFFICIENCY
+from sim.network.alphabeta import PCIE_EFFICIENCY
 from sim.network.wan import site_path
 from sim.spec.cluster import ClusterSpec
 
@@ -122,7 +122,7 @@ def add_nics(t: Topology, node: int) -> None:
 
 def _nic_Bps(c: ClusterSpec, node: int) -> float:
     """Achievable bytes/s of one NIC of ``node`` (node groups may differ)."""
-    return c.node_nics(node)[0] / 8 * 1e9 * NIC_EFFICIENCY
+    return c.node_nics(node)[0] / 8 * 1e9 * c.gpu_of(node * c.gpus_per_node).nic_eff
 
 
 def _node_Bps(c: ClusterSpec, node: int) -> float:

@@ -26,15 +26,19 @@ from sim.errors import SpecError
 from sim.io import read_text
 from sim.spec.cluster import ClusterSpec
 
-__all__ = ["FACTORS", "BOUNDS", "ADDITIVE", "load_calibration", "apply_calibration",
-           "SCHEMA_VERSION"]
+__all__ = ["FACTORS", "BOUNDS", "ADDITIVE", "ANALYTIC_ONLY", "load_calibration",
+           "apply_calibration", "SCHEMA_VERSION"]
 
 SCHEMA_VERSION = 1
 # field -> (low, high): what a fit may move, and within what
 BOUNDS = {"gemm_eff_max": (0.2, 1.0), "attention_eff": (0.05, 1.0), "hbm_eff": (0.3, 1.0),
-          "comm_eff": (0.2, 1.0), "layer_overhead_us": (0.0, 5000.0)}
+          "comm_eff": (0.2, 1.0), "layer_overhead_us": (0.0, 5000.0),
+          "nic_eff": (0.02, 1.0), "comm_overlap": (0.05, 1.0)}
 FACTORS = tuple(BOUNDS)
 ADDITIVE = ("layer_overhead_us",)  # fitted in linear units, may rest at 0
+# factors the DES does not see: it runs collectives beside compute (comm_overlap > 0) or on
+# the compute's cores (0), with no share in between
+ANALYTIC_ONLY = ("comm_overlap",)
 
 
 def _check(factors: Any, where: str) -> dict[str, float]:

@@ -48,6 +48,10 @@ class HardwareSpec:
     # framework dispatch), µs; its backward twice that; 0 in the catalog: fitted by trainsim
     # calibrate (a profiled cost model measures it instead)
     layer_overhead_us: float = 0.0
+    # achievable fraction of the NICs' line rate for large messages (nccl-tests inter-node
+    # bus bandwidth is typically 90-95% of line rate); a calibration factor for stacks that
+    # reach less (trainsim calibrate)
+    nic_eff: float = 0.92
 
     def peak_tflops(self, dtype: str) -> float:
         """Dense tensor-core peak for a training dtype (fp32 training uses TF32 matmuls)."""
