@@ -53,6 +53,13 @@ def unsupported(spec: ModelSpec, plan: Plan) -> tuple[str, str] | None:
     if plan.micro_batches_per_replica is not None:
         return "plan.micro_batches_per_replica", ("micro_batches_per_replica is not run by the "
                                                   "executor: every replica takes the same batch")
+    if plan.grad_bytes != plan.activation_bytes:
+        return "plan.grad_reduce_dtype", (f"{plan.grad_reduce_dtype} is not run by the "
+                                          "executor: its DDP and FSDP reduce in the training "
+                                          "dtype")
+    if plan.moe_dispatch_dtype is not None:
+        return "plan.moe_dispatch_dtype", ("fp8 dispatch is not run by the executor: its "
+                                           "all-to-alls move the activation dtype")
     if plan.moe_overlap != "none":
         return "plan.moe_overlap", ("expert all-to-all overlap is not run by the executor "
                                     "(simulate it)")

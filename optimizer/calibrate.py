@@ -136,14 +136,19 @@ def fit(runs: list[Run], factors: tuple[str, ...] = FACTORS, prior: float = 0.05
     if bad or not factors:
         raise SpecError("--factors", f"each one of {', '.join(FACTORS)}, got "
                         f"{', '.join(bad) or 'none'}")
-    if fidelity == "des":  # the DES runs collectives beside compute or not, no share
-        if factors == FACTORS:
-            factors = tuple(f for f in factors if f not in ANALYTIC_ONLY)
-        elif blind := [f for f in factors if f in ANALYTIC_ONLY]:
-            raise SpecError("--factors", f"{', '.join(blind)} acts in the analytic tier only "
-                            "(the DES overlaps collectives fully or not at all): leave it out "
-                            "with --fidelity des")
-    device = runs[0].cluster.gpu
+    device, default = runs[0].cluster.gpu, factors == FACTORS
+    outside = [f for f in factors if not BOUNDS[f][0] <= getattr(device, f) <= BOUNDS[f][1]]
+    blind = [f for f in factors if f in ANALYTIC_ONLY] if fidelity == "des" else []
+    if default:  # what this device can have (cpu: no overlap) and this tier can see
+        factors = tuple(f for f in factors if f not in outside + blind)
+    elif outside:
+        f = outside[0]
+        raise SpecError("--factors", f"{f} is {getattr(device, f):g} on {device.name}, outside "
+                        f"its calibration range [{BOUNDS[f][0]}, {BOUNDS[f][1]}]: leave it out")
+    elif blind:  # the DES runs collectives beside compute or not, no share
+        raise SpecError("--factors", f"{', '.join(blind)} acts in the analytic tier only "
+                        "(the DES overlaps collectives fully or not at all): leave it out "
+                        "with --fidelity des")
     x0 = np.array([_to(f, getattr(device, f)) for f in factors])
     lo = np.array([_to(f, BOUNDS[f][0]) if f in ADDITIVE else math.log(BOUNDS[f][0])
                    for f in factors])
@@ -194,7 +199,8 @@ def _unstick(residual: Any, x: np.ndarray, lo: np.ndarray, hi: np.ndarray,
     for k in range(len(x)):
         step = np.zeros_like(x)
         step[k] = 1e-3 if x[k] + 1e-3 <= hi[k] else -1e-3
-        slope = (residual(x + step) - r)[:-len(x)] / step[k]  # the runs', not the prior's
+        # the runs' part (not the prior's), undoing the residual's 1/sqrt(runs)
+        slope = (residual(x + step) - r)[:-len(x)] / step[k] * math.sqrt(len(r) - len(x))
         if np.max(np.abs(slope)) >= 0.02:
             continue
         for v in np.linspace(lo[k], hi[k], points):

@@ -56,7 +56,9 @@ def test_a_stage_may_hold_no_layers():
     p = Plan(16, 2048, 1, dp=2, pp=4, layers_per_stage=(0, 16, 16, 0))
     assert layout(p, LLAMA) == "E|" + "t" * 16 + "|" + "t" * 16 + "|L"
     cluster = load_cluster("dgx-h100:1")
-    for z in (1, 3):
+    with pytest.raises(SpecError, match="no layers with zero_stage 3 is not modelled"):
+        simulate(LLAMA, load_cluster("dgx-h100:1"), dataclasses.replace(p, zero_stage=3))
+    for z in (0, 1):
         for split in ((0, 16, 16, 0), (16, 0, 16, 0)):
             q = dataclasses.replace(p, layers_per_stage=split, zero_stage=z)
             a = simulate(LLAMA, cluster, q).iteration_time_s
@@ -106,3 +108,34 @@ def test_fp8_dispatch_halves_the_forward_dispatch_only():
     from optimizer.export import export
     with pytest.raises(SpecError, match="plan.moe_dispatch_dtype"):
         export("megatron", q, m, c)
+
+
+def test_grad_reduce_dtype_reaches_sync_strategies_and_is_refused_where_not_modelled():
+    from executor.capabilities import unsupported
+    from sim.layout.sync import gradient
+    from sim.spec.workload import Layer, Workload
+
+    p16, p32 = _plan(), _plan(grad_reduce_dtype="fp32")
+    assert gradient(LLAMA, p32).raw_bytes == 2 * gradient(LLAMA, p16).raw_bytes
+    assert unsupported(LLAMA, p32)[0] == "plan.grad_reduce_dtype"
+    same = unsupported(LLAMA, _plan(dtype="fp32", grad_reduce_dtype="fp32"))
+    assert same is None or same[0] != "plan.grad_reduce_dtype"
+    toy = Workload("toy", tuple(Layer(f"l{i}", "Linear", (1024,), forward_flops=1.0,
+                                      backward_flops=2.0, boundary_bytes=64)
+                                for i in range(2)))
+    with pytest.raises(SpecError, match="plan.grad_reduce_dtype: is not modelled for workload"):
+        simulate(toy, H100, dataclasses.replace(p32, seq_len=1))
+
+
+def test_calibrating_a_cpu_run_leaves_overlap_out():
+    """cpu collectives share the compute's cores (comm_overlap 0): not a factor there."""
+    from optimizer.calibrate import Run, fit
+
+    c = load_cluster("cpu:2")
+    p = Plan(4, 128, 1, dp=2)
+    m = load_model("tiny")
+    t = simulate(m, c, p).iteration_time_s
+    cal = fit([Run(m, c, p, 1.1 * t, "cpu")])
+    assert "comm_overlap" not in cal["factors"]
+    with pytest.raises(SpecError, match="comm_overlap is 0 on cpu"):
+        fit([Run(m, c, p, 1.1 * t, "cpu")], factors=("comm_overlap",))

@@ -46,8 +46,7 @@ def check(plan: Plan, model: ModelSpec) -> None:
     if plan.pp > 1 and plan.schedule == "gpipe":
         raise SpecError("plan.schedule", "gpipe is not expressible in Megatron-LM: with pp > 1 "
                         "it runs 1F1B (or interleaved 1F1B)")
-    if plan.grad_bytes < DTYPE_BYTES[plan.dtype] or (
-            plan.dtype in ("bf16", "fp8") and plan.grad_reduce_dtype == "fp16"):
+    if plan.grad_reduce_dtype not in (None, "fp32", {"fp8": "bf16"}.get(plan.dtype, plan.dtype)):
         raise SpecError("plan.grad_reduce_dtype", f"{plan.grad_reduce_dtype} with {plan.dtype} "
                         "training is not expressible in Megatron-LM: gradients are reduced in "
                         "fp32, or in the parameters' dtype (--grad-reduce-in-bf16 under bf16)")

@@ -240,9 +240,8 @@ def _dp_costs(x: _Ctx, st: StageLayers, compute_s: float) -> _DPCost:
     if x.p.zero_stage == 3:  # gather per pass, reduce-scatter per micro-batch, prefetched
         passes = 2  # forward, backward (a recomputed forward reuses the backward's gather)
         comm_s = passes * both("all_gather") + both("reduce_scatter")
-        share = 1 / st.total if st.total else 1.0  # a rank of no layers: its embedding
-        first_layer_s = (passes * both("all_gather", share)
-                         + both("reduce_scatter", share))  # nothing to hide behind
+        first_layer_s = (passes * both("all_gather", 1 / st.total)
+                         + both("reduce_scatter", 1 / st.total))  # nothing to hide behind
         exposed, overlapped = _hide(comm_s - first_layer_s,
                                     (compute_s - first_layer_s) * x.overlap)
         return _DPCost(exposed + first_layer_s, overlapped)

@@ -56,6 +56,10 @@ def check_graph_plan(w: Workload, plan: Plan, cluster: ClusterSpec | None = None
                         "fp16)")
     if plan.micro_batches_per_replica is not None:
         raise SpecError("plan.micro_batches_per_replica", "is not modelled for workload graphs")
+    if plan.grad_reduce_dtype is not None:
+        raise SpecError("plan.grad_reduce_dtype", "is not modelled for workload graphs: their "
+                        "data parallelism moves what torch's DDP and FSDP do (fp32 under "
+                        "autocast, 16 bits under FSDP's mixed precision)")
     if plan.pp > len(w.layers):
         raise SpecError("plan.pp", f"{plan.pp} stages exceed the workload's "
                         f"{len(w.layers)} layers")
@@ -105,10 +109,7 @@ def _pack(cost: list[float], cap: float, stages: int) -> list[range]:
 def comm_bytes(plan: Plan) -> float:
     """Bytes per parameter element that data parallelism moves: bf16 training keeps fp32
     weights and gradients under autocast (DDP reduces fp32), except where FSDP's
-    mixed-precision policy gathers and reduces in bf16 (ZeRO-2/3); ``grad_reduce_dtype``
-    when the plan names one."""
-    if plan.grad_reduce_dtype is not None:
-        return float(plan.grad_bytes)
+    mixed-precision policy gathers and reduces in bf16 (ZeRO-2/3)."""
     return 2.0 if plan.dtype in ("bf16", "fp16") and plan.zero_stage >= 2 else 4.0
 
 

@@ -185,7 +185,7 @@ def _transient_bytes(m: ModelSpec, plan: Plan, st: StageLayers) -> float:
     out = 0.0
     if st.last:
         out += 6.0 * tokens * m.vocab_size / plan.tp  # logits in dtype and fp32 for the loss
-    if plan.recompute == "full":
+    if plan.recompute == "full" and st.total:  # a rank of no layers recomputes none
         out += layer_activation_bytes(m, plan, moe=st.moe > 0)
     if plan.zero_stage == 3:  # the current and the prefetched layer, gathered
         out += 2 * plan.activation_bytes * sum(layer_rank_params(m, plan, st.moe > 0))

@@ -141,7 +141,7 @@ def gradient(model: ModelSpec | Workload, plan: Plan, hidden: int | None = None)
     elements = sum(tensors)
     if elements <= 0:
         raise SpecError("model", "has no trainable parameters: nothing to synchronise")
-    grad = plan.activation_bytes  # gradients travel in the activation dtype
+    grad = plan.grad_bytes  # the plan's gradient-reduction dtype
     shape = (hidden, 4 * hidden) if hidden else None
     per = wire_bytes_per_element(plan.compression, grad, shape)
     return Gradient(elements, float(elements * grad), float(elements * per), len(tensors))

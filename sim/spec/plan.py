@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sim.errors import SpecError, field_name
+from sim.spec.batch import check_batch, check_schedule
 from sim.spec.experts import check_experts, check_experts_model, expert_tp
 from sim.spec.hardware import DTYPE_BYTES, DTYPES
 from sim.spec.limits import MAX_DEVICES, MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_SEQ_LEN, at_most
@@ -216,8 +217,8 @@ def validate(plan: Plan, model: ModelSpec | None = None, cluster: ClusterSpec | 
              ) -> None:
     """Every rule a plan must satisfy, alone and against a model and a cluster."""
     _check_fields(plan)
-    _check_batch(plan)
-    _check_schedule(plan)
+    check_batch(plan)
+    check_schedule(plan)
     _check_placement(plan)
     check_experts(plan)
     check_routing(plan)
@@ -290,57 +291,6 @@ def _check_lists(plan: Plan) -> None:
         raise SpecError("plan.collectives", "must be an object mapping group to algorithm")
 
 
-def _check_uneven(plan: Plan) -> None:
-    """An uneven micro-batch split: one count per replica, summing to the batch; replicas
-    meet only in the gradient reduction after their last backward (no ZeRO-2/3, no EP)."""
-    mbr, name = plan.micro_batches_per_replica, "plan.micro_batches_per_replica"
-    assert mbr is not None
-    if len(mbr) != plan.dp:
-        raise SpecError(name, f"must list dp = {plan.dp} counts, got {list(mbr)}")
-    if sum(mbr) * plan.micro_batch_size != plan.global_batch_size:
-        raise SpecError(name, f"sum {'+'.join(map(str, mbr))} = {sum(mbr)} micro-batches x "
-                        f"micro_batch_size {plan.micro_batch_size} != global_batch_size "
-                        f"{plan.global_batch_size}")
-    if plan.zero_stage > 1 or plan.ep > 1:
-        raise SpecError(name, f"needs zero_stage <= 1 and ep = 1 (replicas must not meet per "
-                        f"micro-batch), got zero_stage={plan.zero_stage}, ep={plan.ep}")
-    if plan.schedule == "interleaved-1f1b" and any(m % plan.pp for m in mbr):
-        raise SpecError(name, f"interleaved-1f1b needs every count a multiple of pp = "
-                        f"{plan.pp}, got {list(mbr)}")
-
-
-def _check_batch(plan: Plan) -> None:
-    per_step = plan.dp * plan.micro_batch_size
-    if plan.micro_batches_per_replica is not None:
-        _check_uneven(plan)
-    elif plan.global_batch_size % per_step:
-        raise SpecError("plan.global_batch_size", f"must be a multiple of dp*micro_batch_size = "
-                        f"{plan.dp}*{plan.micro_batch_size} = {per_step}, "
-                        f"got {plan.global_batch_size}")
-    if plan.cp > 1 and plan.seq_len % (2 * plan.cp):
-        raise SpecError("plan.seq_len", f"must be a multiple of 2*cp = {2 * plan.cp} for "
-                        f"load-balanced context parallelism, got {plan.seq_len}")
-    if plan.sequence_parallel and plan.seq_len // plan.cp % plan.tp:
-        raise SpecError("plan.seq_len", f"seq_len/cp = {plan.seq_len // plan.cp} must be a "
-                        f"multiple of tp = {plan.tp} with sequence parallelism")
-
-
-def _check_schedule(plan: Plan) -> None:
-    if plan.schedule == "interleaved-1f1b":
-        if plan.pp == 1 or plan.vpp < 2:
-            raise SpecError("plan.vpp", f"interleaved-1f1b needs pp > 1 and vpp >= 2, got "
-                            f"pp={plan.pp}, vpp={plan.vpp}")
-        m = plan.num_microbatches
-        if m % plan.pp and plan.micro_batches_per_replica is None:
-            raise SpecError("plan.global_batch_size", f"interleaved-1f1b needs micro-batches a "
-                            f"multiple of pp: global_batch_size/(dp*micro_batch_size) = "
-                            f"{plan.global_batch_size}/({plan.dp}*{plan.micro_batch_size}) = "
-                            f"{m}, {m} % {plan.pp} != 0")
-    elif plan.vpp != 1:
-        raise SpecError("plan.vpp", f"must be 1 unless schedule is interleaved-1f1b, got "
-                        f"{plan.vpp} with {plan.schedule}")
-
-
 def _check_placement(plan: Plan) -> None:
     p = plan.placement
     if isinstance(p, str):
@@ -381,6 +331,10 @@ def _check_layers(plan: Plan, m: ModelSpec) -> None:
     if len(lps) != stages:
         raise SpecError("plan.layers_per_stage", f"must list pp*vpp = {stages} counts, got "
                         f"{list(lps)}")
+    if plan.zero_stage == 3 and 0 in lps:
+        raise SpecError("plan.layers_per_stage", "a stage of no layers with zero_stage 3 is "
+                        "not modelled (which rank gathers the embedding's and output's "
+                        f"weights differs between the tiers), got {list(lps)}")
     if sum(lps) != m.num_layers:
         raise SpecError("plan.layers_per_stage", f"sum {'+'.join(map(str, lps))} = {sum(lps)} "
                         f"!= model.num_layers = {m.num_layers}")
