@@ -139,3 +139,22 @@ def test_calibrating_a_cpu_run_leaves_overlap_out():
     assert "comm_overlap" not in cal["factors"]
     with pytest.raises(SpecError, match="comm_overlap is 0 on cpu"):
         fit([Run(m, c, p, 1.1 * t, "cpu")], factors=("comm_overlap",))
+
+
+def test_the_exchange_kernels_sms_slow_the_compute_they_hide_behind():
+    """DeepEP's 20 of H100's 132 SMs: each hidden second of exchange costs 20/132 s."""
+    m, c = load_model("mixtral-8x7b"), load_cluster("dgx-h100:2")
+    p = Plan(64, 4096, 1, dp=16, ep=8, zero_stage=1, moe_overlap="a2a",
+             moe_dispatcher="deepep", moe_comm_sms=0)
+    for fidelity in ("analytic", "des"):
+        free = simulate(m, c, p, fidelity=fidelity)
+        held = simulate(m, c, dataclasses.replace(p, moe_comm_sms=None), fidelity=fidelity)
+        hidden = free.communication["ep"]["overlapped_s"]
+        extra = held.iteration_time_s - free.iteration_time_s
+        assert hidden > 0 and extra == pytest.approx(hidden * 20 / 132, rel=0.25)
+    with pytest.raises(SpecError, match="fewer than the 132 SMs"):
+        simulate(m, c, dataclasses.replace(p, moe_comm_sms=132))
+    with pytest.raises(SpecError, match="plan.moe_comm_sms: must be null or an integer"):
+        dataclasses.replace(p, moe_comm_sms=-1)
+    from optimizer.export.megatron import megatron_args
+    assert "--moe-deepep-num-sms 24" in megatron_args(dataclasses.replace(p, moe_comm_sms=24), m)

@@ -75,6 +75,8 @@ def _moe_args(m: ModelSpec, plan: Plan) -> list[str]:
                   "allgather": ["--moe-token-dispatcher-type allgather"],
                   "deepep": ["--moe-token-dispatcher-type flex",
                              "--moe-flex-dispatcher-backend deepep"]}[plan.moe_dispatcher]
+    if plan.moe_dispatcher == "deepep" and plan.moe_comm_sms is not None:
+        dispatcher.append(f"--moe-deepep-num-sms {plan.moe_comm_sms}")
     args = [f"--num-experts {m.num_experts}", f"--moe-router-topk {m.top_k}",
             f"--moe-ffn-hidden-size {m.expert_ffn}", *dispatcher,
             f"--moe-layer-freq [{','.join(map(str, freq))}]",

@@ -29,6 +29,7 @@ from sim.result import Timing
 from sim.spec.cluster import ClusterSpec
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
+from sim.spec.routing import comm_sms
 
 __all__ = ["StageCost", "Timing", "stage_costs", "analytic_iteration"]
 
@@ -195,14 +196,24 @@ def _ep_stage(x: _Ctx, st: StageLayers, rank: int, k: float) -> tuple[float, flo
         hidden = [e.shared_forward, e.shared_backward] + ([e.shared_forward] if full else [])
         exposed = sum(max(0.0, st.moe * (one - k * h))
                       for one, h in zip(each, hidden, strict=True))
-        return exposed, total - exposed
+        return _sm_share(x, exposed, total - exposed)
     if x.p.moe_overlap != "a2a" or total == 0:
         return total, 0.0
     compute = k * _stage_compute(x, st)
     passes = x.p.num_microbatches * x.p.vpp
     alone = min(1.0, max(warmup_forwards(x.p, rank), 1) / passes)
     exposed = alone * total + (1 - alone) * max(0.0, total - compute)
-    return exposed, total - exposed
+    return _sm_share(x, exposed, total - exposed)
+
+
+def _sm_share(x: _Ctx, exposed: float, hidden: float) -> tuple[float, float]:
+    """While the exchange runs beside compute its kernels hold ``S`` of the GPU's ``N``
+    SMs, so that compute runs at ``(N - S) / N``: each hidden second costs ``S / N`` of a
+    second, counted as exposed."""
+    sms, total = comm_sms(x.p), x.c.gpu.sm_count
+    if not sms or not total:
+        return exposed, hidden
+    return exposed + hidden * sms / total, hidden
 
 
 def _stage_compute(x: _Ctx, st: StageLayers) -> float:

@@ -20,6 +20,7 @@ from sim.layout.placement import group_span
 from sim.layout.routing import dispatches
 from sim.layout.stages import edge_tp_collectives, tp_blocks
 from sim.spec.experts import expert_tp
+from sim.spec.routing import comm_sms
 
 __all__ = ["Layers"]
 
@@ -79,8 +80,11 @@ class Layers:
                 t0 = x.env.now
                 chain = x.env.process(self._ep_chain(u, tag + (i,), forward))
                 yield from x.compute(u, hide[i], f"shared expert {tag}")
+                ended = cast(float, chain.value) if chain.triggered else x.env.now
+                beside = min(x.env.now, ended) - t0
                 yield from x.wait(u, "ep", chain, "ep (beside the shared expert)")
                 x.acct[u].comm_total["ep"] += cast(float, chain.value) - t0
+                yield from self._sm_share(u, beside)
             else:
                 for j, parts in enumerate(self._dispatches(forward)):
                     yield from self.comm.blocking_all(u, "ep", parts, tag + (i, "ep", j))
@@ -105,6 +109,7 @@ class Layers:
         chains = self.merged.pop(u)
         if not chains:
             return
+        waited = x.env.now
         yield from x.wait(u, "ep", simpy.AllOf(x.env, [c for _, c in chains]),
                           "ep (merged step)")
         busy, reach = 0.0, float("-inf")  # seconds with any all-to-all of the step running
@@ -112,6 +117,17 @@ class Layers:
             busy += max(0.0, end - max(t0, reach))
             reach = max(reach, end)
         x.acct[u].comm_total["ep"] += busy
+        yield from self._sm_share(u, busy - (x.env.now - waited))
+
+    def _sm_share(self, u: Unit, beside: float) -> Proc:
+        """Compute that ran ``beside`` seconds next to the exchange had ``S`` of the GPU's
+        ``N`` SMs taken by its kernels: ``beside x S / N`` more seconds of it, counted as
+        exposed expert-parallel time (as the analytic tier does)."""
+        x = self.x
+        sms, total = comm_sms(x.p), x.c.gpu.sm_count
+        if sms and total and beside > 0:
+            yield from x.wait(u, "ep", x.env.timeout(beside * sms / total),
+                              "ep (its kernels' SMs slow the compute beside it)")
 
     def _shared(self, moe: bool, backward: bool) -> tuple[float, ...]:
         """Per comm pass, the shared-expert seconds that hide its all-to-alls (``shared-expert``

@@ -52,6 +52,9 @@ class HardwareSpec:
     # bus bandwidth is typically 90-95% of line rate); a calibration factor for stacks that
     # reach less (trainsim calibrate)
     nic_eff: float = 0.92
+    # streaming multiprocessors (AMD: compute units); communication kernels that run beside
+    # compute take some of them (plan.moe_comm_sms); 0: none (cpu)
+    sm_count: float = 0.0
 
     def peak_tflops(self, dtype: str) -> float:
         """Dense tensor-core peak for a training dtype (fp32 training uses TF32 matmuls)."""

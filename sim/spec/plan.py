@@ -98,6 +98,9 @@ class Plan:
     # MoE: the forward dispatch's dtype, `fp8` (DeepEP's: E4M3 with an fp32 scale per 128
     # channels; the combine and the backward stay 16-bit) or null (the activation dtype)
     moe_dispatch_dtype: str | None = None
+    # MoE: SMs the dispatch and combine kernels hold while they run beside compute (overlap);
+    # null: DeepEP's default 20 for `deepep`, none for the NCCL dispatchers (not modelled)
+    moe_comm_sms: int | None = None
 
     def __post_init__(self) -> None:
         coerce_sync(self)
@@ -350,6 +353,10 @@ def _check_cluster(plan: Plan, c: ClusterSpec) -> None:
     if nvls and (c.intra_node.kind != "nvswitch" or not c.gpu.nvls_eff):
         raise SpecError(f"plan.collectives.{nvls[0]}", f"nvls needs NVSwitch in-switch "
                         f"reduction, which {c.gpu.name} on {c.intra_node.kind} does not have")
+    sms = min(g.sm_count for g in {c.gpu, *(g.gpu for g in c.node_groups)})
+    if plan.moe_comm_sms and sms and plan.moe_comm_sms >= sms:
+        raise SpecError("plan.moe_comm_sms", f"{plan.moe_comm_sms} must be fewer than the "
+                        f"{sms:g} SMs of {c.gpu.name}")
 
 
 # Files ------------------------------------------------------------------------------------

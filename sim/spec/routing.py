@@ -17,7 +17,19 @@ if TYPE_CHECKING:
 # as Any: naming Plan here would be an import circle).
 Plan = Any
 
-__all__ = ["check_routing", "check_routing_model", "routing_is_balanced", "DISPATCHERS"]
+__all__ = ["check_routing", "check_routing_model", "routing_is_balanced", "comm_sms",
+           "DISPATCHERS", "DEEPEP_SMS"]
+
+# SMs DeepEP's normal kernels take: its Buffer's default num_sms, and Megatron-LM's
+# moe_deepep_num_sms default (megatron-core 0.16)
+DEEPEP_SMS = 20
+
+
+def comm_sms(plan: Plan) -> int:
+    """SMs the expert dispatch and combine hold while running (see ``Plan.moe_comm_sms``)."""
+    if plan.moe_comm_sms is not None:
+        return int(plan.moe_comm_sms)
+    return DEEPEP_SMS if plan.moe_dispatcher == "deepep" else 0
 
 # How tokens reach their experts (sim.layout.routing): Megatron-LM's all-to-all and
 # all-gather token dispatchers, and DeepEP (node-deduplicated, NVLink-forwarded).
@@ -57,6 +69,10 @@ def check_routing(plan: Plan) -> None:
     if plan.moe_dispatch_dtype is not None and plan.ep == 1:
         raise SpecError("plan.moe_dispatch_dtype", "fp8 dispatch needs expert parallelism "
                         "(ep > 1)")
+    s = plan.moe_comm_sms
+    if s is not None and (isinstance(s, bool) or not isinstance(s, int) or not 0 <= s <= 1024):
+        raise SpecError("plan.moe_comm_sms", f"must be null or an integer in 0..1024 (SMs the "
+                        f"dispatch kernels hold), got {s!r}")
     c = plan.moe_capacity_factor
     if c is not None and _number("plan.moe_capacity_factor", c) <= 0:
         raise SpecError("plan.moe_capacity_factor", f"must be > 0 (an expert's capacity over "

@@ -36,7 +36,7 @@ def cmd_plan_new(args: argparse.Namespace) -> int:
 
     fields.update(section_fields(args))
     for k in ("moe_max_load", "moe_capacity_factor", "moe_dispatcher", "moe_dispatch_dtype",
-              "moe_overlap"):
+              "moe_comm_sms", "moe_overlap"):
         if getattr(args, k) is not None:
             fields[k] = getattr(args, k)
     plan = Plan.from_dict(fields)
@@ -94,6 +94,9 @@ def add_plan_parser(sub: Any) -> None:
     new.add_argument("--moe-dispatch-dtype", choices=["fp8"],
                      help="MoE: dispatch tokens in fp8 in the forward (DeepEP's: an fp32 scale "
                      "per 128 channels; the combine and the backward stay 16-bit)")
+    new.add_argument("--moe-comm-sms", type=int, metavar="S",
+                     help="MoE: SMs the dispatch and combine kernels hold while they run "
+                     "beside compute (default: 20 for deepep, none for the NCCL dispatchers)")
     new.add_argument("--moe-overlap", choices=["none", "shared-expert", "a2a"],
                      help="MoE: what hides the expert all-to-alls: the shared expert, or "
                      "another micro-batch's compute (a2a) (default none)")
