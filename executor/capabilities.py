@@ -14,19 +14,16 @@ __all__ = ["unsupported"]
 
 def unsupported(spec: ModelSpec, plan: Plan) -> tuple[str, str] | None:
     """(field, rule) of the first model or plan feature the worker does not run, or None."""
+    return _model(spec, plan) or _experts(spec, plan) or _plan(plan)
+
+
+def _model(spec: ModelSpec, plan: Plan) -> tuple[str, str] | None:
     if spec.is_mla:
         return "model.kv_lora_rank", ("multi-head latent attention is simulated only: the "
                                       "executor's model builds standard attention")
     if spec.num_mtp_layers:
         return "model.num_mtp_layers", ("multi-token prediction is simulated only: the "
                                         "executor's model does not build it (set it to 0)")
-    if plan.moe_dispatcher != "alltoall":
-        return "plan.moe_dispatcher", (f"{plan.moe_dispatcher} is simulated only: the "
-                                       "executor dispatches tokens with all-to-all")
-    if not routing_is_balanced(plan):
-        return "plan.moe_max_load", ("routing other than forced balance (moe_max_load, "
-                                     "moe_expert_load, moe_capacity_factor) is simulated only: "
-                                     "the executor's router decides its own load")
     if spec.qk_norm != "none":
         return "model.qk_norm", (f"{spec.qk_norm}: the executor's model has no query/key norms "
                                  "(it would run a different model than the one simulated)")
@@ -41,6 +38,34 @@ def unsupported(spec: ModelSpec, plan: Plan) -> tuple[str, str] | None:
     if plan.seq_len > spec.max_seq_len:
         return "plan.seq_len", (f"{plan.seq_len} exceeds model.max_seq_len "
                                 f"{spec.max_seq_len}, the longest the executor's model builds")
+    return None
+
+
+def _experts(spec: ModelSpec, plan: Plan) -> tuple[str, str] | None:
+    if plan.moe_dispatcher != "alltoall":
+        return "plan.moe_dispatcher", (f"{plan.moe_dispatcher} is simulated only: the "
+                                       "executor dispatches tokens with all-to-all")
+    if not routing_is_balanced(plan):
+        return "plan.moe_max_load", ("routing other than forced balance (moe_max_load, "
+                                     "moe_expert_load, moe_capacity_factor) is simulated only: "
+                                     "the executor's router decides its own load")
+    if plan.moe_dispatch_dtype is not None:
+        return "plan.moe_dispatch_dtype", ("fp8 dispatch is not run by the executor: its "
+                                           "all-to-alls move the activation dtype")
+    if plan.moe_overlap != "none":
+        return "plan.moe_overlap", ("expert all-to-all overlap is not run by the executor "
+                                    "(simulate it)")
+    if is_folded(plan):
+        return "plan.etp", ("a folded expert grid (etp != tp, or expert groups beyond the "
+                            "data-parallel ranks) is not run by the executor yet (simulate it)")
+    if spec.is_moe and plan.tp > 1:
+        return "plan.tp", "the executor runs MoE models with tp = 1 only"
+    if plan.ep > 1 and plan.zero_stage > 0:
+        return "plan.zero_stage", "the executor runs expert parallelism with zero_stage 0 only"
+    return None
+
+
+def _plan(plan: Plan) -> tuple[str, str] | None:
     if plan.dtype not in ("bf16", "fp32"):
         return "plan.dtype", (f"{plan.dtype} is not run by the executor: it trains in bf16 "
                               "(mixed precision) or fp32")
@@ -57,21 +82,8 @@ def unsupported(spec: ModelSpec, plan: Plan) -> tuple[str, str] | None:
         return "plan.grad_reduce_dtype", (f"{plan.grad_reduce_dtype} is not run by the "
                                           "executor: its DDP and FSDP reduce in the training "
                                           "dtype")
-    if plan.moe_dispatch_dtype is not None:
-        return "plan.moe_dispatch_dtype", ("fp8 dispatch is not run by the executor: its "
-                                           "all-to-alls move the activation dtype")
-    if plan.moe_overlap != "none":
-        return "plan.moe_overlap", ("expert all-to-all overlap is not run by the executor "
-                                    "(simulate it)")
-    if is_folded(plan):
-        return "plan.etp", ("a folded expert grid (etp != tp, or expert groups beyond the "
-                            "data-parallel ranks) is not run by the executor yet (simulate it)")
     if plan.cp > 1:
         return "plan.cp", "context parallelism is not run by the executor yet (simulate it)"
-    if spec.is_moe and plan.tp > 1:
-        return "plan.tp", "the executor runs MoE models with tp = 1 only"
-    if plan.ep > 1 and plan.zero_stage > 0:
-        return "plan.zero_stage", "the executor runs expert parallelism with zero_stage 0 only"
     if plan.tp > 1 and plan.dp > 1 and plan.zero_stage < 2:
         return "plan.zero_stage", ("with tp > 1 and dp > 1 the executor shards with FSDP2: "
                                    "use zero_stage 2 or 3")
