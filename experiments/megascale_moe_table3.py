@@ -66,14 +66,12 @@ def plan_for(gpus: int, fields: dict[str, object]) -> Plan:
                    "dp": gpus // (8 * PP), "zero_stage": 1, **fields})  # type: ignore[arg-type]
 
 
-def published() -> dict[tuple[int, str], float]:
+def published() -> tuple[dict[tuple[int, str], float], dict[int, float]]:
+    """The published iteration times by (GPUs, system), and the speedup column by GPUs."""
     with DATA.open() as f:
-        return {(int(r["gpus"]), r["system"]): float(r["iteration_s"])
-                for r in csv.DictReader(f)}
-
-
-with DATA.open() as _f:
-    SPEEDUP = {int(r["gpus"]): float(r["speedup"]) for r in csv.DictReader(_f) if r["speedup"]}
+        rows = list(csv.DictReader(f))
+    return ({(int(r["gpus"]), r["system"]): float(r["iteration_s"]) for r in rows},
+            {int(r["gpus"]): float(r["speedup"]) for r in rows if r["speedup"]})
 
 
 def table(tiers: tuple[str, ...]) -> pd.DataFrame:
@@ -81,7 +79,7 @@ def table(tiers: tuple[str, ...]) -> pd.DataFrame:
     flops = megatron_flops_per_token(model, SEQ) * GBS * SEQ
     print(f"model: {param_count(model) / 1e9:.2f}B parameters, "
           f"{megatron_flops_per_token(model, SEQ) / 1e9:.1f} GFLOP a token", flush=True)
-    pub, rows = published(), []
+    pub, rows = published()[0], []
     for gpus in sorted({g for g, _ in pub}):
         cluster = load_cluster(f"hgx-h800:{gpus // 8}")
         for (system, variant), fields in VARIANTS.items():
@@ -107,14 +105,14 @@ def table(tiers: tuple[str, ...]) -> pd.DataFrame:
 
 def ratios(df: pd.DataFrame, tier: str) -> pd.DataFrame:
     """Megatron-LM's step over MegaScale-MoE's: published, and the band the variants span."""
-    col = f"{tier}_step_s"
+    col, speedup = f"{tier}_step_s", published()[1]
     out = []
     for gpus, g in df.groupby("gpus"):
         meg, ms = g[g.system == "Megatron-LM"], g[g.system == "MegaScale-MoE"]
         out.append({"gpus": gpus, "tier": tier,
                     # the paper's speedup column is the tokens/s ratio; its iteration times
                     # give a slightly different one (240 GPUs: 1.81 against 1.85)
-                    "published_speedup": SPEEDUP[gpus],
+                    "published_speedup": speedup[gpus],
                     "published_ratio": meg.published_step_s.iloc[0] / ms.published_step_s.iloc[0],
                     "predicted_ratio_low": meg[col].min() / ms[col].max(),
                     "predicted_ratio_high": meg[col].max() / ms[col].min()})

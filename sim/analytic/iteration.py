@@ -29,7 +29,7 @@ from sim.result import Timing
 from sim.spec.cluster import ClusterSpec
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
-from sim.spec.routing import comm_sms
+from sim.spec.routing import comm_sm_share
 
 __all__ = ["StageCost", "Timing", "stage_costs", "analytic_iteration"]
 
@@ -210,10 +210,7 @@ def _sm_share(x: _Ctx, exposed: float, hidden: float) -> tuple[float, float]:
     """While the exchange runs beside compute its kernels hold ``S`` of the GPU's ``N``
     SMs, so that compute runs at ``(N - S) / N``: each hidden second costs ``S / N`` of a
     second, counted as exposed."""
-    sms, total = comm_sms(x.p), x.c.gpu.sm_count
-    if not sms or not total:
-        return exposed, hidden
-    return exposed + hidden * sms / total, hidden
+    return exposed + hidden * comm_sm_share(x.p, x.c.gpu.sm_count), hidden
 
 
 def _stage_compute(x: _Ctx, st: StageLayers) -> float:

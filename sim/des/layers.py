@@ -20,7 +20,7 @@ from sim.layout.placement import group_span
 from sim.layout.routing import dispatches
 from sim.layout.stages import edge_tp_collectives, tp_blocks
 from sim.spec.experts import expert_tp
-from sim.spec.routing import comm_sms
+from sim.spec.routing import comm_sm_share
 
 __all__ = ["Layers"]
 
@@ -124,9 +124,9 @@ class Layers:
         ``N`` SMs taken by its kernels: ``beside x S / N`` more seconds of it, counted as
         exposed expert-parallel time (as the analytic tier does)."""
         x = self.x
-        sms, total = comm_sms(x.p), x.c.gpu.sm_count
-        if sms and total and beside > 0:
-            yield from x.wait(u, "ep", x.env.timeout(beside * sms / total),
+        share = comm_sm_share(x.p, x.c.gpu.sm_count)
+        if share and beside > 0:
+            yield from x.wait(u, "ep", x.env.timeout(beside * share),
                               "ep (its kernels' SMs slow the compute beside it)")
 
     def _shared(self, moe: bool, backward: bool) -> tuple[float, ...]:

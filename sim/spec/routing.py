@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 Plan = Any
 
 __all__ = ["check_routing", "check_routing_model", "routing_is_balanced", "comm_sms",
+           "comm_sm_share",
            "DISPATCHERS", "DEEPEP_SMS"]
 
 # SMs DeepEP's normal kernels take: its Buffer's default num_sms, and Megatron-LM's
@@ -30,6 +31,13 @@ def comm_sms(plan: Plan) -> int:
     if plan.moe_comm_sms is not None:
         return int(plan.moe_comm_sms)
     return DEEPEP_SMS if plan.moe_dispatcher == "deepep" else 0
+
+
+def comm_sm_share(plan: Plan, sm_count: float) -> float:
+    """Seconds of compute lost per second of exchange run beside it: ``S / N`` of a GPU's
+    ``N`` SMs held by the exchange's kernels (0 where either is unknown)."""
+    sms = comm_sms(plan)
+    return sms / sm_count if sms and sm_count else 0.0
 
 # How tokens reach their experts (sim.layout.routing): Megatron-LM's all-to-all and
 # all-gather token dispatchers, and DeepEP (node-deduplicated, NVLink-forwarded).
