@@ -5,8 +5,10 @@ Run: ``.venv/bin/python experiments/validate_executor_cpu.py [--db DIR] [--round
 1. Profiles this machine unless ``--db`` names a profile of it, into
    ``runs/executor-profile``: ``trainsim profile comm --nproc 2`` up to 64 MiB first, then
    the compute profile of ``tiny`` (``trainsim profile compute --model tiny``, one thread, the
-   other core kept busy as in a two-rank run) **once per round, just before that round's
-   runs**. Each shape keeps its median pass over the rounds (``profiler.compute.
+   other core kept busy as in a two-rank run) and the TP plans' whole layers and output
+   heads run over two ranks as the executor runs them (``trainsim profile tp``; not with
+   ``--no-tp-rows``) **once per round, just before that round's runs**. Each shape keeps
+   its median pass over the rounds (``profiler.compute.
    merge_passes``). A shared VM's speed wanders by more than the targets within minutes;
    interleaved, the profile and the runs it predicts sample the same minutes.
 2. Runs the eight two-rank plans of :func:`executor.suite.suite_plans` on ``cpu:2`` with
@@ -63,11 +65,14 @@ def profile_comm(db: Path) -> None:
     profile(["comm", "--nproc", "2", "--max-bytes", str(64 << 20), "--rounds", "5"], db)
 
 
-def profile_compute_pass(db: Path, r: int) -> Path:
+def profile_compute_pass(db: Path, r: int, tp_rows: bool = True) -> Path:
     """One pass of the ``tiny`` compute profile into its own DB; its device folder."""
     root = db / "passes" / f"round-{r + 1}"
     shutil.rmtree(root, ignore_errors=True)
     profile(["compute", "--model", "tiny"], root)
+    if tp_rows:  # the TP plans' layers and heads as they run over two ranks
+        profile(["tp", "--model", "tiny", "--tp", "2", "--micro-batch", "4", "--seq-len",
+                 "512", "--sp", "both"], root)
     return device_dir(root, device_name("cpu"))
 
 
@@ -81,6 +86,8 @@ def _args() -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--no-tp-rows", action="store_true", help="do not profile whole TP "
+                    "layers over two ranks (trainsim profile tp) before each round")
     ap.add_argument("--repredict", action="store_true", help="keep the measured columns of "
                     f"{OUT.name} and predict again with the current simulator (after a "
                     "model change; needs --db, the profile that run used)")
@@ -112,7 +119,7 @@ def measure(args: argparse.Namespace, db: Path, plans: dict[str, Plan]
     runs: dict[str, dict] = {}
     for r in range(args.rounds):
         if not args.db:
-            passes.append(profile_compute_pass(db, r))
+            passes.append(profile_compute_pass(db, r, not args.no_tp_rows))
         for name, plan in plans.items():
             t0 = time.time()
             res = execute(model, plan, steps=args.steps, warmup=args.warmup)

@@ -17,7 +17,8 @@ from sim.spec.experts import expert_tp
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
 
-__all__ = ["LayerTime", "layer_time", "ops_layer_time", "logits_time", "embedding_time",
+__all__ = ["LayerTime", "layer_time", "ops_layer_time", "logits_time", "ops_logits_time",
+           "embedding_time",
            "expert_time",
            "optimizer_time", "layer_variant", "variant_layer"]
 
@@ -172,22 +173,37 @@ def ops_layer_time(cm: CostModel, m: ModelSpec, plan: Plan, moe: bool = False) -
     return LayerTime(rest[0] + core[0], rest[1] + core[1], core[0], core[1], *shared)
 
 
-def logits_time(cm: CostModel, m: ModelSpec, plan: Plan) -> float:
-    """Forward + backward of the final norm, output projection and cross-entropy loss; with
-    multi-token prediction also each module's two input norms, ``2h -> h`` projection, and
-    its own norm, output projection and loss (its layer is timed with the layers)."""
+def _head(cm: CostModel, m: ModelSpec, plan: Plan) -> Cost:
+    """Final norm, output projection and cross-entropy loss."""
     tokens = plan.local_tokens
     local = tokens / (plan.tp if plan.sequence_parallel else 1)
     loss = "loss-parallel" if plan.tp > 1 else "loss"  # vocab-parallel: unfused passes
     dt, h = plan.activation_dtype, m.hidden_size
-    parts = _add(cm.elementwise(m.norm, local, h, dt),
-                 cm.gemm(tokens, m.vocab_size / plan.tp, h, plan.dtype),
-                 cm.elementwise(loss, tokens, m.vocab_size / plan.tp, dt))
+    return _add(cm.elementwise(m.norm, local, h, dt),
+                cm.gemm(tokens, m.vocab_size / plan.tp, h, plan.dtype),
+                cm.elementwise(loss, tokens, m.vocab_size / plan.tp, dt))
+
+
+def ops_logits_time(cm: CostModel, m: ModelSpec, plan: Plan) -> float:
+    """Forward + backward of one output head as the plain sum of its operations."""
+    return sum(_head(cm, m, plan))
+
+
+def logits_time(cm: CostModel, m: ModelSpec, plan: Plan) -> float:
+    """Forward + backward of the final norm, output projection and cross-entropy loss (times
+    the measured whole-head/operation-sum ratio where the cost model has TP heads profiled
+    as they run); with multi-token prediction also each module's two input norms, ``2h ->
+    h`` projection, and its own norm, output projection and loss (its layer is timed with
+    the layers)."""
+    factor = getattr(cm, "head_factor", None)
+    head = ops_logits_time(cm, m, plan) * (factor(m, plan) if factor is not None else 1.0)
     if not m.num_mtp_layers:
-        return parts[0] + parts[1]
-    mtp = _add(parts, _scale(cm.elementwise(m.norm, local, h, dt), 2),
-               cm.gemm(tokens, h / plan.tp, 2 * h, plan.dtype))
-    return parts[0] + parts[1] + m.num_mtp_layers * (mtp[0] + mtp[1])
+        return head
+    local = plan.local_tokens / (plan.tp if plan.sequence_parallel else 1)
+    h = m.hidden_size
+    extra = _add(_scale(cm.elementwise(m.norm, local, h, plan.activation_dtype), 2),
+                 cm.gemm(plan.local_tokens, h / plan.tp, 2 * h, plan.dtype))
+    return head + m.num_mtp_layers * (head + sum(extra))
 
 
 def embedding_time(cm: CostModel, m: ModelSpec, plan: Plan) -> float:

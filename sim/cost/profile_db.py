@@ -8,7 +8,11 @@ each holding ``meta.json`` and CSV tables with units in their column names:
   ``(m x k) @ (k x n)``; ``attention`` (batch*heads, seq, head_dim), causal; element-wise ops
   (tokens, width); ``embedding`` (tokens, hidden, vocab); ``optimizer`` (numel); ``layer``
   (tokens, hidden, tp) is a whole transformer layer on one TP rank, its structure in
-  ``variant`` (:func:`sim.cost.compute.layer_variant`).
+  ``variant`` (:func:`sim.cost.compute.layer_variant`); ``tp-layer`` and ``tp-layer-sp``
+  (tokens, hidden, tp) the same layer run over ``tp`` ranks with its TP collectives
+  (without and with sequence parallelism), ``tp-head`` and ``tp-head-sp`` (tokens, hidden,
+  vocab) the final norm, vocab-parallel output and loss so run, variant ``tp=T;norm=N``
+  (:mod:`executor.layer_profile`).
 * ``comm.csv``: one row per (collective, backend, fabric, group_size, size_bytes) with
   ``time_median_s`` and nccl-tests style ``algbw_GBps`` and ``busbw_GBps``.
 * ``comm_fit.csv``: ``alpha_s, beta_s_per_byte`` per (collective, backend, fabric,
@@ -54,7 +58,8 @@ from sim.spec.cluster import COMPUTE_STATS
 __all__ = ["ProfileDB", "load_profile_db", "COMPUTE_STATS", "calibration_key",
            "resolve_device_dir", "tables_dir", "profile_files", "user_home",
            "user_profiles_root", "shipped_profiles_root", "segment_time", "insitu_overhead",
-           "COMPUTE_COLUMNS", "COMM_COLUMNS", "FIT_COLUMNS", "INSITU_COLUMNS", "SHAPE_DIMS"]
+           "COMPUTE_COLUMNS", "COMM_COLUMNS", "FIT_COLUMNS", "INSITU_COLUMNS", "SHAPE_DIMS",
+           "WHOLE_OPS"]
 
 COMPUTE_COLUMNS = ["op", "variant", "dtype", "grid", "m", "n", "k", "fwd_median_s",
                    "fwd_p10_s", "fwd_p90_s", "bwd_median_s", "bwd_p10_s", "bwd_p90_s",
@@ -69,7 +74,10 @@ OPTIONAL_COLUMNS = {"quality"}  # absent from tables written before it was added
 INSITU_COLUMNS = ["collective", "backend", "fabric", "group_size", "size_bytes", "isolated_s",
                   "insitu_s", "overhead_s", "burst_s", "repeats"]
 # How many of (m, n, k) each op uses.
-SHAPE_DIMS = {"gemm": 3, "attention": 3, "embedding": 3, "optimizer": 1, "layer": 3}
+SHAPE_DIMS = {"gemm": 3, "attention": 3, "embedding": 3, "optimizer": 1, "layer": 3,
+              "tp-layer": 3, "tp-layer-sp": 3, "tp-head": 3, "tp-head-sp": 3}
+# whole layers and heads: not building blocks (no roofline rate is fitted to them)
+WHOLE_OPS = ("layer", "tp-layer", "tp-layer-sp", "tp-head", "tp-head-sp")
 
 
 def calibration_key(stat: str) -> str:

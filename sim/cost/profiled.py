@@ -24,6 +24,7 @@ from pathlib import Path
 
 from sim.cost.costmodel import Cost, CostModel, Roofline, op_bytes, op_flops, roofline_for
 from sim.cost.profile_db import (
+    WHOLE_OPS,
     Key,
     Point,
     ProfileDB,
@@ -98,7 +99,7 @@ def fit_roofline(db: ProfileDB, hw: HardwareSpec) -> Roofline:
         elif op == "attention":
             attn[dtype] = _median_rate([(2.0 * s[0] * s[1] ** 2 * s[2], t) for s, t in points],
                                        attn.get(dtype, 0.0))
-        elif op not in ("embedding", "optimizer", "layer"):
+        elif op not in ("embedding", "optimizer", *WHOLE_OPS):
             stream += [(op_bytes(op, s[0], s[1], dtype), t) for s, t in points]
     mem = _median_rate([p for p in stream if p[0] >= 1e6], base.mem_Bps)
     return Roofline(gemm, base.gemm_dim_half, mem, attn)
@@ -122,7 +123,15 @@ class Profiled:
         return self._extrapolated
 
     def layer_factor(self, m: ModelSpec, plan: Plan) -> Cost:
-        """(forward, backward) ratio of measured whole layers to their operations' sum."""
+        """(forward, backward) ratio of measured whole layers to their operations' sum: of
+        layers run over the plan's TP ranks (``tp-layer`` rows, :mod:`sim.cost.whole`) when
+        the profile has them at its TP degree and sequence parallelism, else of
+        single-process layers at the nearest profiled TP degree."""
+        if plan.tp > 1:
+            hit = self._tp_hit("tp-layer", plan, (float(plan.local_tokens),
+                                                  float(m.hidden_size)))
+            if hit is not None:
+                return hit
         tables = self._layer_tables(plan.dtype)
         if not tables:
             return 1.0, 1.0
@@ -157,6 +166,65 @@ class Profiled:
         out = {tp: (table, _axes(table)) for tp, table in ratios.items()}
         self._layer_cache[dtype] = out
         return out
+
+    def head_factor(self, m: ModelSpec, plan: Plan) -> float:
+        """Ratio of measured TP output heads (``tp-head`` rows) to their operations' sum,
+        at the plan's TP degree and sequence parallelism; 1 without such rows."""
+        if plan.tp == 1:
+            return 1.0
+        hit = self._tp_hit("tp-head", plan, (float(plan.local_tokens), float(m.hidden_size),
+                                             float(m.vocab_size)))
+        return hit[0] if hit is not None else 1.0
+
+    def _tp_hit(self, op: str, plan: Plan, point: Point) -> tuple[float, float] | None:
+        """The correction of ``op`` rows at the plan's TP degree, interpolated at ``point``
+        (held at the edges of the measured range); None without rows."""
+        op += "-sp" if plan.sequence_parallel else ""
+        tables = self._tp_tables(op, plan.dtype)
+        if plan.tp not in tables:
+            return None
+        table, axes = tables[plan.tp]
+        point = tuple(min(max(v, axis[0]), axis[-1]) for v, axis in
+                      zip(point, axes, strict=True))
+        return interpolate(table, point, axes)
+
+    def _tp_tables(self, op: str, dtype: str) -> dict[int, tuple[Table, list[list[float]]]]:
+        """Per TP degree: shape -> correction, from every usable ``op`` row."""
+        key = f"{op}/{dtype}"
+        if key in self._layer_cache:
+            return self._layer_cache[key]
+        plain = Profiled(self.db, self.fallback)
+        ratios: dict[int, Table] = {}
+        for (o, variant, dt), grids in self._compute.items():
+            if o != op or dt != dtype:
+                continue
+            for table in grids.values():
+                for shape, times in table.items():
+                    hit = self._tp_row(plain, op, variant, dt, shape, times)
+                    if hit is None:
+                        self._note(f"{op} (no measured TP collective fit to take out)",
+                                   shape, dt)
+                        continue
+                    ratios.setdefault(hit[0], {})[hit[1]] = hit[2]
+        out = {tp: (table, _axes(table)) for tp, table in ratios.items()}
+        self._layer_cache[key] = out
+        return out
+
+    def _tp_row(self, plain: Profiled, op: str, variant: str, dt: str, shape: Point,
+                times: tuple[float, float]) -> tuple[int, Point, tuple[float, float]] | None:
+        """(TP degree, table point, correction) of one ``tp-layer`` / ``tp-head`` row."""
+        from sim.cost.compute import variant_layer
+        from sim.cost.whole import head_spec, tp_head_ratio, tp_layer_ratio
+
+        (tokens, hidden, third), k = shape, self.db.compute_scale
+        t, h, sp = int(tokens), int(hidden), op.endswith("-sp")
+        if op.startswith("tp-layer"):
+            spec, seq = variant_layer(variant, h)
+            r = tp_layer_ratio(plain, spec, seq, t, int(third), sp, dt, times, k)
+            return None if r is None else (int(third), (tokens, hidden), r)
+        hr = tp_head_ratio(plain, variant, t, h, int(third), sp, dt, times, k)
+        tp = head_spec(variant, h, int(third), t)[1]
+        return None if hr is None else (tp, shape, (hr, hr))
 
     def _lookup(self, key: Key, shape: Point) -> tuple[float, float] | None:
         grids = self._compute.get(key, {})

@@ -1,0 +1,60 @@
+"""``trainsim profile tp``: whole TP layers and output heads timed over torchrun ranks as the
+executor runs them (:mod:`executor.layer_profile`)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from sim.errors import SpecError
+
+__all__ = ["add_tp_parser"]
+
+_SP = {"off": [False], "on": [True], "both": [False, True]}
+
+
+def cmd_tp(args: argparse.Namespace) -> int:
+    from executor.layer_profile import run_tp_profile
+    from sim.spec.zoo import load_model
+
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SpecError("--device", "cuda requested but torch sees no CUDA device here")
+    model = load_model(args.model)
+    seqs = args.seq_len or [min(512, model.max_seq_len)]
+    dtype = args.dtype or ("fp32" if args.device == "cpu" else "bf16")
+    folder, rows = run_tp_profile(model, args.tp, args.micro_batch or [1, 2, 4], seqs,
+                                  _SP[args.sp], args.db, args.device, dtype, args.passes,
+                                  timeout_s=args.timeout)
+    for r in rows:
+        print(f"{r['op']:<12} tokens {r['m']:>7} hidden {r['n']:>6} {r['variant'][:24]:<24} "
+              f"forward {r['fwd_median_s'] * 1e3:9.2f} ms  backward "
+              f"{r['bwd_median_s'] * 1e3:9.2f} ms")
+    print(f"wrote {len(rows)} rows to {folder / 'compute.csv'}")
+    return 0
+
+
+def add_tp_parser(psub: Any, int_list: Any, int_at_least: Any, positive_seconds: Any,
+                  default_db: str) -> None:
+    t = psub.add_parser("tp", help="time whole tensor-parallel layers and output heads over "
+                        "torchrun ranks, as the executor runs them (DTensor, loss_parallel)")
+    t.add_argument("--model", required=True, help="zoo name or config.json of a dense model")
+    t.add_argument("--tp", type=int_at_least(2), default=2, help="TP degree: ranks started "
+                   "(default 2)")
+    t.add_argument("--micro-batch", type=int_list, help="micro-batch sizes (default 1,2,4)")
+    t.add_argument("--seq-len", type=int_list, help="sequence lengths (default 512, or the "
+                   "model's limit)")
+    t.add_argument("--sp", choices=sorted(_SP), default="both", help="sequence parallelism "
+                   "(default both)")
+    t.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="default cpu "
+                   "(gloo, one thread and core per rank); cuda uses NCCL")
+    t.add_argument("--dtype", choices=["fp32", "bf16", "fp16"],
+                   help="default fp32 on cpu, bf16 on cuda")
+    t.add_argument("--passes", type=int_at_least(1), default=1, help="separate runs over all "
+                   "shapes; each keeps its median pass (default 1)")
+    t.add_argument("--timeout", type=positive_seconds, default=1800.0, help="seconds before "
+                   "every rank is stopped (default 1800)")
+    t.add_argument("--db", default=default_db, help=f"profile DB root (default {default_db}/)")
+    t.set_defaults(func=cmd_tp)
