@@ -62,7 +62,11 @@ def profile(args: list[str], db: Path) -> None:
 
 
 def profile_comm(db: Path) -> None:
-    profile(["comm", "--nproc", "2", "--max-bytes", str(64 << 20), "--rounds", "5"], db)
+    # a size range fitted worse than 25% is stored flagged (and warned about) rather than
+    # ending the run: run 2 of 2026-12-05 stopped here on all_gather at 16-64 MiB, sizes
+    # the suite's plans never send
+    profile(["comm", "--nproc", "2", "--max-bytes", str(64 << 20), "--rounds", "5",
+             "--accept-poor-fit"], db)
 
 
 def profile_compute_pass(db: Path, r: int, tp_rows: bool = True) -> Path:

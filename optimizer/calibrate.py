@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from optimizer.logs import iteration_s_from_log
+from optimizer.traces import iteration_s_from_trace
 from sim import simulate
 from sim.errors import SpecError
 from sim.spec.calibration import (
@@ -61,16 +62,17 @@ class Run:
 def load_runs(path: Path) -> list[Run]:
     """The runs of a CSV, each checked (one line naming the row and column if not). A run's
     time is ``measured_iteration_s``, or a Megatron-LM or torchtitan training ``log`` (a
-    path; :mod:`optimizer.logs`)."""
+    path; :mod:`optimizer.logs`), or a PyTorch profiler ``trace`` (a path;
+    :mod:`optimizer.traces`)."""
     if not path.is_file():
         raise SpecError("runs", f"no such file: {path}")
     with path.open(newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
     need = COLUMNS[:3]
     if not rows or any(c not in rows[0] for c in need) or not (
-            "measured_iteration_s" in rows[0] or "log" in rows[0]):
+            {"measured_iteration_s", "log", "trace"} & set(rows[0])):
         raise SpecError("runs", f"{path.name} needs a header with {', '.join(need)} and "
-                        "measured_iteration_s or log, and at least one run")
+                        "measured_iteration_s, log or trace, and at least one run")
 
     def local(ref: str) -> str:
         p = path.parent / ref
@@ -78,9 +80,9 @@ def load_runs(path: Path) -> list[Run]:
 
     out = []
     for i, row in enumerate(rows):
-        plan = load_plan(local(row["plan"]))
-        out.append(Run(load_any(local(row["model"])), load_cluster(local(row["cluster"])),
-                       plan, _time(row, plan, i, path, local),
+        plan, model = load_plan(local(row["plan"])), load_any(local(row["model"]))
+        out.append(Run(model, load_cluster(local(row["cluster"])), plan,
+                       _time(row, plan, model, i, path, local),
                        row.get("label") or f"row {i + 2}"))
     devices = {r.cluster.gpu.name for r in out}
     if len(devices) > 1:
@@ -89,8 +91,11 @@ def load_runs(path: Path) -> list[Run]:
     return out
 
 
-def _time(row: dict[str, str], plan: Plan, i: int, path: Path, local: Any) -> float:
-    """A row's measured iteration time: its number, or what its log reports."""
+def _time(row: dict[str, str], plan: Plan, model: ModelSpec | Workload, i: int, path: Path,
+          local: Any) -> float:
+    """A row's measured iteration time: its number, or what its log or trace reports."""
+    if row.get("trace"):
+        return iteration_s_from_trace(Path(local(row["trace"])), model, f"runs[{i}].trace")
     if row.get("log"):
         return iteration_s_from_log(Path(local(row["log"])), plan, f"runs[{i}].log")
     text = row.get("measured_iteration_s") or ""
@@ -100,7 +105,8 @@ def _time(row: dict[str, str], plan: Plan, i: int, path: Path, local: Any) -> fl
         t = math.nan
     if not (math.isfinite(t) and t > 0):
         raise SpecError(f"runs[{i}].measured_iteration_s", f"row {i + 2} of {path.name}: "
-                        f"must be a positive number of seconds (or give a log), got {text!r}")
+                        f"must be a positive number of seconds (or give a log or trace), got "
+                        f"{text!r}")
     return t
 
 

@@ -9,14 +9,13 @@ self time (nested operators are not counted twice). Pure JSON parsing: no torch 
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sim.errors import SpecError
-from sim.io import read_text
+from sim.io import read_chrome_trace
 
 __all__ = ["TraceSummary", "summarize_trace", "collective_kind"]
 
@@ -84,17 +83,6 @@ class TraceSummary:
                 "collectives": self.rows("collectives")}
 
 
-def _events(path: Path) -> list[dict[str, Any]]:
-    try:
-        data = json.loads(read_text(path, "trace"))
-    except json.JSONDecodeError as exc:
-        raise SpecError("trace", f"{path} is not valid JSON: {exc}") from None
-    events = data.get("traceEvents") if isinstance(data, dict) else data
-    if not isinstance(events, list):
-        raise SpecError("trace", f"{path} has no traceEvents list (not a Chrome trace)")
-    return [e for e in events if isinstance(e, dict) and e.get("ph") == "X" and "dur" in e]
-
-
 def _self_times(events: list[dict[str, Any]]) -> list[float]:
     """Each event's duration minus that of the events directly nested in it (same thread)."""
     order = sorted(range(len(events)), key=lambda i: (events[i].get("pid"), events[i].get("tid"),
@@ -116,7 +104,7 @@ def _self_times(events: list[dict[str, Any]]) -> list[float]:
 
 
 def summarize_trace(path: str | Path) -> TraceSummary:
-    events = _events(Path(path))
+    events = read_chrome_trace(Path(path), "trace")
     if not events:
         raise SpecError("trace", f"{path} holds no complete ('X') events")
     kind = "kernel" if any(e.get("cat") == "kernel" for e in events) else "cpu_op"

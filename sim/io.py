@@ -12,7 +12,8 @@ from pathlib import Path
 
 from sim.errors import SpecError
 
-__all__ = ["read_text", "atomic_write_text", "atomic_write_files", "table_fields"]
+__all__ = ["read_text", "atomic_write_text", "atomic_write_files", "table_fields",
+           "read_chrome_trace"]
 
 
 def table_fields(data: dict, key: str, cls: type) -> dict:
@@ -53,6 +54,21 @@ def read_text(path: Path, what: str) -> str:
         raise SpecError(what, f"no such file: {path}") from None
     except OSError as exc:
         raise SpecError(what, f"cannot read {path}: {exc.strerror}") from None
+
+
+def read_chrome_trace(path: Path, what: str) -> list[dict]:
+    """The complete (``ph: X``) events of a Chrome trace (what torch.profiler's
+    ``export_chrome_trace`` writes); ``what`` names the input in errors."""
+    import json
+
+    try:
+        data = json.loads(read_text(path, what))
+    except json.JSONDecodeError as exc:
+        raise SpecError(what, f"{path} is not valid JSON: {exc}") from None
+    events = data.get("traceEvents") if isinstance(data, dict) else data
+    if not isinstance(events, list):
+        raise SpecError(what, f"{path} has no traceEvents list (not a Chrome trace)")
+    return [e for e in events if isinstance(e, dict) and e.get("ph") == "X" and "dur" in e]
 
 
 def _file_mode() -> int:

@@ -66,8 +66,9 @@ def add_calibrate_parser(sub: Any) -> None:
                        "attention, HBM and collective efficiencies) to measured iteration "
                        "times by least squares in relative error with a prior toward the "
                        "catalog; write a calibration file for --calibration.")
-    p.add_argument("runs", type=Path, help="CSV: model, cluster, plan, measured_iteration_s "
-                   "[, label]; paths relative to the CSV")
+    p.add_argument("runs", type=Path, help="CSV: model, cluster, plan and "
+                   "measured_iteration_s, a Megatron-LM/torchtitan log or a torch profiler "
+                   "trace [, label]; paths relative to the CSV")
     p.add_argument("--out", type=Path, help="calibration file to write (.json)")
     p.add_argument("--factors", metavar="LIST", help="which to fit (default all: "
                    "gemm_eff_max,attention_eff,hbm_eff,comm_eff)")

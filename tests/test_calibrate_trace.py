@@ -1,0 +1,108 @@
+"""trainsim calibrate from PyTorch profiler (Kineto) traces: the iteration time from the
+ProfilerStep spans of a real trace, checked against the run's model."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from executor.model import Transformer
+from optimizer.calibrate import load_runs
+from optimizer.traces import iteration_s_from_trace
+from sim.errors import SpecError
+from sim.spec.plan import Plan
+from sim.spec.zoo import load_model
+from trainsim.cli import main
+
+TINY = load_model("tiny")
+SEQ = 64
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory) -> tuple[Path, list[float]]:
+    """A real trace of five training steps of ``tiny`` (one rank, cpu), and the steps'
+    wall-clock times measured beside it."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    torch.manual_seed(0)
+    model = Transformer(TINY, SEQ)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = torch.randint(0, TINY.vocab_size, (2, SEQ))
+    walls = []
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True,
+                 schedule=schedule(wait=0, warmup=1, active=5, repeat=1)) as prof:
+        for _ in range(6):
+            t0 = time.perf_counter()
+            loss = F.cross_entropy(model(ids).flatten(0, 1), ids.flatten())
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            walls.append(time.perf_counter() - t0)
+            prof.step()
+    path = tmp_path_factory.mktemp("trace") / "rank0.json"
+    prof.export_chrome_trace(str(path))
+    return path, walls[1:]
+
+
+def test_a_real_trace_gives_its_steps_median(trace) -> None:
+    path, walls = trace
+    t = iteration_s_from_trace(path, TINY)
+    assert 0.5 * statistics.median(walls) < t < 2.0 * statistics.median(walls)
+
+
+def test_a_trace_of_another_model_is_refused(trace) -> None:
+    with pytest.raises(SpecError, match="^trace: rank0.json is a trace of another model"):
+        iteration_s_from_trace(trace[0], load_model("llama3-8b"))
+
+
+def _synthetic(path: Path, steps: list[float], shapes: bool = True) -> Path:
+    events = [{"ph": "X", "name": f"ProfilerStep#{i + 3}", "cat": "user_annotation",
+               "ts": 1e6 * i, "dur": 1e6 * s} for i, s in enumerate(steps)]
+    events += [{"ph": "X", "name": "ProfilerStep#3", "cat": "gpu_user_annotation", "ts": 0,
+                "dur": 9e9}]  # the GPU's copy of a step span: not the CPU's
+    gemm = {"ph": "X", "name": "aten::mm", "cat": "cpu_op", "ts": 1, "dur": 5}
+    if shapes:
+        gemm["args"] = {"Input Dims": [[128, 256], [256, 704]]}
+    path.write_text(json.dumps({"traceEvents": events + [gemm]}))
+    return path
+
+
+def test_the_first_step_is_left_out_and_gpu_spans_ignored(tmp_path: Path) -> None:
+    p = _synthetic(tmp_path / "t.json", [9.0, 1.0, 1.2, 1.1])
+    assert iteration_s_from_trace(p, TINY) == pytest.approx(1.1)
+    two = _synthetic(tmp_path / "two.json", [2.0, 1.0])
+    assert iteration_s_from_trace(two, TINY) == pytest.approx(1.5)
+    bare = _synthetic(tmp_path / "bare.json", [1.0, 1.0], shapes=False)
+    assert iteration_s_from_trace(bare, load_model("llama3-8b")) == 1.0  # no shapes: no check
+
+
+@pytest.mark.parametrize("text, match", [
+    ('{"traceEvents": []}', "no ProfilerStep#N spans"),
+    ("{not json", "not valid JSON"),
+    ('{"events": 1}', "no traceEvents list"),
+])
+def test_bad_traces_are_one_line_errors(tmp_path: Path, text: str, match: str) -> None:
+    p = tmp_path / "t.json"
+    p.write_text(text)
+    with pytest.raises(SpecError, match=match):
+        iteration_s_from_trace(p, TINY)
+
+
+def test_a_runs_csv_may_name_traces(tmp_path: Path, trace, capsys) -> None:  # noqa: ANN001
+    plan = Plan(global_batch_size=2, seq_len=SEQ, micro_batch_size=2, dtype="fp32")
+    (tmp_path / "p.json").write_text(json.dumps(plan.to_dict()))
+    runs = tmp_path / "runs.csv"
+    runs.write_text(f"model,cluster,plan,trace\ntiny,cpu:1,p.json,{trace[0]}\n")
+    assert load_runs(runs)[0].measured_s == iteration_s_from_trace(trace[0], TINY)
+    runs.write_text(f"model,cluster,plan,trace\nllama3-8b,cpu:1,p.json,{trace[0]}\n")
+    out = tmp_path / "cal.json"
+    assert main(["calibrate", str(runs), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "runs[0].trace" in err[0] and "another model" in err[0]
+    assert not out.exists()
