@@ -1,79 +1,160 @@
-"""Calibrate on one torchtitan H100 run, predict its sibling (issue 19).
+"""torchtitan's published H100 runs: uncalibrated with their stack, then calibrated on one run
+of a family and the others predicted (issue 19).
 
-Run: ``.venv/bin/python experiments/calibrate_torchtitan.py`` (seconds). Writes
-``experiments/results/calibrate_torchtitan.csv``.
+Run: ``.venv/bin/python experiments/calibrate_torchtitan.py`` (about a minute). Writes
+``experiments/results/calibrate_torchtitan.csv`` (every run) and
+``experiments/results/calibrate_torchtitan_loo.csv`` (each run as the calibration).
 
-Data: torchtitan's published Llama 3.1 8B FSDP rows (``../shared/data/
-torchtitan_h100_benchmarks.csv``, cited there: pytorch/torchtitan benchmarks, 2024-12): 8
-and 128 GPUs, 2 sequences of 8,192 tokens a GPU (torchtitan's default sequence length; the
-table does not restate it), selective activation checkpointing, in three stacks: BF16 eager,
-BF16 + torch.compile, Float8 + compile. Measured: tokens/s a GPU, so an iteration is
-``2 x 8,192 / tps`` seconds. Plans: FSDP as ZeRO-3 over every GPU, micro-batch 2,
-selective recompute, bf16 or fp8. The parts are Grand Teton H100s (96 GB HBM2e at 500 W),
-not in the catalog: the closest, ``h100-sxm5-80gb`` in ``dgx-h100`` nodes, stands in, and
-the calibration absorbs the difference along with the stack's.
+Data: every row of ``../shared/data/torchtitan_h100_benchmarks.csv`` whose batch is
+published (pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md and
+asyncTP_llama3_h100_2025-06_torchtitan.md), on Meta's Grand Teton (``grand-teton``: H100
+96 GB HBM2e at 2.4 TB/s and a 500 W power limit, 400 Gb/s RDMA a GPU). Sequence 8,192
+tokens (torchtitan's Llama 3 default; the tables do not restate it). Plans as torchtitan
+runs them: FSDP as ZeRO-3 over the data-parallel ranks; TP with sequence parallelism; the
+local batch as one micro-batch without a pipeline. The stack is the row's:
+``torchtitan-eager`` or ``torchtitan-compile`` (``sim/data/stacks.toml``), whose two fitted
+values come from the 8-GPU 8B rows' ratios (``experiments/fit_stacks.py``).
 
-A *family* is one stack (same model, same part): calibrating on its 8-GPU row predicts its
-128-GPU row and the other way round (all five factors, the default prior).
+Assumed where the benchmark does not say (marked in the table):
+* 405B, 126 layers on PP 8: the layers as even as they go (16 on the first six stages, 15
+  on the last two); micro-batches = pipeline stages (torchtitan's default): 8 of 4
+  sequences for 1F1B; interleaved with 2 stages a rank, 16 of 2.
+* Async TP (the 70B "+ AsyncTP" rows, all 405B rows): not modelled; predicted as vanilla TP.
+* The 2025-06 70B rows: the 2024-12 70B configuration (local batch 16, full AC), BF16 +
+  compile.
+
+Families share model family, stack and cluster: ``torchtitan-eager`` (the two 8B eager
+rows) and ``torchtitan-compile`` (every compile row, 8B to 405B, BF16 and Float8); and, as
+in the earlier study, the narrower families of the 8B FSDP rows, one precision mode each at
+8 and 128 GPUs. For each run of a family: a calibration fitted to it alone (the default
+factors and prior, as ``trainsim calibrate --on-one``), and the others' errors under it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
-from optimizer.calibrate import Run, calibrate_on_one
+from optimizer.calibrate import Run, _errors, fit
 from sim import load_cluster, simulate
+from sim.errors import SpecError
 from sim.io import atomic_write_text
 from sim.spec.plan import Plan
 from sim.spec.zoo import load_any
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "torchtitan_h100_benchmarks.csv"
-STACKS = {"BF16 eager": "bf16", "BF16 + torch.compile": "bf16", "BF16 + compile": "bf16",
-          "Float8 + compile": "fp8"}
-FAMILY = {"BF16 eager": "bf16-eager", "BF16 + torch.compile": "bf16-compile",
-          "BF16 + compile": "bf16-compile", "Float8 + compile": "fp8-compile"}
+RESULTS = ROOT / "experiments" / "results"
+SEQ = 8192
+MODELS = {"8B": "llama3-8b", "70B": "llama3-70b", "405B": "llama3-405b"}
 
 
-def runs() -> dict[str, list[Run]]:
+def _stack(mode: str) -> tuple[str, str]:
+    """(stack, dtype) of a published precision mode."""
+    dtype = "fp8" if mode.startswith("Float8") else "bf16"
+    return ("torchtitan-eager" if "eager" in mode else "torchtitan-compile"), dtype
+
+
+def _plan(row: pd.Series, dtype: str) -> tuple[Plan, str]:
+    """The run's plan and what was assumed for it."""
+    gpus, par = int(row["gpus"]), str(row["parallelism"])
+    ac = str(row["activation_ckpt"])
+    local, recompute = int(row["local_batch"]), (
+        "selective" if "selective" in ac or "SAC" in ac else "full")
+    tp = 8 if "TP8" in par else 1
+    pp = 8 if "PP8" in par else 1
+    dp = gpus // tp // pp
+    common = {"global_batch_size": local * dp, "seq_len": SEQ, "dp": dp, "tp": tp,
+              "zero_stage": 3, "recompute": recompute, "dtype": dtype,
+              "sequence_parallel": tp > 1}
+    mode = f"{par} {row['precision_mode']}".lower()
+    notes = ["async TP as vanilla"] if "async" in mode else []
+    if pp == 1:
+        return Plan(**common, micro_batch_size=local), "; ".join(notes)
+    vpp = 2 if "interleaved" in par else 1
+    stages = pp * vpp
+    base, extra = divmod(126, stages)
+    layers = (base + 1,) * extra + (base,) * (stages - extra)
+    plan = Plan(**common, pp=pp, vpp=vpp, micro_batch_size=local // stages,
+                schedule="interleaved-1f1b" if vpp > 1 else "1f1b", layers_per_stage=layers)
+    notes.append(f"{stages} micro-batches of {local // stages}, layers {layers[0]}/"
+                 f"{layers[-1]} a stage")
+    return plan, "; ".join(notes)
+
+
+def runs() -> tuple[list[Run], list[str], list[str]]:
+    """Every run with a published batch, its family and its assumptions."""
     df = pd.read_csv(DATA)
-    rows = df[df["model"].eq("Llama 3.1 8B") & df["parallelism"].eq("FSDP")]
-    model = load_any("llama3-8b")
-    out: dict[str, list[Run]] = {}
-    for r in rows.itertuples():
-        gpus = int(r.gpus)
-        plan = Plan(global_batch_size=2 * gpus, seq_len=8192, dp=gpus, micro_batch_size=2,
-                    zero_stage=3, recompute="selective", dtype=STACKS[r.precision_mode])
-        measured = 2 * 8192 / float(r.tokens_per_s_per_gpu)
-        out.setdefault(FAMILY[r.precision_mode], []).append(
-            Run(model, load_cluster(f"dgx-h100:{gpus // 8}"), plan, measured,
-                f"{FAMILY[r.precision_mode]} {gpus} GPUs"))
+    out, families, notes = [], [], []
+    for _, row in df.iterrows():
+        if not str(row["local_batch"]).isdigit() or not str(row["gpus"]).isdigit():
+            continue  # batch not published
+        size = str(row["model"]).split()[2]  # Llama 3.1 8B, Llama 3 70B (2025-06)
+        stack, dtype = _stack(str(row["precision_mode"]))
+        plan, note = _plan(row, dtype)
+        gpus = int(row["gpus"])
+        cluster = dataclasses.replace(load_cluster(f"grand-teton:{gpus // 8}"), stack=stack)
+        # a step's tokens a GPU (a data-parallel rank's batch over its tp x pp GPUs) over
+        # the published tokens a second a GPU
+        measured = int(row["local_batch"]) * SEQ / (plan.tp * plan.pp) \
+            / float(row["tokens_per_s_per_gpu"])
+        label = f"{size} {row['parallelism']} {gpus} GPUs {row['precision_mode']}"
+        out.append(Run(load_any(MODELS[size]), cluster, plan, measured, label))
+        families.append(stack)
+        notes.append(note)
+    return out, families, notes
+
+
+def _on_one(rs: list[Run], families: list[str], grouping: str) -> list[dict[str, object]]:
+    """Each run of a family (of two or more) as the calibration, the others predicted."""
+    out: list[dict[str, object]] = []
+    for fam in sorted(set(families) - {""}):
+        members = [r for r, f in zip(rs, families, strict=True) if f == fam]
+        for i, run in enumerate(members if len(members) > 1 else []):
+            row = {"grouping": grouping, "family": fam, "calibrated_on": run.label}
+            try:
+                cal = fit([run])
+            except SpecError as e:
+                out.append({**row, "refused": str(e).split(":")[0]})
+                continue
+            errs = np.abs(_errors(members[:i] + members[i + 1:], cal, "analytic"))
+            out.append({**row, "others_mean_pct": 100 * errs.mean(),
+                        "others_worst_pct": 100 * errs.max(), "refused": "",
+                        **{f"factor_{k}": v for k, v in cal["factors"].items()}})
     return out
 
 
 def main() -> int:
-    rows = []
-    for family, rs in runs().items():
-        base = {r.label: simulate(r.model, r.cluster, r.plan).iteration_time_s / r.measured_s
-                - 1 for r in rs}
-        for res in calibrate_on_one(rs):
-            rows.append({"family": family, "calibrated_on": res["calibrated_on"],
-                         "others_error": res["mean_error"],
-                         "uncalibrated_error_of_others": sum(
-                             abs(v) for k, v in base.items() if k != res["calibrated_on"])
-                         / (len(base) - 1), **{f"factor_{k}": v
-                                                for k, v in res["factors"].items()}})
-    df = pd.DataFrame(rows)
-    print(df[["family", "calibrated_on", "uncalibrated_error_of_others", "others_error"]]
-          .to_string(index=False, float_format=lambda x: f"{x:.1%}"))
-    print(f"calibrated on one row of its family: mean |error| {df['others_error'].mean():.1%}"
-          f", worst {df['others_error'].max():.1%} (uncalibrated "
-          f"{df['uncalibrated_error_of_others'].mean():.1%}; target 10%)")
-    atomic_write_text(ROOT / "experiments" / "results" / "calibrate_torchtitan.csv",
-                      df.to_csv(index=False))
+    rs, families, notes = runs()
+    table = pd.DataFrame({"run": [r.label for r in rs], "family": families,
+                          "measured_s": [r.measured_s for r in rs],
+                          "predicted_s": [simulate(r.model, r.cluster, r.plan).iteration_time_s
+                                          for r in rs], "assumed": notes})
+    table["error_pct"] = 100 * (table["predicted_s"] / table["measured_s"] - 1)
+    # the 8B FSDP rows also in the narrower families of the earlier study: one precision mode
+    narrow = ["8B " + r.label.split('GPUs ')[1].replace('torch.compile', 'compile')
+              if r.label.startswith("8B FSDP ")
+              else "" for r in rs]
+    loo_df = pd.DataFrame(_on_one(rs, families, "stack") + _on_one(rs, narrow, "8B mode"))
+    atomic_write_text(RESULTS / "calibrate_torchtitan.csv",
+                      table.to_csv(index=False, float_format="%.4g"))
+    atomic_write_text(RESULTS / "calibrate_torchtitan_loo.csv",
+                      loo_df.to_csv(index=False, float_format="%.4g"))
+    print(table.drop(columns="assumed").to_string(index=False, float_format="%.3g"))
+    for fam, part in table.groupby("family"):
+        print(f"{fam}: uncalibrated mean |error| {part['error_pct'].abs().mean():.1f}%, "
+              f"worst {part['error_pct'].abs().max():.1f}%")
+    print(loo_df[["grouping", "family", "calibrated_on", "others_mean_pct",
+                  "others_worst_pct", "refused"]].to_string(index=False, float_format="%.1f"))
+    for grouping, part in loo_df.groupby("grouping", sort=False):
+        ok = part[part["refused"] == ""]
+        print(f"families by {grouping}, calibrated on one run: others' mean |error| "
+              f"{ok['others_mean_pct'].mean():.1f}% over {len(ok)} calibrations (worst "
+              f"{ok['others_worst_pct'].max():.1f}%); {len(part) - len(ok)} refused")
     return 0
 
 

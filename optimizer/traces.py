@@ -3,8 +3,8 @@
 A trace taken with ``torch.profiler.profile(schedule=..., record_shapes=True)`` and
 ``prof.step()`` once an iteration marks every recorded iteration with a ``ProfilerStep#N``
 span on the CPU (``export_chrome_trace`` writes it; with a schedule that repeats, the
-profiler keeps only the last cycle's events unless ``acc_events=True``). The iteration time is the median of
-those spans, the first left out when there are more than two (as for logs,
+profiler keeps only the last cycle's events unless ``acc_events=True``). The iteration time
+is the median of those spans, the first left out when there are more than two (as for logs,
 :mod:`optimizer.logs`: the profiler's own start-up lands there). One rank's trace is one
 run: ranks wait for each other every iteration, so any rank's steps time the iteration.
 

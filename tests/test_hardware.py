@@ -14,9 +14,10 @@ REQUIRED = ("a100-sxm4-80gb", "h100-sxm5-80gb", "h200-sxm-141gb", "b200", "mi300
 def test_catalog_has_every_device_and_field():
     cat = catalog()
     assert set(REQUIRED) <= set(cat)
+    assert all(hw.stack == "" for hw in cat.values())  # a stack is a cluster's choice
     for hw in cat.values():
         for f in fields(HardwareSpec):
-            if f.name not in ("name", "fp8_tflops", "bf16_tflops"):
+            if f.name not in ("name", "stack", "fp8_tflops", "bf16_tflops"):
                 assert not math.isnan(getattr(hw, f.name)), (hw.name, f.name)
 
 

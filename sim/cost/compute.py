@@ -213,5 +213,6 @@ def embedding_time(cm: CostModel, m: ModelSpec, plan: Plan) -> float:
 
 
 def optimizer_time(cm: CostModel, params: float) -> float:
-    """One Adam step over ``params`` local parameters."""
-    return cm.optimizer(params)
+    """One Adam step over ``params`` local parameters, and the step's fixed cost (a software
+    stack's: data loading, gradient clipping, launches; 0 unless a stack sets it)."""
+    return cm.optimizer(params) + getattr(cm, "step_overhead_s", 0.0)

@@ -5,7 +5,9 @@ Two implementations of one interface (every method returns ``(forward_s, backwar
 * :class:`Roofline` — from rates: a GEMM runs at ``gemm_flops · Π d/(d + dim_half)`` over
   its three dimensions or at the memory roofline if slower; element-wise operations stream
   their bytes at ``mem_Bps``; fused attention runs at ``attention_flops`` on the causal half.
-  Backward = 2× forward (2.5× for fused attention, which recomputes the scores).
+  Backward = 2× forward (2.5× for fused attention, which recomputes the scores). A software
+  stack (:mod:`sim.spec.stack`) scales element-wise time (fusion) and adds fp8 casts to
+  fp8 GEMMs, a fixed cost per layer and per step.
   :func:`roofline_for` takes the rates from the hardware catalog.
 * :class:`Profiled` (in :mod:`sim.cost.profiled`) — measured times from a profile DB,
   interpolated in log space, falling back to a :class:`Roofline` fitted to the profile.
@@ -74,6 +76,9 @@ class Roofline:
     attention_flops: dict[str, float]
     _extrapolated: set[str] = field(default_factory=set)
     layer_overhead_s: float = 0.0  # a layer's fixed forward cost (backward: twice)
+    step_overhead_s: float = 0.0  # a training step's fixed cost beside the optimizer's
+    elementwise_scale: float = 1.0  # element-wise time relative to one kernel each
+    fp8_cast_bytes: float = 0.0  # bytes per element to quantise an fp8 GEMM operand
 
     @property
     def extrapolated(self) -> set[str]:
@@ -88,7 +93,10 @@ class Roofline:
                                                * self.gemm_efficiency(m, n, k))
         memory = (m * k + k * n + m * n) * batch * DTYPE_BYTES[dtype] / self.mem_Bps
         fwd = max(compute, memory)
-        return fwd, BACKWARD_FACTOR * fwd
+        if dtype != "fp8" or not self.fp8_cast_bytes:
+            return fwd, BACKWARD_FACTOR * fwd
+        cast = self.fp8_cast_bytes * batch / self.mem_Bps  # input and weight; output grad
+        return fwd + (m * k + n * k) * cast, BACKWARD_FACTOR * fwd + m * n * cast
 
     def attention(self, batch_heads: float, q_len: float, kv_len: float, head_dim: float,
                   dtype: str, flash: bool, dropout: bool) -> Cost:
@@ -104,11 +112,12 @@ class Roofline:
         return fwd, BACKWARD_FACTOR * fwd
 
     def elementwise(self, op: str, tokens: float, width: float, dtype: str) -> Cost:
-        fwd = op_bytes(op, tokens, width, dtype) / self.mem_Bps
+        fwd = op_bytes(op, tokens, width, dtype) / self.mem_Bps * self.elementwise_scale
         return fwd, BACKWARD_FACTOR * fwd
 
     def embedding(self, tokens: float, hidden: float, vocab: float, dtype: str) -> Cost:
-        return self.elementwise("embedding", tokens, hidden, dtype)
+        fwd = op_bytes("embedding", tokens, hidden, dtype) / self.mem_Bps  # a gather
+        return fwd, BACKWARD_FACTOR * fwd
 
     def optimizer(self, numel: float) -> float:
         return numel * ADAM_BYTES_PER_PARAM / self.mem_Bps
@@ -130,4 +139,6 @@ def roofline_for(hw: HardwareSpec) -> Roofline:
         gemm[dtype] = peak * hw.gemm_eff_max
         attn[dtype] = peak * hw.attention_eff
     return Roofline(gemm, hw.gemm_dim_half, hw.hbm_GBps * 1e9 * hw.hbm_eff, attn,
-                    layer_overhead_s=hw.layer_overhead_us * 1e-6)
+                    layer_overhead_s=hw.layer_overhead_us * 1e-6,
+                    step_overhead_s=hw.step_overhead_ms * 1e-3,
+                    elementwise_scale=hw.elementwise_scale, fp8_cast_bytes=hw.fp8_cast_bytes)

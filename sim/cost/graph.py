@@ -60,9 +60,10 @@ def optimizer_time(w: Workload, cluster: ClusterSpec, params: float, cost: Any) 
     step scaled to them where this device was measured, else the cost model's."""
     device = measured_device({d for d, _ in w.optimizer_s}, cluster.gpu.name,
                              cpu_device_name())
+    fixed = getattr(cost, "step_overhead_s", 0.0)  # a software stack's, beside the step
     if device is None or not w.param_count:
-        return cost.optimizer(params)
-    return dict(w.optimizer_s)[device] * params / w.param_count
+        return cost.optimizer(params) + fixed
+    return dict(w.optimizer_s)[device] * params / w.param_count + fixed
 
 
 def measured_note(w: Workload, cluster: ClusterSpec, plan: Plan) -> str | None:

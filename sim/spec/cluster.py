@@ -34,6 +34,7 @@ from sim.spec.groups import (
 )
 from sim.spec.hardware import HardwareSpec, cpu_device_name, get_hardware
 from sim.spec.limits import check_cluster_size, preset_count
+from sim.spec.stack import stack_devices
 
 __all__ = ["IntraNode", "InterNode", "NodeGroup", "Site", "WanLink", "ClusterSpec",
            "load_cluster", "preset_names", "INTRA_KINDS", "TOPOLOGIES", "COMPUTE_STATS"]
@@ -86,6 +87,7 @@ class ClusterSpec:
     compute_stat: str = "median"  # which statistic of the profile's compute rows to read
     sites: tuple[Site, ...] = ()  # data centres (`[[sites]]`); empty: one site
     wan: tuple[WanLink, ...] = ()  # links between the sites (`[[wan]]`)
+    stack: str = ""  # software stack (sim/data/stacks.toml) on every device; "": none
 
     def __post_init__(self) -> None:
         _check_int("nodes", self.nodes)
@@ -98,6 +100,7 @@ class ClusterSpec:
         _check_int("gpus_per_node", self.gpus_per_node)
         _check_choice("intra_node.kind", self.intra_node.kind, INTRA_KINDS)
         object.__setattr__(self, "node_groups", _resolve_groups(self))
+        stack_devices(self)
         if self.intra_node.bandwidth_GBps is None:
             default = PCIE_GBPS if self.intra_node.kind == "pcie" else self.gpu.nvlink_GBps
             object.__setattr__(self, "intra_node",
@@ -211,6 +214,8 @@ class ClusterSpec:
             out["sites"] = [s.to_dict() for s in self.sites]
             out["wan"] = [w.to_dict() for w in self.wan]
             out["inter_node"]["pod_gpus"] = 0  # the sites' own, set again on load
+        if self.stack:
+            out["stack"] = self.stack
         return out
 
 
@@ -277,6 +282,8 @@ _DGX = {
     "hgx-h200": ("h200-sxm-141gb", 2.0, 400.0, 8),  # 8x NDR ConnectX-7
     # NICs as DGX H100 (DeepEP's H800 testbed: ConnectX-7 400 Gb/s; MegaScale-MoE names none)
     "hgx-h800": ("h800-sxm5-80gb", 2.0, 400.0, 8),
+    # Meta's Grand Teton: 8 H100 96 GB, NVLink, 400 Gb/s RDMA a GPU (torchtitan benchmarks)
+    "grand-teton": ("h100-gt-96gb", 2.0, 400.0, 8),
 }
 
 
@@ -342,7 +349,7 @@ def _table(data: dict[str, Any], key: str, cls: type) -> Any:
 
 
 _TOP_KEYS = {"name", "nodes", "gpus_per_node", "gpu", "intra_node", "inter_node", "profile",
-             "node_groups", "compute_stat", "sites", "wan"}
+             "node_groups", "compute_stat", "sites", "wan", "stack"}
 def cluster_from_dict(data: dict[str, Any], name: str, base: Path | None = None) -> ClusterSpec:
     """A cluster from a TOML table; a relative ``profile`` path is taken from ``base``."""
     unknown = sorted(set(data) - _TOP_KEYS)
@@ -365,7 +372,14 @@ def cluster_from_dict(data: dict[str, Any], name: str, base: Path | None = None)
     return ClusterSpec(str(data.get("name", name)), data["nodes"], data["gpus_per_node"],
                        get_hardware(data["gpu"]), _table(data, "intra_node", IntraNode),
                        _table(data, "inter_node", InterNode), profile, groups,
-                       data.get("compute_stat", "median"), sites, wan)
+                       data.get("compute_stat", "median"), sites, wan, _stack_name(data))
+
+
+def _stack_name(data: dict[str, Any]) -> str:
+    stack = data.get("stack", "")
+    if not isinstance(stack, str):
+        raise SpecError("stack", f"must be a stack name, got {stack!r}")
+    return stack
 
 
 def load_cluster(ref: str) -> ClusterSpec:

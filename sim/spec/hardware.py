@@ -13,6 +13,7 @@ import re
 from dataclasses import MISSING, dataclass, fields
 from functools import cache
 from importlib import resources
+from typing import Any
 
 from sim.errors import SpecError
 
@@ -55,6 +56,20 @@ class HardwareSpec:
     # streaming multiprocessors (AMD: compute units); communication kernels that run beside
     # compute take some of them (plan.moe_comm_sms); 0: none (cpu)
     sm_count: float = 0.0
+    # What a software stack adds around the kernels (sim/data/stacks.toml sets them; 0 / 1 in
+    # the catalog keep every earlier result). A fixed cost of each training step on top of
+    # the optimizer's (data loading, gradient norm and clipping, launch of the optimizer's
+    # kernels, logging), ms:
+    step_overhead_ms: float = 0.0
+    # element-wise operations' time relative to one kernel each, as the roofline streams
+    # them (1: eager; below 1: fused by a compiler, e.g. torch.compile)
+    elementwise_scale: float = 1.0
+    # bytes streamed per element to quantise a GEMM operand to fp8 under fp8 training: the
+    # input and weight forward, the output gradient backward (delayed scaling 3: read 16
+    # bits, write 8, the scale from the amax history; current scaling 5: an amax pass over
+    # the 16-bit tensor first); 0: not counted
+    fp8_cast_bytes: float = 0.0
+    stack: str = ""  # the software stack whose values these are (sim.spec.stack); "": none
 
     def peak_tflops(self, dtype: str) -> float:
         """Dense tensor-core peak for a training dtype (fp32 training uses TF32 matmuls)."""
@@ -80,11 +95,14 @@ def catalog() -> dict[str, HardwareSpec]:
     for row in _rows():
         value = float(row["value"]) if row["value"] else math.nan
         by_device.setdefault(row["device"], {})[row["field"]] = value
-    names = [f.name for f in fields(HardwareSpec) if f.name != "name"]
+    names = [f.name for f in fields(HardwareSpec) if f.name not in ("name", "stack")]
     defaults: dict[str, float] = {f.name: float(f.default) for f in fields(HardwareSpec)
-                                  if f.default is not MISSING}
-    return {dev: HardwareSpec(dev, **{n: vals[n] if n in vals else defaults[n] for n in names})
-            for dev, vals in by_device.items()}
+                                  if f.default is not MISSING and f.name != "stack"}
+    def spec(dev: str, vals: dict[str, float]) -> HardwareSpec:
+        kw: dict[str, Any] = {n: vals[n] if n in vals else defaults[n] for n in names}
+        return HardwareSpec(dev, **kw)
+
+    return {dev: spec(dev, vals) for dev, vals in by_device.items()}
 
 
 def catalog_sources(device: str) -> dict[str, str]:

@@ -35,6 +35,14 @@ def cmd_models(args: argparse.Namespace) -> int:
 def cmd_hardware(args: argparse.Namespace) -> int:
     from sim.spec.hardware import catalog, catalog_sources
 
+    if args.stacks:
+        from sim.spec.stack import stacks
+
+        for st in stacks().values():
+            print(f"{st.name}: {st.description}")
+            for field, value in st.values.items():
+                print(f"    {field:<18} {value:<8g} {st.sources[field]}")
+        return 0
     for name, hw in sorted(catalog().items()):
         print(f"{name:<16} bf16 {hw.bf16_tflops:7.1f} TFLOP/s  {hw.memory_gib:6.1f} GiB  "
               f"HBM {hw.hbm_GBps:6.0f} GB/s  NVLink {hw.nvlink_GBps:5.0f} GB/s/dir")
@@ -97,6 +105,8 @@ def add_catalog_parsers(sub: Any) -> None:
     p.set_defaults(func=cmd_models)
     p = sub.add_parser("hardware", help="list the hardware catalog")
     p.add_argument("--sources", action="store_true", help="show where each number comes from")
+    p.add_argument("--stacks", action="store_true", help="list the software stacks (what a "
+                   "framework adds around the kernels) and where each value comes from")
     p.set_defaults(func=cmd_hardware)
     p = sub.add_parser("cluster", help="list cluster presets, or show one cluster")
     p.add_argument("--cluster", help=CLUSTER_HELP)

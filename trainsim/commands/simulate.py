@@ -30,6 +30,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     model, cluster = load_any(args.model), load_cluster(args.cluster)
     cluster = with_profile_options(cluster, args)
+    if args.stack:
+        import dataclasses
+
+        cluster = dataclasses.replace(cluster, stack=args.stack)
     if args.calibration:
         from sim.spec.calibration import apply_calibration, load_calibration
 
@@ -118,8 +122,10 @@ def add_simulate_parser(sub: Any) -> None:
     p.add_argument("--out", metavar="DIR", help="also write inputs.json, result.json and "
                    "summary.txt to this run folder")
     add_watch_options(p, "a des run")
+    p.add_argument("--stack", metavar="NAME", help="software stack on the cluster's devices "
+                   "(overrides the cluster's; trainsim hardware --stacks lists them)")
     p.add_argument("--calibration", metavar="FILE", help="apply a calibration file (from "
-                   "trainsim calibrate) to the cluster's devices")
+                   "trainsim calibrate) to the cluster's devices, after the stack")
     p.add_argument("--explain", action="store_true",
                    help="also move each hardware assumption and cluster input by "
                    "--explain-delta alone and show which move the iteration time most")
