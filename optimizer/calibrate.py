@@ -95,7 +95,8 @@ def _time(row: dict[str, str], plan: Plan, model: ModelSpec | Workload, i: int, 
           local: Any) -> float:
     """A row's measured iteration time: its number, or what its log or trace reports."""
     if row.get("trace"):
-        return iteration_s_from_trace(Path(local(row["trace"])), model, f"runs[{i}].trace")
+        return iteration_s_from_trace(Path(local(row["trace"])), model, plan,
+                                      f"runs[{i}].trace")
     if row.get("log"):
         return iteration_s_from_log(Path(local(row["log"])), plan, f"runs[{i}].log")
     text = row.get("measured_iteration_s") or ""

@@ -121,3 +121,12 @@ def test_stack_in_a_toml_and_on_the_command_line(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["iteration_time_s"] < eager  # no fp8 casts
     assert main(["hardware", "--stacks"]) == 0
     assert "torchtitan-compile" in capsys.readouterr().out
+
+
+def test_a_stack_reaches_the_sites_of_a_multi_site_cluster():
+    from sim.strategies.sites import site_steps
+
+    c = dataclasses.replace(load_cluster("regions2-dgx-h100:2"), stack="torchtitan-eager")
+    assert all(s.gpu is None or s.gpu.stack == "torchtitan-eager" for s in c.sites)
+    plan = Plan(global_batch_size=32, seq_len=2048, dp=32, micro_batch_size=1)
+    assert site_steps(load_model("llama3-8b"), c, plan).ref.iteration_time_s > 0

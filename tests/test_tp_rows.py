@@ -99,8 +99,8 @@ def test_without_a_collective_fit_the_rows_are_noted_not_used(tmp_path):
     plan = _plan()
     assert layer_time(cm, TINY, plan) == layer_time(bare, TINY, plan)
     assert cm.head_factor(TINY, plan) == 1.0
-    assert any("tp-layer (no measured TP collective fit" in e for e in cm.extrapolated)
-    assert any("tp-head (no measured TP collective fit" in e for e in cm.extrapolated)
+    assert any(e.startswith("tp-layer (its collectives") for e in cm.extrapolated)
+    assert any(e.startswith("tp-head (its collectives") for e in cm.extrapolated)
 
 
 def test_both_tiers_move_for_tp_plans_only(tmp_path):
@@ -119,3 +119,23 @@ def test_both_tiers_move_for_tp_plans_only(tmp_path):
     a, d = (simulate(TINY, with_rows, _plan(), fidelity=f).iteration_time_s
             for f in ("analytic", "des"))
     assert d == pytest.approx(a, rel=0.02)
+
+
+def test_rows_apply_only_to_the_structure_and_sequence_they_measured(tmp_path):
+    cm = load_cost_model(_db(tmp_path, _rows()), HW)
+    bare = load_cost_model(_db(tmp_path / "b"), HW)
+    other = dataclasses.replace(TINY, ffn_hidden_size=768)  # same width, another layer
+    for m, plan in ((other, _plan()), (load_model("llama3-8b"), _plan()),
+                    (TINY, dataclasses.replace(_plan(), seq_len=256, global_batch_size=16))):
+        assert layer_time(cm, m, plan) == layer_time(bare, m, plan)
+    moe = load_model("mixtral-8x7b")
+    assert layer_time(cm, moe, _plan(), moe=True) == layer_time(bare, moe, _plan(), moe=True)
+    wide = dataclasses.replace(TINY, vocab_size=16384)
+    assert cm.head_factor(wide, _plan()) == 1.0
+
+
+def test_tokens_outside_the_measured_ones_are_held_and_noted(tmp_path):
+    cm = load_cost_model(_db(tmp_path, _rows()), HW)
+    two = dataclasses.replace(_plan(), micro_batch_size=2, global_batch_size=4)
+    assert cm.layer_factor(TINY, two) == cm.layer_factor(TINY, _plan())
+    assert any("tp-layer held at its measured tokens" in e for e in cm.extrapolated)

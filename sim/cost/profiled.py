@@ -125,10 +125,13 @@ class Profiled:
     def layer_factor(self, m: ModelSpec, plan: Plan) -> Cost:
         """(forward, backward) ratio of measured whole layers to their operations' sum: of
         layers run over the plan's TP ranks (``tp-layer`` rows, :mod:`sim.cost.whole`) when
-        the profile has them at its TP degree and sequence parallelism, else of
+        the profile has them for this layer's structure, sequence length, TP degree and
+        sequence parallelism (dense layers with standard attention), else of
         single-process layers at the nearest profiled TP degree."""
-        if plan.tp > 1:
-            hit = self._tp_hit("tp-layer", plan, (float(plan.local_tokens),
+        if plan.tp > 1 and not (m.is_moe or m.is_mla):
+            from sim.cost.compute import layer_variant
+
+            hit = self._tp_hit("tp-layer", plan, (layer_variant(m, plan.seq_len),
                                                   float(m.hidden_size)))
             if hit is not None:
                 return hit
@@ -168,33 +171,38 @@ class Profiled:
         return out
 
     def head_factor(self, m: ModelSpec, plan: Plan) -> float:
-        """Ratio of measured TP output heads (``tp-head`` rows) to their operations' sum,
-        at the plan's TP degree and sequence parallelism; 1 without such rows."""
+        """Ratio of measured TP output heads (``tp-head`` rows of this hidden size,
+        vocabulary and norm) to their operations' sum, at the plan's TP degree and sequence
+        parallelism; 1 without such rows."""
         if plan.tp == 1:
             return 1.0
-        hit = self._tp_hit("tp-head", plan, (float(plan.local_tokens), float(m.hidden_size),
-                                             float(m.vocab_size)))
+        hit = self._tp_hit("tp-head", plan, (f"tp={plan.tp};norm={m.norm}",
+                                             float(m.hidden_size), float(m.vocab_size)))
         return hit[0] if hit is not None else 1.0
 
-    def _tp_hit(self, op: str, plan: Plan, point: Point) -> tuple[float, float] | None:
-        """The correction of ``op`` rows at the plan's TP degree, interpolated at ``point``
-        (held at the edges of the measured range); None without rows."""
+    def _tp_hit(self, op: str, plan: Plan, what: tuple[object, ...]
+                ) -> tuple[float, float] | None:
+        """The correction of ``op`` rows of this structure ``what`` (variant and sizes) at
+        the plan's TP degree, interpolated in its tokens (held at the edges of the measured
+        range, noted); None without rows."""
         op += "-sp" if plan.sequence_parallel else ""
-        tables = self._tp_tables(op, plan.dtype)
-        if plan.tp not in tables:
+        entry = self._tp_tables(op, plan.dtype).get((plan.tp, what))
+        if entry is None:
             return None
-        table, axes = tables[plan.tp]
-        point = tuple(min(max(v, axis[0]), axis[-1]) for v, axis in
-                      zip(point, axes, strict=True))
-        return interpolate(table, point, axes)
+        table, axes = entry
+        tokens = float(plan.local_tokens)
+        if not axes[0][0] <= tokens <= axes[0][-1]:
+            self._note(f"{op} held at its measured tokens", (tokens,), plan.dtype)
+        return interpolate(table, (min(max(tokens, axes[0][0]), axes[0][-1]),), axes)
 
-    def _tp_tables(self, op: str, dtype: str) -> dict[int, tuple[Table, list[list[float]]]]:
-        """Per TP degree: shape -> correction, from every usable ``op`` row."""
+    def _tp_tables(self, op: str, dtype: str
+                   ) -> dict[tuple[int, tuple[object, ...]], tuple[Table, list[list[float]]]]:
+        """Per (TP degree, structure): tokens -> correction, from every usable ``op`` row."""
         key = f"{op}/{dtype}"
         if key in self._layer_cache:
-            return self._layer_cache[key]
+            return self._layer_cache[key]  # type: ignore[return-value]
         plain = Profiled(self.db, self.fallback)
-        ratios: dict[int, Table] = {}
+        ratios: dict[tuple[int, tuple[object, ...]], Table] = {}
         for (o, variant, dt), grids in self._compute.items():
             if o != op or dt != dtype:
                 continue
@@ -202,17 +210,19 @@ class Profiled:
                 for shape, times in table.items():
                     hit = self._tp_row(plain, op, variant, dt, shape, times)
                     if hit is None:
-                        self._note(f"{op} (no measured TP collective fit to take out)",
-                                   shape, dt)
+                        self._note(f"{op} (its collectives, as the profile times them, take "
+                                   "all of it, or no collective fit)", shape, dt)
                         continue
-                    ratios.setdefault(hit[0], {})[hit[1]] = hit[2]
-        out = {tp: (table, _axes(table)) for tp, table in ratios.items()}
-        self._layer_cache[key] = out
+                    tp, what, ratio = hit
+                    ratios.setdefault((tp, what), {})[(shape[0],)] = ratio
+        out = {k: (t, _axes(t)) for k, t in ratios.items()}
+        self._layer_cache[key] = out  # type: ignore[assignment]
         return out
 
     def _tp_row(self, plain: Profiled, op: str, variant: str, dt: str, shape: Point,
-                times: tuple[float, float]) -> tuple[int, Point, tuple[float, float]] | None:
-        """(TP degree, table point, correction) of one ``tp-layer`` / ``tp-head`` row."""
+                times: tuple[float, float]
+                ) -> tuple[int, tuple[object, ...], tuple[float, float]] | None:
+        """(TP degree, structure, correction) of one ``tp-layer`` / ``tp-head`` row."""
         from sim.cost.compute import variant_layer
         from sim.cost.whole import head_spec, tp_head_ratio, tp_layer_ratio
 
@@ -221,10 +231,10 @@ class Profiled:
         if op.startswith("tp-layer"):
             spec, seq = variant_layer(variant, h)
             r = tp_layer_ratio(plain, spec, seq, t, int(third), sp, dt, times, k)
-            return None if r is None else (int(third), (tokens, hidden), r)
+            return None if r is None else (int(third), (variant, hidden), r)
         hr = tp_head_ratio(plain, variant, t, h, int(third), sp, dt, times, k)
         tp = head_spec(variant, h, int(third), t)[1]
-        return None if hr is None else (tp, shape, (hr, hr))
+        return None if hr is None else (tp, (variant, hidden, third), (hr, hr))
 
     def _lookup(self, key: Key, shape: Point) -> tuple[float, float] | None:
         grids = self._compute.get(key, {})

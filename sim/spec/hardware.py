@@ -98,6 +98,7 @@ def catalog() -> dict[str, HardwareSpec]:
     names = [f.name for f in fields(HardwareSpec) if f.name not in ("name", "stack")]
     defaults: dict[str, float] = {f.name: float(f.default) for f in fields(HardwareSpec)
                                   if f.default is not MISSING and f.name != "stack"}
+
     def spec(dev: str, vals: dict[str, float]) -> HardwareSpec:
         kw: dict[str, Any] = {n: vals[n] if n in vals else defaults[n] for n in names}
         return HardwareSpec(dev, **kw)

@@ -100,3 +100,6 @@ def stack_devices(cluster: Any) -> None:
     object.__setattr__(cluster, "node_groups", tuple(
         dataclasses.replace(g, gpu=apply_stack(g.gpu, cluster.stack))
         for g in cluster.node_groups))
+    object.__setattr__(cluster, "sites", tuple(
+        dataclasses.replace(s, gpu=apply_stack(s.gpu, cluster.stack)) if s.gpu else s
+        for s in cluster.sites))
