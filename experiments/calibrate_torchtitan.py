@@ -5,15 +5,16 @@ Run: ``.venv/bin/python experiments/calibrate_torchtitan.py`` (about a minute). 
 ``experiments/results/calibrate_torchtitan.csv`` (every run) and
 ``experiments/results/calibrate_torchtitan_loo.csv`` (each run as the calibration).
 
-Data: every row of ``../shared/data/torchtitan_h100_benchmarks.csv`` whose batch is
-published (pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md and
-asyncTP_llama3_h100_2025-06_torchtitan.md), on Meta's Grand Teton (``grand-teton``: H100
-96 GB HBM2e at 2.4 TB/s and a 500 W power limit, 400 Gb/s RDMA a GPU). Sequence 8,192
-tokens (torchtitan's Llama 3 default; the tables do not restate it). Plans as torchtitan
-runs them: FSDP as ZeRO-3 over the data-parallel ranks; TP with sequence parallelism; the
-local batch as one micro-batch without a pipeline. The stack is the row's:
-``torchtitan-eager`` or ``torchtitan-compile`` (``sim/data/stacks.toml``), whose two fitted
-values come from the 8-GPU 8B rows' ratios (``experiments/fit_stacks.py``).
+Data: every row of ``experiments/data/torchtitan_h100_benchmarks.csv`` (a copy of the shared
+data) whose batch is published (pytorch/torchtitan
+benchmarks/llama3_h100_202412_torchtitan.md and asyncTP_llama3_h100_2025-06_torchtitan.md),
+on Meta's Grand Teton (``grand-teton``: H100 96 GB HBM2e at 2.4 TB/s and a 500 W power
+limit, 400 Gb/s RDMA a GPU). Sequence 8,192 tokens (torchtitan's Llama 3 default; the tables
+do not restate it). Plans as torchtitan runs them: FSDP as ZeRO-3 over the data-parallel
+ranks; TP with sequence parallelism; the local batch as one micro-batch without a pipeline.
+The stack is the row's: ``torchtitan-eager`` or ``torchtitan-compile``
+(``sim/data/stacks.toml``), whose fitted value comes from the 8-GPU 8B rows' Float8/BF16
+ratio (``experiments/fit_stacks.py``).
 
 Assumed where the benchmark does not say (marked in the table):
 * 405B, 126 layers on PP 8: the layers as even as they go (1F1B: 16 on the first six
@@ -48,7 +49,7 @@ from sim.spec.plan import Plan
 from sim.spec.zoo import load_any
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data" / "torchtitan_h100_benchmarks.csv"
+DATA = ROOT / "experiments" / "data" / "torchtitan_h100_benchmarks.csv"
 RESULTS = ROOT / "experiments" / "results"
 SEQ = 8192
 MODELS = {"8B": "llama3-8b", "70B": "llama3-70b", "405B": "llama3-405b"}

@@ -8,12 +8,13 @@ Run: ``.venv/bin/python experiments/fit_stacks.py`` (seconds). Writes
 * ``torchtitan-compile.elementwise_scale``: torch.compile fuses element-wise ops. Fitted so
   that trainsim's ratio of the eager to the compiled step equals torchtitan's published one
   on Llama 3.1 8B, FSDP, 8 H100 (6,667 / 5,762 tokens/s a GPU,
-  ``../shared/data/torchtitan_h100_benchmarks.csv``). A ratio between two stacks on the same
-  machine does not depend on the machine's own speed (the parts are power-limited Grand
-  Teton H100s, ``grand-teton`` here), which is why a ratio is fitted, not a time. Held out:
-  the same pair on 128 GPUs. If even fusing every element-wise op to 5% of its time falls
-  short of the published ratio, the value is not identifiable from this pair (what compile
-  gains lies then also outside trainsim's element-wise ops) and stays 1, as the table says.
+  ``experiments/data/torchtitan_h100_benchmarks.csv``, a copy of the shared data). A ratio
+  between two stacks on the same machine does not depend on the machine's own speed (the
+  parts are power-limited Grand Teton H100s, ``grand-teton`` here), which is why a ratio is
+  fitted, not a time. Held out: the same pair on 128 GPUs. If even fusing every element-wise
+  op to 5% of its time falls short of the published ratio, the value is not identifiable
+  from this pair (what compile gains lies then also outside trainsim's element-wise ops) and
+  stays 1, as the table says.
 * ``torchtitan-compile.fp8_cast_bytes``: then the ratio of Float8 + compile to BF16 +
   compile on the same 8 GPUs (8,532 / 6,667). Held out: 128 GPUs.
 * ``deepspeed.comm_overlap`` and ``nic_eff``: ``trainsim calibrate``'s fit (``--factors
@@ -42,7 +43,7 @@ from sim.spec.zoo import load_any  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "experiments" / "results" / "fit_stacks.csv"
-TT = ROOT.parent / "shared" / "data" / "torchtitan_h100_benchmarks.csv"
+TT = ROOT / "experiments" / "data" / "torchtitan_h100_benchmarks.csv"
 
 
 def tt_tps(gpus: int, mode: str) -> float:
