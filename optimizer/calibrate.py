@@ -139,6 +139,10 @@ def fit(runs: list[Run], factors: tuple[str, ...] = FACTORS, prior: float = 0.05
     """The calibration of ``factors`` that best explains ``runs`` (see the module)."""
     if not runs:
         raise SpecError("runs", "no run to calibrate on")
+    stacks = sorted({r.cluster.stack or "none" for r in runs})
+    if len(stacks) > 1:
+        raise SpecError("runs", f"every run must be on one software stack to calibrate it, "
+                        f"got {', '.join(stacks)}")
     bad = [f for f in factors if f not in BOUNDS]
     if bad or not factors:
         raise SpecError("--factors", f"each one of {', '.join(FACTORS)}, got "
@@ -189,6 +193,7 @@ def fit(runs: list[Run], factors: tuple[str, ...] = FACTORS, prior: float = 0.05
     before = _errors(runs, _cal(device.name, factors, x0), fidelity)
     after = _errors(runs, cal, fidelity)
     cal |= {"fitted_on": len(runs), "prior": prior, "fidelity": fidelity,
+            "stack": runs[0].cluster.stack,
             "fit": [{"run": run.label, "error_before": float(b), "error_after": float(a)}
                     for run, b, a in zip(runs, before, after, strict=True)]}
     return cal

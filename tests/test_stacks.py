@@ -12,6 +12,7 @@ import pytest
 
 from sim import Plan, load_cluster, simulate
 from sim.cost.costmodel import roofline_for
+from sim.errors import SpecError
 from sim.spec.calibration import apply_calibration
 from sim.spec.cluster import cluster_from_dict
 from sim.spec.stack import STACK_FIELDS, apply_stack, get_stack, stacks
@@ -130,3 +131,19 @@ def test_a_stack_reaches_the_sites_of_a_multi_site_cluster():
     assert all(s.gpu is None or s.gpu.stack == "torchtitan-eager" for s in c.sites)
     plan = Plan(global_batch_size=32, seq_len=2048, dp=32, micro_batch_size=1)
     assert site_steps(load_model("llama3-8b"), c, plan).ref.iteration_time_s > 0
+
+
+def test_a_calibration_keeps_to_the_stack_it_was_fitted_under():
+    from optimizer.calibrate import Run, fit
+
+    c = _with(load_cluster("dgx-h100:1"), "torchtitan-eager")
+    plan = Plan(global_batch_size=8, seq_len=2048, dp=8, micro_batch_size=1)
+    model = load_model("llama3-8b")
+    t = simulate(model, c, plan).iteration_time_s
+    cal = fit([Run(model, c, plan, 1.2 * t, "run")], factors=("gemm_eff_max",))
+    assert cal["stack"] == "torchtitan-eager"
+    assert apply_calibration(c, cal).gpu.gemm_eff_max == cal["factors"]["gemm_eff_max"]
+    with pytest.raises(SpecError, match="^--calibration: was fitted under stack"):
+        apply_calibration(_with(load_cluster("dgx-h100:1"), "megatron-core"), cal)
+    with pytest.raises(SpecError, match="^runs: every run must be on one software stack"):
+        fit([Run(model, c, plan, t, "a"), Run(model, load_cluster("dgx-h100:1"), plan, t, "b")])

@@ -8,7 +8,9 @@
  "fitted_on": 3, "fit": [...]}
 ```
 
-A factor replaces the catalog's value of that field for every device of that name in the
+A calibration records the software stack (:mod:`sim.spec.stack`) its runs were on, and
+applies to a cluster on the same stack only (its factors replace the stack's). A factor
+replaces the catalog's value of that field for every device of that name in the
 cluster (a cluster without such a device is an error: a calibration of one part does not
 carry to another). The cluster's name then says which calibration it carries, so every
 result names it.
@@ -68,6 +70,8 @@ def load_calibration(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION:
         raise SpecError(f"calibration[{p.name}].schema_version", f"must be {SCHEMA_VERSION} "
                         "(a file written by trainsim calibrate)")
+    if not isinstance(data.get("stack", ""), str):
+        raise SpecError(f"calibration[{p.name}].stack", "must be a stack name")
     if not isinstance(data.get("device"), str):
         raise SpecError(f"calibration[{p.name}].device", "must name a catalog device")
     data["factors"] = _check(data.get("factors"), f"calibration[{p.name}]")
@@ -82,6 +86,10 @@ def apply_calibration(cluster: ClusterSpec, cal: dict[str, Any]) -> ClusterSpec:
     if device not in names:
         raise SpecError("--calibration", f"calibrates {device!r}, which cluster "
                         f"{cluster.name!r} does not have ({', '.join(sorted(names))})")
+    stack = cal.get("stack", "")  # files written before stacks carry none
+    if stack != cluster.stack and "stack" in cal:
+        raise SpecError("--calibration", f"was fitted under stack {stack or 'none'!r}; the "
+                        f"cluster runs {cluster.stack or 'none'!r} (set the same stack)")
 
     def moved(g: Any) -> Any:
         return dataclasses.replace(g, **factors) if g.name == device else g
