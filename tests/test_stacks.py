@@ -119,7 +119,10 @@ def test_stack_in_a_toml_and_on_the_command_line(tmp_path, capsys):
     assert main([*args, "--cluster", str(bad)]) == 0
     eager = json.loads(capsys.readouterr().out)["iteration_time_s"]
     assert main([*args, "--cluster", str(bad), "--stack", "megatron-2021"]) == 0
-    assert json.loads(capsys.readouterr().out)["iteration_time_s"] < eager  # no fp8 casts
+    plain = json.loads(capsys.readouterr().out)["iteration_time_s"]
+    assert plain < eager  # no fp8 casts
+    assert main([*args, "--cluster", str(bad), "--stack", ""]) == 0
+    assert json.loads(capsys.readouterr().out)["iteration_time_s"] == plain
     assert main(["hardware", "--stacks"]) == 0
     assert "torchtitan-compile" in capsys.readouterr().out
 
@@ -147,3 +150,10 @@ def test_a_calibration_keeps_to_the_stack_it_was_fitted_under():
         apply_calibration(_with(load_cluster("dgx-h100:1"), "megatron-core"), cal)
     with pytest.raises(SpecError, match="^runs: every run must be on one software stack"):
         fit([Run(model, c, plan, t, "a"), Run(model, load_cluster("dgx-h100:1"), plan, t, "b")])
+
+
+def test_an_empty_stack_takes_the_stack_off():
+    on = _with(A100, "deepspeed")
+    off = _with(on, "")
+    assert off.gpu == A100.gpu and off.node_groups == A100.node_groups
+    assert simulate(GPT, off, PLAN).iteration_time_s == simulate(GPT, A100, PLAN).iteration_time_s

@@ -80,9 +80,13 @@ def get_stack(name: str, field: str = "stack") -> StackSpec:
 
 
 def apply_stack(hw: HardwareSpec, name: str) -> HardwareSpec:
-    """``hw`` with the stack's values (once: a device that carries the stack is returned)."""
+    """``hw`` with the stack's values (once: a device that carries the stack is returned);
+    ``name`` "" takes a stack off (the catalog's values back)."""
     if hw.stack == name:
         return hw
+    if not name:
+        base = catalog().get(hw.name, hw)
+        return dataclasses.replace(hw, stack="", **{f: getattr(base, f) for f in STACK_FIELDS})
     values: dict[str, Any] = dict(get_stack(name).values)
     base = catalog().get(hw.name, hw)
     for f in CAPS:
@@ -92,10 +96,13 @@ def apply_stack(hw: HardwareSpec, name: str) -> HardwareSpec:
 
 
 def stack_devices(cluster: Any) -> None:
-    """Put the cluster's stack on its devices (from ``ClusterSpec.__post_init__``)."""
-    if not cluster.stack:
-        return
-    get_stack(cluster.stack)
+    """Put the cluster's stack on its devices, or take one off that the cluster no longer
+    names (from ``ClusterSpec.__post_init__``)."""
+    if cluster.stack:
+        get_stack(cluster.stack)
+    elif not any(d.stack for d in [cluster.gpu, *(g.gpu for g in cluster.node_groups),
+                                   *(s.gpu for s in cluster.sites if s.gpu)]):
+        return  # no stack, none to take off
     object.__setattr__(cluster, "gpu", apply_stack(cluster.gpu, cluster.stack))
     object.__setattr__(cluster, "node_groups", tuple(
         dataclasses.replace(g, gpu=apply_stack(g.gpu, cluster.stack))

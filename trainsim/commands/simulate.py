@@ -30,7 +30,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     model, cluster = load_any(args.model), load_cluster(args.cluster)
     cluster = with_profile_options(cluster, args)
-    if args.stack:
+    if args.stack is not None:  # "" takes the cluster's stack off
         import dataclasses
 
         cluster = dataclasses.replace(cluster, stack=args.stack)
@@ -123,7 +123,8 @@ def add_simulate_parser(sub: Any) -> None:
                    "summary.txt to this run folder")
     add_watch_options(p, "a des run")
     p.add_argument("--stack", metavar="NAME", help="software stack on the cluster's devices "
-                   "(overrides the cluster's; trainsim hardware --stacks lists them)")
+                   "(overrides the cluster's, \"\" for none; trainsim hardware --stacks lists "
+                   "them)")
     p.add_argument("--calibration", metavar="FILE", help="apply a calibration file (from "
                    "trainsim calibrate) to the cluster's devices, after the stack")
     p.add_argument("--explain", action="store_true",
