@@ -134,9 +134,10 @@ def _cal(device: str, names: tuple[str, ...], x: np.ndarray) -> dict[str, Any]:
             "factors": {k: _from(k, v) for k, v in zip(names, x, strict=True)}}
 
 
-def fit(runs: list[Run], factors: tuple[str, ...] = FACTORS, prior: float = 0.05,
-        fidelity: str = "analytic", iterations: int = 12) -> dict[str, Any]:
-    """The calibration of ``factors`` that best explains ``runs`` (see the module)."""
+def _fit_factors(runs: list[Run], factors: tuple[str, ...], fidelity: str
+                 ) -> tuple[Any, tuple[str, ...]]:
+    """(device, factors to fit) of a calibration, checked: runs on one stack; known
+    factors; with the default set, those this device can have and this tier can see."""
     if not runs:
         raise SpecError("runs", "no run to calibrate on")
     stacks = sorted({r.cluster.stack or "none" for r in runs})
@@ -160,6 +161,13 @@ def fit(runs: list[Run], factors: tuple[str, ...] = FACTORS, prior: float = 0.05
         raise SpecError("--factors", f"{', '.join(blind)} acts in the analytic tier only "
                         "(the DES overlaps collectives fully or not at all): leave it out "
                         "with --fidelity des")
+    return device, factors
+
+
+def fit(runs: list[Run], factors: tuple[str, ...] = FACTORS, prior: float = 0.05,
+        fidelity: str = "analytic", iterations: int = 12) -> dict[str, Any]:
+    """The calibration of ``factors`` that best explains ``runs`` (see the module)."""
+    device, factors = _fit_factors(runs, factors, fidelity)
     x0 = np.array([_to(f, getattr(device, f)) for f in factors])
     lo = np.array([_to(f, BOUNDS[f][0]) if f in ADDITIVE else math.log(BOUNDS[f][0])
                    for f in factors])
