@@ -17,7 +17,6 @@ with its 10th and 90th percentiles. Rank 0 returns the rows.
 from __future__ import annotations
 
 import contextlib
-import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,6 +29,7 @@ import torch.nn.functional as F
 from executor.model import Transformer
 from executor.parallel import apply_tp
 from executor.rank import progress, rank_main
+from profiler.timing import summarize
 from sim.spec.model import ModelSpec
 
 __all__ = ["main", "time_ranks"]
@@ -60,10 +60,9 @@ def time_ranks(fn: Fn, device: torch.device, warmup: int, samples: int) -> list[
 
 
 def _stats(prefix: str, samples: list[float]) -> dict[str, float]:
-    s = sorted(samples)
-    return {f"{prefix}_median_s": statistics.median(s),
-            f"{prefix}_p10_s": s[min(len(s) - 1, int(0.1 * len(s)))],
-            f"{prefix}_p90_s": s[min(len(s) - 1, int(0.9 * len(s)))]}
+    st = summarize(samples)
+    return {f"{prefix}_median_s": st.median_s, f"{prefix}_p10_s": st.p10_s,
+            f"{prefix}_p90_s": st.p90_s}
 
 
 def _fwd_bwd(forward: Callable[[], torch.Tensor], device: torch.device, warmup: int,

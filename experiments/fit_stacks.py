@@ -38,6 +38,7 @@ from calibrate_zero3 import runs as zero3_runs  # noqa: E402
 from optimizer.calibrate import fit  # noqa: E402
 from sim import load_cluster, simulate  # noqa: E402
 from sim.io import atomic_write_text  # noqa: E402
+from sim.spec.cluster import ClusterSpec  # noqa: E402
 from sim.spec.plan import Plan  # noqa: E402
 from sim.spec.zoo import load_any  # noqa: E402
 
@@ -61,11 +62,17 @@ def tt_step(gpus: int, dtype: str, stack: str, **values: float) -> float:
     plan = Plan(global_batch_size=2 * gpus, seq_len=8192, dp=gpus, micro_batch_size=2,
                 zero_stage=3, recompute="selective", dtype=dtype)
     cluster = dataclasses.replace(load_cluster(f"grand-teton:{gpus // 8}"), stack=stack)
-    if values:
-        gpu = dataclasses.replace(cluster.gpu, **values)
-        cluster = dataclasses.replace(cluster, gpu=gpu, node_groups=tuple(
-            dataclasses.replace(g, gpu=gpu) for g in cluster.node_groups))
-    return simulate(load_any("llama3-8b"), cluster, plan).iteration_time_s
+    return simulate(load_any("llama3-8b"), _on_devices(cluster, **values), plan
+                    ).iteration_time_s
+
+
+def _on_devices(cluster: ClusterSpec, **values: float) -> ClusterSpec:
+    """``cluster`` with ``values`` on every device (on top of its stack's)."""
+    if not values:
+        return cluster
+    gpu = dataclasses.replace(cluster.gpu, **values)
+    return dataclasses.replace(cluster, gpu=gpu, node_groups=tuple(
+        dataclasses.replace(g, gpu=gpu) for g in cluster.node_groups))
 
 
 def solve(f: Callable[[float], float], target: float, lo: float, hi: float) -> float:
@@ -122,10 +129,7 @@ def deepspeed_rows() -> list[dict[str, object]]:
     cal = fit(rs[:1], factors=("nic_eff", "comm_overlap"), prior=0.005)
     out = []
     for i, run in enumerate(rs):
-        c = dataclasses.replace(run.cluster, stack="deepspeed")
-        gpu = dataclasses.replace(c.gpu, **cal["factors"])
-        c = dataclasses.replace(c, gpu=gpu, node_groups=tuple(
-            dataclasses.replace(g, gpu=gpu) for g in c.node_groups))
+        c = _on_devices(dataclasses.replace(run.cluster, stack="deepspeed"), **cal["factors"])
         t = simulate(run.model, c, run.plan).iteration_time_s
         for field, value in cal["factors"].items():
             out.append({"stack": "deepspeed", "field": field, "value": value,

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Stats", "time_op"]
+__all__ = ["Stats", "time_op", "summarize"]
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,12 @@ class Stats:
 def _quantile(samples: list[float], q: float) -> float:
     s = sorted(samples)
     return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def summarize(samples: list[float]) -> Stats:
+    """Median, p10 and p90 of timed samples (seconds)."""
+    return Stats(statistics.median(samples), _quantile(samples, 0.1), _quantile(samples, 0.9),
+                 len(samples))
 
 
 def _one_cuda(fn: Callable[[], object], number: int) -> float:
@@ -54,5 +60,4 @@ def time_op(fn: Callable[[], object], device: str, warmup: int = 2, repeats: int
     samples: list[float] = []
     while len(samples) < repeats and (len(samples) < 3 or sum(samples) * number < budget_s):
         samples.append(one(fn, number))
-    return Stats(statistics.median(samples), _quantile(samples, 0.1), _quantile(samples, 0.9),
-                 len(samples))
+    return summarize(samples)

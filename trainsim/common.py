@@ -11,7 +11,7 @@ from typing import Any, NoReturn
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_NO_PLAN", "EXIT_WALL_LIMIT", "Parser", "fail", "write_run",
            "MODEL_HELP", "CLUSTER_HELP", "check_out_dir", "add_watch_options", "max_wall_s",
-           "DesProgress", "progress_after_s"]
+           "DesProgress", "progress_after_s", "check_device"]
 
 EXIT_BAD_INPUT = 2
 EXIT_NO_PLAN = 3
@@ -25,6 +25,16 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_BAD_INPUT, f"trainsim: error: {message} (see {self.prog} --help)\n")
+
+
+def check_device(device: str) -> None:
+    """Refuse ``--device cuda`` where torch sees no CUDA device (imports torch)."""
+    import torch
+
+    from sim.errors import SpecError
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SpecError("--device", "cuda requested but torch sees no CUDA device here")
 
 
 def fail(message: str) -> int:

@@ -117,6 +117,8 @@ class Profiled:
         self._axes = {(key, g): _axes(t) for key, grids in self._compute.items()
                       for g, t in grids.items()}
         self._layer_cache: dict[str, dict[int, tuple[Table, list[list[float]]]]] = {}
+        self._tp_cache: dict[str, dict[tuple[int, tuple[object, ...]],
+                                       tuple[Table, list[list[float]]]]] = {}
 
     @property
     def extrapolated(self) -> set[str]:
@@ -199,8 +201,8 @@ class Profiled:
                    ) -> dict[tuple[int, tuple[object, ...]], tuple[Table, list[list[float]]]]:
         """Per (TP degree, structure): tokens -> correction, from every usable ``op`` row."""
         key = f"{op}/{dtype}"
-        if key in self._layer_cache:
-            return self._layer_cache[key]  # type: ignore[return-value]
+        if key in self._tp_cache:
+            return self._tp_cache[key]
         plain = Profiled(self.db, self.fallback)
         ratios: dict[tuple[int, tuple[object, ...]], Table] = {}
         for (o, variant, dt), grids in self._compute.items():
@@ -216,7 +218,7 @@ class Profiled:
                     tp, what, ratio = hit
                     ratios.setdefault((tp, what), {})[(shape[0],)] = ratio
         out = {k: (t, _axes(t)) for k, t in ratios.items()}
-        self._layer_cache[key] = out  # type: ignore[assignment]
+        self._tp_cache[key] = out
         return out
 
     def _tp_row(self, plain: Profiled, op: str, variant: str, dt: str, shape: Point,

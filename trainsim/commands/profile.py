@@ -74,13 +74,6 @@ def positive_seconds(text: str) -> float:
     return value
 
 
-def _check_device(device: str) -> None:
-    import torch
-
-    if device == "cuda" and not torch.cuda.is_available():
-        raise SpecError("--device", "cuda requested but torch sees no CUDA device here")
-
-
 def _compute_specs(args: argparse.Namespace) -> list[Any]:
     from profiler.grids import model_grid, preset_grid
     from sim.spec.zoo import load_model
@@ -122,8 +115,9 @@ def _graph_compute(args: argparse.Namespace) -> int:
 def cmd_compute(args: argparse.Namespace) -> int:
     from profiler.busy import default_busy
     from profiler.compute import run_compute_profile
+    from trainsim.common import check_device
 
-    _check_device(args.device)
+    check_device(args.device)
     if args.model and ":" in args.model:
         return _graph_compute(args)
     if args.batch or args.depth is not None:

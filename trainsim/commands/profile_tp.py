@@ -6,8 +6,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from sim.errors import SpecError
-
 __all__ = ["add_tp_parser"]
 
 _SP = {"off": [False], "on": [True], "both": [False, True]}
@@ -16,12 +14,9 @@ _SP = {"off": [False], "on": [True], "both": [False, True]}
 def cmd_tp(args: argparse.Namespace) -> int:
     from executor.layer_profile import run_tp_profile
     from sim.spec.zoo import load_model
+    from trainsim.common import check_device
 
-    if args.device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise SpecError("--device", "cuda requested but torch sees no CUDA device here")
+    check_device(args.device)
     model = load_model(args.model)
     seqs = args.seq_len or [min(512, model.max_seq_len)]
     dtype = args.dtype or ("fp32" if args.device == "cpu" else "bf16")
