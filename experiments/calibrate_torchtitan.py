@@ -159,7 +159,20 @@ def main() -> int:
               f"{ok['others_worst_pct'].max():.1f}%); {len(part) - len(ok)} refused")
     narrow_ok = loo_df[(loo_df["grouping"] == "8B mode") & (loo_df["refused"] == "")]
     print(f"the 8B families together: {narrow_ok['others_mean_pct'].mean():.1f}% mean")
+    _joint([r for r, f in zip(rs, families, strict=True) if f == "torchtitan-compile"])
     return 0
+
+
+def _joint(members: list[Run]) -> None:
+    """The bound on any calibration of the family: one fitted to all its runs at once (in
+    sample). What that leaves is a difference between the runs none of the factors moves."""
+    cal = fit(members)
+    errs = 100 * _errors(members, cal, "analytic")
+    factors = ", ".join(f"{k} {v:.3g}" for k, v in cal["factors"].items())
+    print(f"torchtitan-compile calibrated on all its {len(members)} runs at once (in sample; "
+          f"{factors}): mean |error| {np.abs(errs).mean():.1f}%, worst {np.abs(errs).max():.1f}%")
+    for run, e in zip(members, errs, strict=True):
+        print(f"  {e:+6.1f}%  {run.label}")
 
 
 if __name__ == "__main__":
