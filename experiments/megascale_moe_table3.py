@@ -18,9 +18,9 @@ What the paper gives and what is assumed (each assumption is a choice a user wou
   node": TP 8 with sequence parallelism, experts on the TP ranks (Megatron-LM's default
   expert tensor parallelism = TP, EP 1), the distributed optimizer, gradients reduced in
   fp32 (Megatron-LM's default under bf16), the all-to-all dispatcher; "MegaScale-MoE employs
-  SP attention and EP within each node": attention split over the sequence 8 ways (trainsim's
-  context parallelism: a ring where MegaScale-MoE runs Ulysses-style all-to-alls, both inside
-  the node), EP 8 inside the node, expert tensor parallelism 1, gradients reduced in bf16
+  SP attention and EP within each node": attention split over the sequence 8 ways with
+  Ulysses-style all-to-alls of the heads (trainsim's context parallelism, ``cp_comm =
+  "a2a"``), EP 8 inside the node, expert tensor parallelism 1, gradients reduced in bf16
   (section 5). DP is the rest: 2, 4, 6, 8, 12. Micro-batch 1 sequence.
 * Not published, so shown as a band: Megatron-LM's recomputation (``none``, the least that
   fits in 80 GB, and ``full``) and MegaScale-MoE's overlap (``none``, and trainsim's ideal
@@ -54,8 +54,9 @@ VARIANTS: dict[tuple[str, str], dict[str, object]] = {
                                         "grad_reduce_dtype": "fp32", "recompute": "none"},
     ("Megatron-LM", "recompute full"): {"tp": 8, "sequence_parallel": True,
                                         "grad_reduce_dtype": "fp32", "recompute": "full"},
-    ("MegaScale-MoE", "no overlap"): {"cp": 8, "ep": 8, "etp": 1},
-    ("MegaScale-MoE", "ideal a2a overlap"): {"cp": 8, "ep": 8, "etp": 1, "vpp": 2,
+    ("MegaScale-MoE", "no overlap"): {"cp": 8, "cp_comm": "a2a", "ep": 8, "etp": 1},
+    ("MegaScale-MoE", "ideal a2a overlap"): {"cp": 8, "cp_comm": "a2a", "ep": 8, "etp": 1,
+                                             "vpp": 2,
                                              "schedule": "interleaved-1f1b",
                                              "moe_overlap": "a2a"},
 }

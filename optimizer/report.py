@@ -15,7 +15,7 @@ __all__ = ["plan_label", "summary", "format_report", "write_outputs"]
 
 def plan_label(p: Plan) -> str:
     parts = [f"tp{p.tp}", f"pp{p.pp}", f"dp{p.dp}"]
-    parts += [f"cp{p.cp}"] if p.cp > 1 else []
+    parts += [f"cp{p.cp}" + ("" if p.cp_comm == "p2p" else f"-{p.cp_comm}")] if p.cp > 1 else []
     parts += [f"ep{p.ep}"] if p.ep > 1 else []
     parts += [f"etp{p.etp}"] if p.etp is not None and p.etp != p.tp else []
     parts += [f"{p.moe_dispatcher}"] if p.moe_dispatcher != "alltoall" else []

@@ -8,7 +8,9 @@ and the experts), micro-batch size (divides the per-replica batch, at most 8), s
 (1F1B, or interleaved with every ``vpp`` that divides the layers per stage when the
 micro-batches are a multiple of ``pp``), ZeRO stage (2 and 3 only without pipelining, as in
 Megatron-LM and DeepSpeed's pipeline engine), recompute,
-sequence parallelism (with ``tp > 1``; required with EP), and the placement: the default
+sequence parallelism (with ``tp > 1``; required with EP), context parallelism's exchange
+(``cp_comm``: ring, all-gather, and Ulysses all-to-all where the heads split), and the
+placement: the default
 ``tp-cp-ep-dp-pp`` (TP innermost, pipeline outermost) or ``tp-cp-ep-pp-dp`` (pipeline stages
 of a replica on neighbouring nodes). Uneven layer splits and collective algorithms are
 explored by the local moves of the search, not enumerated.
@@ -156,10 +158,20 @@ class SearchSpace:
                                 layers_per_stage=even_split(self.model.num_layers, pp * vpp),
                                 attention=self.attention, etp=etp,
                                 overlap_grad_reduce=self.overlap_grad_reduce)
-                    plan = self._overlapped(plan)
-                    if self.constraints.framework == "any" \
-                            or self.constraints.admits(plan, self.model):
-                        yield plan
+                    for comm in self._cp_comms(tp, cp):
+                        plan = self._overlapped(plan if comm == plan.cp_comm else
+                                                dataclasses.replace(plan, cp_comm=comm))
+                        if self.constraints.framework == "any" \
+                                or self.constraints.admits(plan, self.model):
+                            yield plan
+
+    def _cp_comms(self, tp: int, cp: int) -> tuple[str, ...]:
+        """Context parallelism's exchanges: the K/V ring and all-gather, and Ulysses'
+        all-to-all where each TP rank's query and key/value heads split over cp."""
+        if cp == 1:
+            return ("p2p",)
+        heads = (self.model.num_heads // tp, self.model.kv_heads // tp)
+        return ("p2p", "allgather") + (("a2a",) if all(h % cp == 0 for h in heads) else ())
 
 
 def plans(model: ModelSpec, cluster: ClusterSpec, global_batch_size: int, seq_len: int,

@@ -209,7 +209,7 @@ HELP_OPTIONS: dict[tuple[str, ...], list[str]] = {
                       "--recompute", "--dtype", "--grad-reduce-dtype", "--attention",
                       "--placement",
                       "--sequence-parallel", "--moe-max-load", "--moe-capacity-factor",
-                      "--moe-dispatcher", "--moe-dispatch-dtype", "--moe-comm-sms",
+                      "--moe-dispatcher", "--moe-dispatch-dtype", "--moe-comm-sms", "--cp-comm",
                       "--moe-overlap", "--sync",
                       "--communication",
                       "--compression", "--model", "--cluster", "--out"],

@@ -22,6 +22,11 @@ GPU_PLANS = {  # name -> (model, cluster, plan): every parallelism and ZeRO stag
     "interleaved": ("llama3-8b", "dgx-h100:4",
                     P(32, 2048, dp=2, tp=4, pp=4, vpp=2, schedule="interleaved-1f1b")),
     "cp2": ("llama3-8b", "dgx-h100:2", P(8, 8192, dp=2, tp=2, cp=2, pp=2)),
+    "cp2-allgather-recompute": ("llama3-8b", "dgx-h100:2", P(
+        8, 8192, dp=2, tp=2, cp=2, pp=2, cp_comm="allgather", recompute="full")),
+    "cp4-a2a": ("llama3-8b", "dgx-h100:2", P(8, 8192, dp=2, tp=2, cp=4, cp_comm="a2a")),
+    "cp4-a2a-recompute": ("llama3-8b", "dgx-h100:2", P(
+        8, 8192, dp=2, tp=2, cp=4, cp_comm="a2a", recompute="full")),
     "zero1": ("llama3-8b", "dgx-h100:2", P(16, 2048, dp=16, zero_stage=1)),
     "zero2": ("llama3-8b", "dgx-h100:2", P(32, 2048, dp=16, zero_stage=2)),
     "zero3": ("llama3-8b", "dgx-h100:2", P(16, 2048, dp=16, zero_stage=3)),

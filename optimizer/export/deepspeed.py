@@ -19,7 +19,7 @@ from sim.spec.plan import Plan
 
 __all__ = ["check", "deepspeed_config", "files"]
 
-_IN_MODEL_CODE = (("tp", "AutoTP"), ("pp", "PipelineModule"), ("cp", "Ulysses"),
+_IN_MODEL_CODE = (("tp", "AutoTP"), ("pp", "PipelineModule"), ("cp", "Ulysses, cp_comm a2a"),
                   ("ep", "deepspeed.moe"))
 
 

@@ -134,6 +134,9 @@ def _model_args(m: ModelSpec, plan: Plan) -> list[str]:
     return args + _mla_args(m) + _moe_args(m, plan)
 
 
+_CP_COMM = {"p2p": "p2p", "allgather": "all_gather", "a2a": "a2a"}
+
+
 def megatron_args(plan: Plan, model: ModelSpec) -> list[str]:
     """``pretrain_gpt.py`` arguments, one flag (and its value) per item."""
     check(plan, model)
@@ -147,6 +150,8 @@ def megatron_args(plan: Plan, model: ModelSpec) -> list[str]:
     elif plan.vpp > 1:
         args.append(f"--num-virtual-stages-per-pipeline-rank {plan.vpp}")
     args += ["--sequence-parallel"] if plan.sequence_parallel else []
+    if plan.cp > 1:  # Transformer Engine's names (its all-gather is "all_gather")
+        args.append(f"--cp-comm-type {_CP_COMM[plan.cp_comm]}")
     args += _ZERO[plan.zero_stage]
     if plan.recompute == "full":
         args += ["--recompute-granularity full", "--recompute-method uniform",

@@ -59,6 +59,10 @@ def check(plan: Plan, model: ModelSpec) -> None:
     if plan.cp > 1 and plan.zero_stage == 0:
         raise SpecError("plan.zero_stage", "0 with cp > 1 is not expressible in torchtitan: it "
                         "always shards parameters over the context-parallel ranks (FSDP)")
+    if plan.cp > 1 and plan.cp_comm != "allgather":
+        raise SpecError("plan.cp_comm", f"{plan.cp_comm} is not expressible in torchtitan "
+                        "0.3.0: its context parallelism all-gathers K and V (FlexAttention, "
+                        "and SDPA through torch's context_parallel); use cp_comm allgather")
     if plan.dtype not in ("bf16", "fp32", "fp8"):
         raise SpecError("plan.dtype", f"{plan.dtype} is not expressible in torchtitan (bf16, "
                         "fp32, or fp8 through its Float8 converter)")

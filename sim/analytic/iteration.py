@@ -22,7 +22,13 @@ from sim.layout.memory import rank_params
 from sim.layout.placement import group_span
 from sim.layout.routing import dispatches
 from sim.layout.schedule import warmup_forwards
-from sim.layout.stages import StageLayers, edge_tp_collectives, pipeline_rank_layers, tp_blocks
+from sim.layout.stages import (
+    StageLayers,
+    cp_exchanges,
+    edge_tp_collectives,
+    pipeline_rank_layers,
+    tp_blocks,
+)
 from sim.network.algorithms import collective_time
 from sim.network.alphabeta import Fabric, fabric_for
 from sim.result import Timing
@@ -157,10 +163,16 @@ def _embedding_allreduce(x: _Ctx, st: StageLayers) -> float:
 
 
 def _cp_per_layer(x: _Ctx, layer: cm.LayerTime) -> tuple[float, float]:
-    """Ring attention: (cp-1) K/V exchanges forward, twice that backward, hidden behind the
-    attention core when it is long enough. Returns (exposed, overlapped)."""
+    """Context parallelism's exchange of one layer and micro-batch (exposed, overlapped).
+    Ring attention (``p2p``): (cp-1) K/V exchanges forward, twice that backward, hidden
+    behind the attention core when it is long enough. ``allgather`` and ``a2a``: the core
+    waits for them (:func:`sim.layout.stages.cp_exchanges`)."""
     if x.p.cp == 1:
         return 0.0, 0.0
+    if x.p.cp_comm != "p2p":
+        fwd, bwd = (sum(x.coll("cp", kind, size) for kind, size in cp_exchanges(x.m, x.p, b))
+                    for b in (False, True))
+        return (2 * fwd if x.p.recompute == "full" else fwd) + bwd, 0.0
     kv = x.tokens * (x.m.kv_dim + x.m.v_dim) / x.p.tp * x.e
     step = x.coll("cp", "send_recv", kv)
     passes = 4 if x.p.recompute == "full" else 3

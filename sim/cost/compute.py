@@ -114,6 +114,10 @@ def _attention_core(cm: CostModel, m: ModelSpec, plan: Plan) -> Cost:
     """With MLA, queries and keys are wider than values: timed at their mean width, which
     gives the core's FLOPs exactly."""
     head = (m.head_size + m.v_head_dim) / 2 if m.is_mla else m.head_size
+    if plan.cp_comm == "a2a":  # Ulysses: the whole sequence of 1/cp of the heads
+        return cm.attention(m.num_heads / plan.tp / plan.cp * plan.micro_batch_size,
+                            plan.seq_len, plan.seq_len, head, plan.activation_dtype,
+                            plan.attention == "flash", m.dropout)
     return cm.attention(m.num_heads / plan.tp * plan.micro_batch_size, plan.seq_len / plan.cp,
                         plan.seq_len, head, plan.activation_dtype, plan.attention == "flash",
                         m.dropout)

@@ -18,7 +18,7 @@ from sim.des.data_parallel import DataParallel
 from sim.layout.memory import chunk_edge_params, layer_rank_params
 from sim.layout.placement import group_span
 from sim.layout.routing import dispatches
-from sim.layout.stages import edge_tp_collectives, tp_blocks
+from sim.layout.stages import cp_exchanges, edge_tp_collectives, tp_blocks
 from sim.spec.experts import expert_tp
 from sim.spec.routing import comm_sm_share
 
@@ -54,11 +54,6 @@ class Layers:
             self._ways[forward] = dispatches(x.m, x.p, group_span(x.p, x.c, "ep").nodes,
                                              forward)
         return self._ways[forward]
-
-    def _cp_bytes(self) -> float:
-        """Ring all-gather size of one pass: every rank's K and V chunk."""
-        p = self.x.p
-        return p.cp * p.local_tokens * (self.x.m.kv_dim + self.x.m.v_dim) / p.tp * self.x.act
 
     def _comm_passes(self, u: Unit, moe: bool, passes: int, tag: tuple,
                      hide: tuple[float, ...] = (), backward: bool = False) -> Proc:
@@ -141,21 +136,35 @@ class Layers:
         return (lt.shared_forward, lt.shared_backward) if x.p.recompute == "full" else \
             (lt.shared_backward,)
 
-    def _with_cp(self, u: Unit, seconds: float, cp_bytes: float, tag: tuple, name: str
+    def _with_cp(self, u: Unit, seconds: float, backward: bool, tag: tuple, name: str
                  ) -> Proc:
-        """Compute beside the context-parallel K/V ring; the ring's excess is exposed."""
+        """A layer's compute with context parallelism's exchange
+        (:func:`sim.layout.stages.cp_exchanges`): the ``p2p`` ring beside it, its excess
+        exposed; ``allgather`` and ``a2a`` waited for, the first before the compute, the
+        rest after it (a recomputed forward's before all of them)."""
         x = self.x
-        if x.p.cp == 1:
+        parts = cp_exchanges(x.m, x.p, backward)
+        if not parts:
             yield from x.compute(u, seconds, name)
             return
+        if x.p.cp_comm != "p2p":
+            if backward and x.p.recompute == "full":
+                parts = cp_exchanges(x.m, x.p, False) + parts
+            for j, (coll, size) in enumerate(parts[:-1] if len(parts) > 1 else parts):
+                yield from self.comm.blocking(u, "cp", coll, size, tag + (j,))
+            yield from x.compute(u, seconds, name)
+            if len(parts) > 1:
+                yield from self.comm.blocking(u, "cp", *parts[-1], tag + (len(parts) - 1,))
+            return
         t0 = x.env.now
+        ring_bytes = parts[0][1]
         if x.core is not None:  # no overlap: the ring, then the compute
-            yield from x.wait(u, "cp", self.comm.collective(u, "cp", "all_gather", cp_bytes,
+            yield from x.wait(u, "cp", self.comm.collective(u, "cp", "all_gather", ring_bytes,
                                                             tag), "cp ring")
             x.acct[u].comm_total["cp"] += x.env.now - t0
             yield from x.compute(u, seconds, name)
             return
-        ring = self.comm.collective(u, "cp", "all_gather", cp_bytes, tag)
+        ring = self.comm.collective(u, "cp", "all_gather", ring_bytes, tag)
         ring_end: list[float] = []
         ring.callbacks.append(lambda _e: ring_end.append(x.env.now))
         yield from x.compute(u, seconds, name)
@@ -214,8 +223,8 @@ class Layers:
                 yield from x.wait(u, "dp", gather, "zero3 gather")
                 gather = self.dp.z3_gather(u, layers, i + 1, ("F", mb, vs))
             hide = self._shared(moe, backward=False)
-            yield from self._with_cp(u, lt.forward - sum(hide), self._cp_bytes(),
-                                     ("Fcp", mb, vs, i), f"F{mb} v{vs} L{i}")
+            yield from self._with_cp(u, lt.forward - sum(hide), False, ("Fcp", mb, vs, i),
+                                     f"F{mb} v{vs} L{i}")
             yield from self._comm_passes(u, moe, 1, ("F", mb, vs, i), hide)
         yield from self._edge(u, vs, "F", ("F", mb, vs))
 
@@ -253,8 +262,7 @@ class Layers:
                 gather = dp.z3_gather(u, layers, i - 1, ("B", mb, vs))
             hide = self._shared(moe, backward=True)
             seconds = lt.backward + self._recompute(lt) - sum(hide)
-            yield from self._with_cp(u, seconds, 2 * self._cp_bytes(), ("Bcp", mb, vs, i),
-                                     f"B{mb} v{vs} L{i}")
+            yield from self._with_cp(u, seconds, True, ("Bcp", mb, vs, i), f"B{mb} v{vs} L{i}")
             yield from self._comm_passes(u, moe, passes, ("B", mb, vs, i), hide, backward=True)
             if x.p.zero_stage == 3:
                 dp.z3_reduce(u, moe, ("B", mb, vs, i))

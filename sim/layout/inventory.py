@@ -49,7 +49,13 @@ from typing import Any
 
 from sim.layout.memory import chunk_edge_params, layer_rank_params, rank_params
 from sim.layout.routing import dispatch_scale, ep_bytes
-from sim.layout.stages import StageLayers, pipeline_rank_layers, tp_blocks, virtual_stage_moe
+from sim.layout.stages import (
+    StageLayers,
+    cp_exchanges,
+    pipeline_rank_layers,
+    tp_blocks,
+    virtual_stage_moe,
+)
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan, replica_plan
 
@@ -222,10 +228,11 @@ def _ep_cp(t: _Tally, m: ModelSpec, p: Plan, st: StageLayers, conv: Conventions)
             t.add("ep", "all_to_all", size * fp8, forwards)
         t.add("ep", "all_to_all", size, (4 + 2 * replays) * st.moe * n
               - (forwards if fp8 != 1.0 else 0))
-    if conv.context_parallel and p.cp > 1:  # the K/V ring: forward, backward (twice the bytes)
-        ring = p.cp * p.local_tokens * (m.kv_dim + m.v_dim) / p.tp * p.activation_bytes
-        t.add("cp", "all_gather", ring, st.total * n)
-        t.add("cp", "all_gather", 2 * ring, st.total * n)
+    if conv.context_parallel and p.cp > 1:  # sim.layout.stages.cp_exchanges, both passes
+        again = p.recompute == "full" and p.cp_comm != "p2p"  # the recomputed forward's
+        for backward in (False, True):
+            for kind, size in cp_exchanges(m, p, backward):
+                t.add("cp", kind, size, st.total * n * (2 if again and not backward else 1))
 
 
 def expected_collectives(model: ModelSpec, plan: Plan, pp_rank: int = 0,

@@ -189,6 +189,8 @@ def _transient_bytes(m: ModelSpec, plan: Plan, st: StageLayers) -> float:
         out += layer_activation_bytes(m, plan, moe=st.moe > 0)
     if plan.zero_stage == 3:  # the current and the prefetched layer, gathered
         out += 2 * plan.activation_bytes * sum(layer_rank_params(m, plan, st.moe > 0))
+    if plan.cp_comm == "allgather" and st.total:  # one layer's K and V, gathered
+        out += plan.cp * tokens * (m.kv_dim + m.v_dim) / plan.tp * plan.activation_bytes
     return out
 
 

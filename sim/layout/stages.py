@@ -9,7 +9,7 @@ from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
 
 __all__ = ["StageLayers", "even_split", "tp_blocks", "virtual_stage_layers", "virtual_stage_moe",
-           "pipeline_rank_layers", "edge_tp_collectives"]
+           "pipeline_rank_layers", "edge_tp_collectives", "cp_exchanges"]
 
 
 @dataclass(frozen=True)
@@ -110,3 +110,29 @@ def edge_tp_collectives(model: ModelSpec, plan: Plan, first: bool, last: bool
         out += [("F", "all_reduce", 4.0 * plan.local_tokens)] * 3
         out.append(("B", "reduce_scatter" if sp else "all_reduce", full))
     return out
+
+
+def cp_exchanges(model: ModelSpec, plan: Plan, backward: bool) -> list[tuple[str, float]]:
+    """``(collective, bytes)`` of one layer's context-parallel exchange in one forward or
+    backward pass of a micro-batch (a recomputed forward repeats the forward's), as
+    Megatron-LM / Transformer Engine run ``plan.cp_comm``:
+
+    * ``p2p``: the ring passes every rank's K and V chunk round the group (written as one
+      all-gather of them, which moves the same bytes), beside the attention core; the
+      backward passes K and V and their gradients (twice the bytes).
+    * ``allgather``: K and V are all-gathered before the attention core, which waits; the
+      backward gathers them again and reduce-scatters their gradients.
+    * ``a2a`` (Ulysses): the local sequence's Q, K and V, all heads, are exchanged for the
+      whole sequence of ``1/cp`` of the heads before the core, and its output back after;
+      the backward does the same with the gradients."""
+    if plan.cp == 1:
+        return []
+    ring = plan.cp * plan.local_tokens * (model.kv_dim + model.v_dim) / plan.tp \
+        * plan.activation_bytes  # every rank's K and V chunk
+    if plan.cp_comm == "p2p":
+        return [("all_gather", 2 * ring if backward else ring)]
+    if plan.cp_comm == "allgather":
+        return [("all_gather", ring)] + ([("reduce_scatter", ring)] if backward else [])
+    local = plan.local_tokens * plan.activation_bytes / plan.tp
+    return [("all_to_all", local * (model.q_dim + model.kv_dim + model.v_dim)),
+            ("all_to_all", local * model.o_dim)]

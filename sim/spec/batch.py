@@ -12,7 +12,11 @@ from sim.errors import SpecError
 # as Any: naming Plan here would be an import circle).
 Plan = Any
 
-__all__ = ["check_batch", "check_schedule"]
+__all__ = ["check_batch", "check_schedule", "CP_COMMS"]
+
+# Context parallelism's exchanges, as Megatron-LM names them (--cp-comm-type; its
+# "all_gather" is written allgather here, as the MoE dispatcher)
+CP_COMMS = ("p2p", "allgather", "a2a")
 
 
 def _check_uneven(plan: Plan) -> None:
@@ -42,6 +46,14 @@ def check_batch(plan: Plan) -> None:
         raise SpecError("plan.global_batch_size", f"must be a multiple of dp*micro_batch_size = "
                         f"{plan.dp}*{plan.micro_batch_size} = {per_step}, "
                         f"got {plan.global_batch_size}")
+    if plan.cp_comm not in CP_COMMS:
+        hint = {"all_gather": " (written allgather here)",
+                "a2a+p2p": " (Megatron-LM's hierarchical a2a+p2p is not modelled)"}
+        raise SpecError("plan.cp_comm", f"must be one of {', '.join(CP_COMMS)}, got "
+                        f"{plan.cp_comm!r}{hint.get(str(plan.cp_comm), '')}")
+    if plan.cp == 1 and plan.cp_comm != "p2p":
+        raise SpecError("plan.cp_comm", f"{plan.cp_comm} needs cp > 1 (it is how context-"
+                        "parallel ranks exchange)")
     if plan.cp > 1 and plan.seq_len % (2 * plan.cp):
         raise SpecError("plan.seq_len", f"must be a multiple of 2*cp = {2 * plan.cp} for "
                         f"load-balanced context parallelism, got {plan.seq_len}")

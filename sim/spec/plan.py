@@ -101,6 +101,9 @@ class Plan:
     # MoE: SMs the dispatch and combine kernels hold while they run beside compute (overlap);
     # null: DeepEP's default 20 for `deepep`, none for the NCCL dispatchers (not modelled)
     moe_comm_sms: int | None = None
+    # context parallelism's exchange (Megatron-LM's --cp-comm-type): `p2p` (K/V ring beside
+    # the attention), `allgather` (K/V gathered before it) or `a2a` (Ulysses: heads)
+    cp_comm: str = "p2p"
 
     def __post_init__(self) -> None:
         coerce_sync(self)
@@ -316,6 +319,10 @@ def _check_model(plan: Plan, m: ModelSpec) -> None:
         if count % plan.tp:
             raise SpecError("plan.tp", f"must divide model.{what}: {count} % {plan.tp} = "
                             f"{count % plan.tp} != 0")
+        if plan.cp_comm == "a2a" and count // plan.tp % plan.cp:
+            raise SpecError("plan.cp_comm", f"a2a splits each TP rank's heads over cp: "
+                            f"model.{what}/tp = {count // plan.tp} is not a multiple of cp = "
+                            f"{plan.cp} (use p2p or allgather)")
     _check_layers(plan, m)
     check_experts_model(plan, m)
     if m.position_embedding == "learned" and plan.seq_len > m.max_seq_len:

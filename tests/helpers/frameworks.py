@@ -177,7 +177,7 @@ def megatron_parsed(text: str, world: int) -> dict[str, Any]:
             "dropout": (cfg.hidden_dropout, cfg.attention_dropout),
             "overlap_grad_reduce": ddp.overlap_grad_reduce, "num_layers": cfg.num_layers,
             "attention": cfg.attention_backend.name, "qk_layernorm": cfg.qk_layernorm,
-            "kv_channels": cfg.kv_channels}
+            "kv_channels": cfg.kv_channels, "cp_comm": cfg.cp_comm_type or "p2p"}
 
 
 def torchtitan_parsed(folder: Path, module: str, fn: str, world: int) -> dict[str, Any]:

@@ -36,7 +36,7 @@ def cmd_plan_new(args: argparse.Namespace) -> int:
 
     fields.update(section_fields(args))
     for k in ("moe_max_load", "moe_capacity_factor", "moe_dispatcher", "moe_dispatch_dtype",
-              "moe_comm_sms", "moe_overlap"):
+              "moe_comm_sms", "moe_overlap", "cp_comm"):
         if getattr(args, k) is not None:
             fields[k] = getattr(args, k)
     plan = Plan.from_dict(fields)
@@ -83,6 +83,10 @@ def add_plan_parser(sub: Any) -> None:
     new.add_argument("--placement", help="rank order, innermost first (default tp-cp-ep-dp-pp)")
     new.add_argument("--sequence-parallel", action="store_true",
                      help="split norm/dropout activations over the TP group (needs tp > 1)")
+    new.add_argument("--cp-comm", choices=["p2p", "allgather", "a2a"],
+                     help="context parallelism's exchange: the K/V ring beside the attention "
+                     "(p2p, default), K/V all-gathered before it (allgather), or Ulysses' "
+                     "all-to-all of the heads (a2a)")
     new.add_argument("--moe-max-load", type=float, metavar="F",
                      help="MoE: tokens on the most-loaded expert-parallel rank over the mean "
                      "(default 1: forced balance)")
