@@ -34,7 +34,7 @@ CASES = [("all_reduce", a) for a in ("ring", "tree", "hierarchical", "halving-do
 CASES += [(k, a) for k in ("all_gather", "reduce_scatter") for a in ("ring", "hierarchical",
                                                                      "halving-doubling")]
 CASES += [("all_to_all", "direct"), ("all_to_all", "pairwise"), ("broadcast", "ring"),
-          ("send_recv", "ring")]
+          ("send_recv", "ring"), ("kv_ring", "ring")]
 
 
 def des_time(topo, kind: str, algorithm: str, devices: list[int], size: float) -> float:

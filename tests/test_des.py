@@ -65,10 +65,11 @@ CASES = [("all_reduce", "ring", 8, 1), ("all_reduce", "tree", 4, 4),
          ("all_reduce", "hierarchical", 16, 2), ("all_reduce", "nvls", 8, 1),
          ("all_reduce", "halving-doubling", 16, 2), ("all_gather", "ring", 16, 2),
          ("reduce_scatter", "ring", 8, 1), ("all_to_all", "direct", 16, 2),
-         ("all_to_all", "pairwise", 8, 1), ("broadcast", "ring", 16, 2)]
+         ("all_to_all", "pairwise", 8, 1), ("broadcast", "ring", 16, 2),
+         ("kv_ring", "ring", 8, 1), ("kv_ring", "ring", 16, 2)]
 
 
-@pytest.mark.parametrize("kind,algo,n,nodes", CASES, ids=[f"{a}-{b}-{c}" for a, b, c, _ in
+@pytest.mark.parametrize("kind,algo,n,nodes", CASES, ids=[f"{a}-{b}-{c}-{d}" for a, b, c, d in
                                                          CASES])
 @pytest.mark.parametrize("size", [2**10, 2**30])
 def test_collectives_equal_their_closed_form_on_an_idle_network(kind, algo, n, nodes, size):

@@ -163,21 +163,21 @@ def _embedding_allreduce(x: _Ctx, st: StageLayers) -> float:
 
 
 def _cp_per_layer(x: _Ctx, layer: cm.LayerTime) -> tuple[float, float]:
-    """Context parallelism's exchange of one layer and micro-batch (exposed, overlapped).
-    Ring attention (``p2p``): (cp-1) K/V exchanges forward, twice that backward, hidden
-    behind the attention core when it is long enough. ``allgather`` and ``a2a``: the core
-    waits for them (:func:`sim.layout.stages.cp_exchanges`)."""
+    """Context parallelism's exchange of one layer and micro-batch (exposed, overlapped)
+    (:func:`sim.layout.stages.cp_exchanges`). Ring attention (``p2p``): (cp-1) K/V hops
+    forward, twice that backward, once more after recomputation, hidden behind the
+    attention core (each pass's, the recomputed one's too) when it is long enough.
+    ``allgather`` and ``a2a``: the core waits for them."""
     if x.p.cp == 1:
         return 0.0, 0.0
     if x.p.cp_comm != "p2p":
-        fwd, bwd = (sum(x.coll("cp", kind, size) for kind, size in cp_exchanges(x.m, x.p, b))
-                    for b in (False, True))
-        return (2 * fwd if x.p.recompute == "full" else fwd) + bwd, 0.0
+        return sum(x.coll("cp", kind, size) for b in (False, True)
+                   for kind, size in cp_exchanges(x.m, x.p, b)), 0.0
     kv = x.tokens * (x.m.kv_dim + x.m.v_dim) / x.p.tp * x.e
     step = x.coll("cp", "send_recv", kv)
-    passes = 4 if x.p.recompute == "full" else 3
-    comm = (x.p.cp - 1) * step * passes
-    forwards = 2 if x.p.recompute == "full" else 1
+    again = x.p.recompute != "none"  # full, or selective: the core (and its ring) re-run
+    comm = (x.p.cp - 1) * step * (4 if again else 3)
+    forwards = 2 if again else 1
     hide = (forwards * layer.attention_forward + layer.attention_backward) * x.overlap
     return max(0.0, comm - hide), min(comm, hide)
 

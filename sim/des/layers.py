@@ -136,20 +136,18 @@ class Layers:
         return (lt.shared_forward, lt.shared_backward) if x.p.recompute == "full" else \
             (lt.shared_backward,)
 
-    def _with_cp(self, u: Unit, seconds: float, backward: bool, tag: tuple, name: str
-                 ) -> Proc:
-        """A layer's compute with context parallelism's exchange
-        (:func:`sim.layout.stages.cp_exchanges`): the ``p2p`` ring beside it, its excess
-        exposed; ``allgather`` and ``a2a`` waited for, the first before the compute, the
-        rest after it (a recomputed forward's before all of them)."""
+    def _with_cp(self, u: Unit, seconds: float, core: float, backward: bool, tag: tuple,
+                 name: str) -> Proc:
+        """A layer's ``seconds`` of compute, ``core`` of them the attention core's, with
+        context parallelism's exchange (:func:`sim.layout.stages.cp_exchanges`): the
+        ``p2p`` ring beside the core, its excess exposed; ``allgather`` and ``a2a`` waited
+        for, the first before the compute, the rest after it."""
         x = self.x
         parts = cp_exchanges(x.m, x.p, backward)
         if not parts:
             yield from x.compute(u, seconds, name)
             return
         if x.p.cp_comm != "p2p":
-            if backward and x.p.recompute == "full":
-                parts = cp_exchanges(x.m, x.p, False) + parts
             for j, (coll, size) in enumerate(parts[:-1] if len(parts) > 1 else parts):
                 yield from self.comm.blocking(u, "cp", coll, size, tag + (j,))
             yield from x.compute(u, seconds, name)
@@ -157,19 +155,21 @@ class Layers:
                 yield from self.comm.blocking(u, "cp", *parts[-1], tag + (len(parts) - 1,))
             return
         t0 = x.env.now
-        ring_bytes = parts[0][1]
+        (coll, ring_bytes), = parts
+        core = min(core, seconds)  # a shared expert's share may hide part of the layer
         if x.core is not None:  # no overlap: the ring, then the compute
-            yield from x.wait(u, "cp", self.comm.collective(u, "cp", "all_gather", ring_bytes,
-                                                            tag), "cp ring")
+            yield from x.wait(u, "cp", self.comm.collective(u, "cp", coll, ring_bytes, tag),
+                              "cp ring")
             x.acct[u].comm_total["cp"] += x.env.now - t0
             yield from x.compute(u, seconds, name)
             return
-        ring = self.comm.collective(u, "cp", "all_gather", ring_bytes, tag)
+        ring = self.comm.collective(u, "cp", coll, ring_bytes, tag)
         ring_end: list[float] = []
         ring.callbacks.append(lambda _e: ring_end.append(x.env.now))
-        yield from x.compute(u, seconds, name)
+        yield from x.compute(u, core, name + " core")
         yield from x.wait(u, "cp", ring, "cp ring")
         x.acct[u].comm_total["cp"] += ring_end[0] - t0
+        yield from x.compute(u, seconds - core, name)
 
     def _fast(self, u: Unit, layers: list[bool], backward: bool) -> tuple[float, float] | None:
         """(compute, tp) seconds of a whole chunk when nothing in it interacts with other
@@ -223,8 +223,8 @@ class Layers:
                 yield from x.wait(u, "dp", gather, "zero3 gather")
                 gather = self.dp.z3_gather(u, layers, i + 1, ("F", mb, vs))
             hide = self._shared(moe, backward=False)
-            yield from self._with_cp(u, lt.forward - sum(hide), False, ("Fcp", mb, vs, i),
-                                     f"F{mb} v{vs} L{i}")
+            yield from self._with_cp(u, lt.forward - sum(hide), lt.attention_forward, False,
+                                     ("Fcp", mb, vs, i), f"F{mb} v{vs} L{i}")
             yield from self._comm_passes(u, moe, 1, ("F", mb, vs, i), hide)
         yield from self._edge(u, vs, "F", ("F", mb, vs))
 
@@ -262,7 +262,10 @@ class Layers:
                 gather = dp.z3_gather(u, layers, i - 1, ("B", mb, vs))
             hide = self._shared(moe, backward=True)
             seconds = lt.backward + self._recompute(lt) - sum(hide)
-            yield from self._with_cp(u, seconds, True, ("Bcp", mb, vs, i), f"B{mb} v{vs} L{i}")
+            core = lt.attention_backward + (lt.attention_forward if x.p.recompute != "none"
+                                            else 0.0)
+            yield from self._with_cp(u, seconds, core, True, ("Bcp", mb, vs, i),
+                                     f"B{mb} v{vs} L{i}")
             yield from self._comm_passes(u, moe, passes, ("B", mb, vs, i), hide, backward=True)
             if x.p.zero_stage == 3:
                 dp.z3_reduce(u, moe, ("B", mb, vs, i))

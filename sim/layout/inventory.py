@@ -229,10 +229,9 @@ def _ep_cp(t: _Tally, m: ModelSpec, p: Plan, st: StageLayers, conv: Conventions)
         t.add("ep", "all_to_all", size, (4 + 2 * replays) * st.moe * n
               - (forwards if fp8 != 1.0 else 0))
     if conv.context_parallel and p.cp > 1:  # sim.layout.stages.cp_exchanges, both passes
-        again = p.recompute == "full" and p.cp_comm != "p2p"  # the recomputed forward's
         for backward in (False, True):
             for kind, size in cp_exchanges(m, p, backward):
-                t.add("cp", kind, size, st.total * n * (2 if again and not backward else 1))
+                t.add("cp", kind, size, st.total * n)
 
 
 def expected_collectives(model: ModelSpec, plan: Plan, pp_rank: int = 0,

@@ -114,12 +114,14 @@ def edge_tp_collectives(model: ModelSpec, plan: Plan, first: bool, last: bool
 
 def cp_exchanges(model: ModelSpec, plan: Plan, backward: bool) -> list[tuple[str, float]]:
     """``(collective, bytes)`` of one layer's context-parallel exchange in one forward or
-    backward pass of a micro-batch (a recomputed forward repeats the forward's), as
-    Megatron-LM / Transformer Engine run ``plan.cp_comm``:
+    backward pass of a micro-batch, as Megatron-LM / Transformer Engine run
+    ``plan.cp_comm``; a backward after recomputation (full, or selective: the attention
+    core, where the exchange lives) first repeats the forward's:
 
-    * ``p2p``: the ring passes every rank's K and V chunk round the group (written as one
-      all-gather of them, which moves the same bytes), beside the attention core; the
-      backward passes K and V and their gradients (twice the bytes).
+    * ``p2p``: the ring passes every rank's K and V chunk round the group, ``cp - 1`` hops
+      to the next rank in rank order (``kv_ring``: one ring, NCCL send/receive, so across
+      nodes each hop waits for the one that leaves its node through one NIC), beside the
+      attention core; the backward passes K and V and their gradients (twice the bytes).
     * ``allgather``: K and V are all-gathered before the attention core, which waits; the
       backward gathers them again and reduce-scatters their gradients.
     * ``a2a`` (Ulysses): the local sequence's Q, K and V, all heads, are exchanged for the
@@ -127,12 +129,15 @@ def cp_exchanges(model: ModelSpec, plan: Plan, backward: bool) -> list[tuple[str
       the backward does the same with the gradients."""
     if plan.cp == 1:
         return []
+    again = backward and plan.recompute != "none"
     ring = plan.cp * plan.local_tokens * (model.kv_dim + model.v_dim) / plan.tp \
         * plan.activation_bytes  # every rank's K and V chunk
-    if plan.cp_comm == "p2p":
-        return [("all_gather", 2 * ring if backward else ring)]
+    if plan.cp_comm == "p2p":  # one ring of all the pass's chunks
+        return [("kv_ring", ring * ((2 if backward else 1) + (1 if again else 0)))]
     if plan.cp_comm == "allgather":
-        return [("all_gather", ring)] + ([("reduce_scatter", ring)] if backward else [])
+        forward = [("all_gather", ring)]
+        return forward * again + forward + [("reduce_scatter", ring)] if backward else forward
     local = plan.local_tokens * plan.activation_bytes / plan.tp
-    return [("all_to_all", local * (model.q_dim + model.kv_dim + model.v_dim)),
-            ("all_to_all", local * model.o_dim)]
+    forward = [("all_to_all", local * (model.q_dim + model.kv_dim + model.v_dim)),
+               ("all_to_all", local * model.o_dim)]
+    return forward * (1 + again) if backward else forward

@@ -190,6 +190,8 @@ def collective_time(collective: str, f: Fabric, size_bytes: float, algorithm: st
         return 0.0
     if collective == "send_recv":  # between neighbours of the group
         return send_recv_s(f, size_bytes)
+    if collective == "kv_ring":  # n - 1 hops round one ring, each a neighbour's chunk
+        return (f.span.size - 1) * send_recv_s(f, size_bytes / f.span.size)
     if collective == "broadcast":
         return broadcast_s(f, size_bytes)
     if collective in DISPATCH:
@@ -207,6 +209,8 @@ def expand(kind: str, algorithm: str, n: int, size: float, nodes: Nodes = None
         return []
     if kind == "send_recv":
         return [Phase([FlowSpec(0, 1, size)])]
+    if kind == "kv_ring":  # one ring in rank order, whatever the nodes (no NCCL channels)
+        return ring_phases(n, size, 1)
     if kind == "p2p":  # pairs (0->1, 2->3, ...) sending at once: a pipeline boundary
         return [Phase([FlowSpec(i, i + 1, size) for i in range(0, n, 2)])]
     if kind == "broadcast":
@@ -237,7 +241,8 @@ def nccl_env(plan: Plan, runner: str) -> dict[str, str]:
     algo = algos.pop()
     gathers = [why for why, on in (("ZeRO's reduce-scatter/all-gather", plan.zero_stage > 0),
                                    ("sequence parallelism's", plan.sequence_parallel),
-                                   ("context parallelism's all-gather", plan.cp > 1)) if on]
+                                   ("context parallelism's all-gather",
+                                    plan.cp > 1 and plan.cp_comm == "allgather")) if on]
     if algo == "tree" and gathers:  # NCCL's Tree implements all-reduce only
         raise SpecError("plan.collectives", f"tree is not expressible in {runner} for this "
                         f"plan: NCCL's Tree runs all-reduce only, and NCCL_ALGO=Tree would "
