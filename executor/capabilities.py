@@ -84,6 +84,10 @@ def _plan(plan: Plan) -> tuple[str, str] | None:
                                           "dtype")
     if plan.cp > 1:
         return "plan.cp", "context parallelism is not run by the executor yet (simulate it)"
+    if plan.recompute_modules is not None:
+        return "plan.recompute_modules", ("recomputation by module is not run by the "
+                                          "executor: its selective recomputation keeps the "
+                                          "GEMM outputs and re-runs the rest")
     if plan.tp > 1 and plan.dp > 1 and plan.zero_stage < 2:
         return "plan.zero_stage", ("with tp > 1 and dp > 1 the executor shards with FSDP2: "
                                    "use zero_stage 2 or 3")

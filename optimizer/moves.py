@@ -53,6 +53,17 @@ def _dispatcher_moves(p: Plan, r: Result) -> list[tuple[str, Plan]]:
     return out
 
 
+def _cp_moves(p: Plan, r: Result) -> list[tuple[str, Plan]]:
+    """The other context-parallel exchanges when the plan's is exposed (Ulysses where the
+    heads do not split is dropped by validation)."""
+    from sim.spec.batch import CP_COMMS
+
+    if p.cp == 1 or r.communication["cp"]["exposed_s"] <= 0:
+        return []
+    return [(f"cp exchange {c}", dataclasses.replace(p, cp_comm=c)) for c in CP_COMMS
+            if c != p.cp_comm]
+
+
 def _stage_moves(space: SearchSpace, p: Plan) -> list[tuple[str, Plan]]:
     """Shift one layer off the slowest pipeline stage onto the fastest (1F1B only)."""
     from sim.analytic.iteration import stage_costs
@@ -76,7 +87,8 @@ def _memory_moves(space: SearchSpace, p: Plan, peak_gib: float) -> list[tuple[st
     out = []
     if peak_gib < 0.8 * space.cluster.gpu.memory_gib:
         if p.recompute != "none":
-            out.append(("recompute none", dataclasses.replace(p, recompute="none")))
+            out.append(("recompute none", dataclasses.replace(p, recompute="none",
+                                                              recompute_modules=None)))
         per_replica = p.global_batch_size // p.dp
         if per_replica % (2 * p.micro_batch_size) == 0 and (
                 p.schedule != "interleaved-1f1b"
@@ -93,7 +105,8 @@ def neighbours(space: SearchSpace, c: Candidate) -> list[tuple[str, Plan]]:
     if c.des is None:  # more micro-batches than the DES runs: no bottleneck to move from
         return []
     moves = _collective_moves(c.plan, c.des) + _dispatcher_moves(c.plan, c.des) + \
-        _stage_moves(space, c.plan) + _memory_moves(space, c.plan, c.peak_gib)
+        _cp_moves(c.plan, c.des) + _stage_moves(space, c.plan) + \
+        _memory_moves(space, c.plan, c.peak_gib)
     valid = []
     for name, plan in moves:
         try:

@@ -20,7 +20,8 @@ def plan_label(p: Plan) -> str:
     parts += [f"etp{p.etp}"] if p.etp is not None and p.etp != p.tp else []
     parts += [f"{p.moe_dispatcher}"] if p.moe_dispatcher != "alltoall" else []
     parts += [f"overlap-{p.moe_overlap}"] if p.moe_overlap != "none" else []
-    parts += [f"mb{p.micro_batch_size}", f"zero{p.zero_stage}", f"rc-{p.recompute}"]
+    modules = f"({'+'.join(p.recompute_modules)})" if p.recompute_modules else ""
+    parts += [f"mb{p.micro_batch_size}", f"zero{p.zero_stage}", f"rc-{p.recompute}{modules}"]
     parts += ["sp"] if p.sequence_parallel else []
     parts += [f"{p.schedule}" + (f"x{p.vpp}" if p.vpp > 1 else "")] if p.pp > 1 else []
     parts += ["pp-inner"] if p.placement != "tp-cp-ep-dp-pp" else []

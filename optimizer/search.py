@@ -122,6 +122,13 @@ def _plan_key(p: Plan) -> str:
     return repr(sorted(p.to_dict().items()))
 
 
+def _rank(seconds: float, p: Plan) -> tuple[float, str]:
+    """Sort key: the time to 9 significant digits (plans that differ by float rounding
+    alone tie), then the plan, so equal plans rank the same way whatever the summation
+    order of their simulations."""
+    return float(f"{seconds:.9g}"), _plan_key(p)
+
+
 MIN_GAIN = 1e-3  # a move must beat the plan it starts from by 0.1%
 
 
@@ -152,7 +159,7 @@ def _local_search(space: SearchSpace, best: Candidate, seen: set[str], workers: 
         cands = [Candidate(p, s, pk, r, f"move: {n}") for (n, p, s, pk), r in zip(
             fits, results, strict=True)]
         evaluated += len(cands)
-        better = min(cands, key=lambda c: (c.best_s, _plan_key(c.plan)), default=None)
+        better = min(cands, key=lambda c: _rank(c.best_s, c.plan), default=None)
         if better is None or better.best_s >= best.best_s * (1 - MIN_GAIN):
             break
         log.append(f"{better.origin[6:]}: {best.best_s:.4g} s -> {better.best_s:.4g} s")
@@ -187,7 +194,7 @@ def _analytic_tier(space: SearchSpace, plans: list[Plan], workers: int, progress
     cands = [Candidate(p, s, pk) for p, (s, pk) in zip(plans, scores, strict=True)]
     feasible = sorted((c for c in cands if c.analytic_s < float("inf")
                        and _within(space, c.peak_gib, c.analytic_s)),
-                      key=lambda c: (c.analytic_s, _plan_key(c.plan)))
+                      key=lambda c: _rank(c.analytic_s, c.plan))
     if not feasible:
         raise NoFeasiblePlan(_why_infeasible(space, plans, cands))
     return feasible
@@ -240,15 +247,15 @@ def optimize(model: ModelSpec, cluster: ClusterSpec, global_batch_size: int, seq
     if not admitted:
         raise NoFeasiblePlan(f"none of the {len(shortlist)} plans simulated with the DES is "
                              f"within {', '.join(space.constraints.describe())}")
-    best = min(admitted, key=lambda c: (c.best_s, _plan_key(c.plan)))
+    best = min(admitted, key=lambda c: _rank(c.best_s, c.plan))
     best, tried, moved, log = _local_search(space, best,
                                             {_plan_key(c.plan) for c in shortlist}, workers,
                                             progress, deadline)
     ranked = sorted((c for c in shortlist + tried if _admitted(space, c)),
-                    key=lambda c: (c.best_s, _plan_key(c.plan)))
+                    key=lambda c: _rank(c.best_s, c.plan))
     homogeneous, balanced, extra = _balance(space, ranked, feasible, workers) \
         if cluster.heterogeneous else (None, None, [])
-    ranked = sorted(ranked + extra, key=lambda c: (c.best_s, _plan_key(c.plan)))
+    ranked = sorted(ranked + extra, key=lambda c: _rank(c.best_s, c.plan))
     return SearchReport(model.name, cluster.name, len(plans), len(feasible),
                         len(shortlist) + moved + len(extra), feasible, ranked, baseline,
                         lower_bound_s(space), time.perf_counter() - t0, log,
@@ -268,7 +275,8 @@ def _families(feasible: list[Candidate], ranked: list[Candidate]) -> list[Candid
     out, keys, per_placement = [], set(), Counter[str]()
     for x in ranked[:BALANCE_SEEDS] + feasible:
         p = x.plan
-        key = (p.tp, p.pp, p.cp, p.vpp, p.recompute, p.placement, p.micro_batch_size)
+        key = (p.tp, p.pp, p.cp, p.vpp, p.recompute, p.recompute_modules, p.placement,
+               p.micro_batch_size)
         if key in keys or p.layers_per_stage is not None \
                 or p.micro_batches_per_replica is not None \
                 or per_placement[str(p.placement)] >= BALANCE_FAMILIES:
@@ -324,7 +332,7 @@ def _balance(space: SearchSpace, ranked: list[Candidate], feasible: list[Candida
             if x.plan.layers_per_stage is None and x.plan.micro_batches_per_replica is None]
     if not even:
         return None, None, extra
-    homogeneous = min(even, key=lambda x: (x.best_s, _plan_key(x.plan)))
+    homogeneous = min(even, key=lambda x: _rank(x.best_s, x.plan))
     best = min([x for x in extra if x.origin != "even seed"] + [homogeneous],
-               key=lambda x: (x.best_s, _plan_key(x.plan)))
+               key=lambda x: _rank(x.best_s, x.plan))
     return homogeneous, best, extra

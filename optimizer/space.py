@@ -7,9 +7,11 @@ Dimensions: ``tp`` (divides heads and kv heads, at most one node), ``cp`` (divid
 and the experts), micro-batch size (divides the per-replica batch, at most 8), schedule
 (1F1B, or interleaved with every ``vpp`` that divides the layers per stage when the
 micro-batches are a multiple of ``pp``), ZeRO stage (2 and 3 only without pipelining, as in
-Megatron-LM and DeepSpeed's pipeline engine), recompute,
+Megatron-LM and DeepSpeed's pipeline engine), recompute (none, full, the attention core
+only without flash attention; a plan with none that does not fit in memory re-runs the
+norms, and an MoE model's expert activations, instead where that fits),
 sequence parallelism (with ``tp > 1``; required with EP), context parallelism's exchange
-(``cp_comm``: ring, all-gather, and Ulysses all-to-all where the heads split), and the
+(the ring; the all-gather for torchtitan; the local moves try the others), and the
 placement: the default
 ``tp-cp-ep-dp-pp`` (TP innermost, pipeline outermost) or ``tp-cp-ep-pp-dp`` (pipeline stages
 of a replica on neighbouring nodes). Uneven layer splits and collective algorithms are
@@ -114,14 +116,31 @@ class SearchSpace:
         vpp = self.constraints.fixed_value("vpp")
         return out if vpp is None else [(s, v) for s, v in out if v == vpp]
 
+    def _recomputes(self) -> tuple[str, ...]:
+        """none and full; selective (the attention core) only without flash attention, where
+        the core keeps the s x s scores (with it the core keeps nothing worth re-running)."""
+        return ("none", "full") if self.attention == "flash" else ("none", "selective", "full")
+
+    def _lightened(self, plan: Plan) -> Plan:
+        """A plan with no recomputation that does not fit in memory, with selective
+        recomputation of the norms (and an MoE model's expert activations) instead where
+        that fits: it costs little, and where the plain plan fits it only costs."""
+        if plan.recompute != "none":
+            return plan
+        peak, capacity = memory_verdict(self.model, self.cluster, plan)
+        if peak <= capacity:
+            return plan
+        light = ("layernorm", "moe_act") if self.model.is_moe else ("layernorm",)
+        lighter = dataclasses.replace(plan, recompute="selective", recompute_modules=light)
+        peak, capacity = memory_verdict(self.model, self.cluster, lighter)
+        return lighter if peak <= capacity else plan
+
     def _tail(self, tp: int, pp: int, moe_sp: bool, cp: int
               ) -> Iterator[tuple[int, str, bool, str]]:
         """(zero stage, recompute, sequence parallel, placement)."""
         zeros = tuple(z for z in ((0, 1, 2, 3) if pp == 1 else (0, 1))
                       if z <= self.constraints.max_zero_stage)
-        # selective recompute saves nothing with flash attention
-        recomputes = ("none", "full") if self.attention == "flash" else \
-            ("none", "selective", "full")
+        recomputes = self._recomputes()
         sps: tuple[bool, ...] = (True,) if tp > 1 and moe_sp else \
             ((False, True) if tp > 1 else (False,))
         if (self.seq_len // cp) % tp:  # SP splits the local sequence over TP
@@ -158,6 +177,7 @@ class SearchSpace:
                                 layers_per_stage=even_split(self.model.num_layers, pp * vpp),
                                 attention=self.attention, etp=etp,
                                 overlap_grad_reduce=self.overlap_grad_reduce)
+                    plan = self._lightened(plan)
                     for comm in self._cp_comms(tp, cp):
                         plan = self._overlapped(plan if comm == plan.cp_comm else
                                                 dataclasses.replace(plan, cp_comm=comm))
@@ -166,12 +186,12 @@ class SearchSpace:
                             yield plan
 
     def _cp_comms(self, tp: int, cp: int) -> tuple[str, ...]:
-        """Context parallelism's exchanges: the K/V ring and all-gather, and Ulysses'
-        all-to-all where each TP rank's query and key/value heads split over cp."""
-        if cp == 1:
-            return ("p2p",)
-        heads = (self.model.num_heads // tp, self.model.kv_heads // tp)
-        return ("p2p", "allgather") + (("a2a",) if all(h % cp == 0 for h in heads) else ())
+        """Context parallelism's exchange: the K/V ring (hidden behind the attention core
+        where it is long), or the all-gather for torchtitan, which runs no other; the
+        search's local moves try the others where the ring is exposed."""
+        if cp > 1 and self.constraints.framework == "torchtitan":
+            return ("allgather",)
+        return ("p2p",)
 
 
 def plans(model: ModelSpec, cluster: ClusterSpec, global_batch_size: int, seq_len: int,

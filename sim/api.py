@@ -20,6 +20,7 @@ from sim.spec.cluster import ClusterSpec
 from sim.spec.limits import MAX_DES_MICROBATCHES
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan, validate
+from sim.spec.recompute import recomputed
 from sim.spec.sync import is_default_sync
 from sim.spec.workload import Workload
 
@@ -178,7 +179,8 @@ def _result(model: ModelSpec, cluster: ClusterSpec, plan: Plan, fidelity: str, t
     gpus = cluster.world_size
     per_gpu_s = t.iteration_s * gpus * 1e12
     model_tf = model_flops_per_token(model, plan.seq_len) * tokens / per_gpu_s
-    hw_tf = hardware_flops_per_token(model, plan.seq_len, plan.recompute) * tokens / per_gpu_s
+    hw_tf = hardware_flops_per_token(model, plan.seq_len, plan.recompute,
+                                     recomputed(plan)) * tokens / per_gpu_s
     mem = memory_report(model, cluster, plan)  # each stage against its own GPUs
     peak, capacity = mem.peak_gib, mem.capacity_gib
     return Result(
@@ -213,7 +215,7 @@ def _warnings(plan: Plan, peak_gib: float, capacity_gib: float) -> list[str]:
     out = []
     if peak_gib > capacity_gib:
         out.append(f"peak memory {peak_gib:.1f} GiB exceeds {capacity_gib:.1f} GiB per device")
-    if plan.recompute == "selective" and plan.attention == "flash":
+    if "core_attn" in recomputed(plan) and plan.attention == "flash":
         out.append("recompute=selective re-runs the attention core, but flash attention keeps "
                    "no s x s scores: it costs time and saves no memory")
     return out

@@ -111,14 +111,24 @@ def test_the_all_gather_holds_one_layers_gathered_keys_and_values():
     assert gathered.peak_memory_gib - ring.peak_memory_gib == pytest.approx(extra, rel=1e-6)
 
 
-def test_the_search_tries_each_exchange_the_heads_allow():
-    model, cluster = load_model(MODEL), load_cluster("dgx-h100:2")
-    space = SearchSpace(model, cluster, 16, 65536, constraints=Constraints(
-        fixed=(("cp", 8),)))
-    comms = {(p.tp, p.cp_comm) for p in space}
-    assert comms == {(1, "p2p"), (1, "allgather"), (1, "a2a"), (2, "p2p"), (2, "allgather")}
-    for p in space:
-        validate(p, model, cluster)
+def test_the_search_moves_to_another_exchange_where_the_ring_is_exposed():
+    """The space holds the ring (the all-gather for torchtitan, which runs no other); the
+    local moves try the all-gather and, where the heads split, Ulysses, once the DES shows
+    the ring exposed (CP 16 over two nodes at 32k tokens; CP 8 in a node is hidden)."""
+    from optimizer.moves import _cp_moves
+
+    model = load_model(MODEL)
+    for framework, comm in (("any", "p2p"), ("torchtitan", "allgather")):
+        space = SearchSpace(model, load_cluster("dgx-h100:2"), 16, 65536, constraints=Constraints(
+            framework=framework, fixed=(("cp", 8),)))
+        assert {p.cp_comm for p in space} == {comm}
+    exposed = Plan(8, 32768, dp=2, cp=16, recompute="full", zero_stage=1)
+    des = simulate(model, load_cluster("dgx-h100:4"), exposed, fidelity="des")
+    moves = dict(_cp_moves(exposed, des))
+    assert set(moves) == {"cp exchange allgather", "cp exchange a2a"}
+    hidden = Plan(16, 32768, dp=2, cp=8, recompute="full", zero_stage=1)
+    assert _cp_moves(hidden, simulate(model, load_cluster("dgx-h100:2"), hidden,
+                                      fidelity="des")) == []
 
 
 def test_exports_say_which_exchange_or_refuse_it():

@@ -158,6 +158,10 @@ def megatron_args(plan: Plan, model: ModelSpec) -> list[str]:
                  "--recompute-num-layers 1"]
     elif plan.recompute == "selective":
         args.append("--recompute-granularity selective")
+        if plan.recompute_modules is not None:
+            args.append("--recompute-modules " + " ".join(plan.recompute_modules))
+            # megatron-core recomputes the experts' activation inside grouped GEMMs only
+            args += ["--moe-grouped-gemm"] if "moe_act" in plan.recompute_modules else []
     # "standard" materialises the s x s scores: Megatron-core's own DotProductAttention,
     # which validate_args allows only with the local (non-Transformer-Engine) layer spec
     args += ["--attention-backend flash"] if plan.attention == "flash" else \
@@ -194,7 +198,7 @@ def files(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> dict[str, str]:
     lines = ["#!/bin/bash", f"# {FRAMEWORKS['megatron']}: run from a Megatron-LM checkout on "
              "every node. --mock-data trains on synthetic tokens: replace it with --data-path "
              "and a tokenizer for real data.", *PREAMBLE, *env_lines(megatron_env(plan))]
-    args = [" ".join(shlex.quote(w) for w in a.split(" ", 1))
+    args = [" ".join(shlex.quote(w) for w in a.split(" "))  # values hold no spaces
             for a in megatron_args(plan, model) + ["--mock-data", "--train-iters 100"]]
     text = "\n".join(lines) + f"\n{launcher(cluster)} pretrain_gpt.py \\\n    " \
         + " \\\n    ".join(args) + "\n"

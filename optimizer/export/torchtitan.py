@@ -59,6 +59,10 @@ def check(plan: Plan, model: ModelSpec) -> None:
     if plan.cp > 1 and plan.zero_stage == 0:
         raise SpecError("plan.zero_stage", "0 with cp > 1 is not expressible in torchtitan: it "
                         "always shards parameters over the context-parallel ranks (FSDP)")
+    if plan.recompute_modules is not None:
+        raise SpecError("plan.recompute_modules", "is not expressible in torchtitan 0.3.0: "
+                        "its selective recomputation is by operator (op SAC) or by layer, "
+                        "not by module")
     if plan.cp > 1 and plan.cp_comm != "allgather":
         raise SpecError("plan.cp_comm", f"{plan.cp_comm} is not expressible in torchtitan "
                         "0.3.0: its context parallelism all-gathers K and V (FlexAttention, "

@@ -35,6 +35,7 @@ from sim.result import Timing
 from sim.spec.cluster import ClusterSpec
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
+from sim.spec.recompute import reruns_core
 from sim.spec.routing import comm_sm_share
 
 __all__ = ["StageCost", "Timing", "stage_costs", "analytic_iteration"]
@@ -175,7 +176,7 @@ def _cp_per_layer(x: _Ctx, layer: cm.LayerTime) -> tuple[float, float]:
                    for kind, size in cp_exchanges(x.m, x.p, b)), 0.0
     kv = x.tokens * (x.m.kv_dim + x.m.v_dim) / x.p.tp * x.e
     step = x.coll("cp", "send_recv", kv)
-    again = x.p.recompute != "none"  # full, or selective: the core (and its ring) re-run
+    again = reruns_core(x.p)  # the core (and its ring) re-run
     comm = (x.p.cp - 1) * step * (4 if again else 3)
     forwards = 2 if again else 1
     hide = (forwards * layer.attention_forward + layer.attention_backward) * x.overlap
@@ -230,8 +231,8 @@ def _stage_compute(x: _Ctx, st: StageLayers) -> float:
     t = st.dense * (d.forward + d.backward) + st.moe * (e.forward + e.backward)
     if x.p.recompute == "full":
         t += st.dense * d.forward + st.moe * e.forward
-    elif x.p.recompute == "selective":
-        t += st.dense * d.attention_forward + st.moe * e.attention_forward
+    elif x.p.recompute == "selective":  # the modules it re-runs (sim.spec.recompute)
+        t += st.dense * d.recompute_forward + st.moe * e.recompute_forward
     if st.first:
         t += cm.embedding_time(x.cost, x.m, x.p)
     if st.last:

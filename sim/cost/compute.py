@@ -16,6 +16,7 @@ from sim.layout.routing import routing
 from sim.spec.experts import expert_tp
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
+from sim.spec.recompute import recomputed
 
 __all__ = ["LayerTime", "layer_time", "ops_layer_time", "logits_time", "ops_logits_time",
            "embedding_time",
@@ -37,6 +38,8 @@ class LayerTime:
     attention_backward: float
     shared_forward: float = 0.0  # an MoE layer's shared expert (what can hide its all-to-alls)
     shared_backward: float = 0.0
+    # the forward of the modules selective recomputation re-runs (sim.spec.recompute)
+    recompute_forward: float = 0.0
 
 
 def _add(*costs: Cost) -> Cost:
@@ -65,10 +68,15 @@ def expert_time(cm: CostModel, m: ModelSpec, plan: Plan, tokens: float) -> Cost:
     An expert's shard (``etp`` ways) gets the tokens of its ``etp x ep`` block: with
     ``etp = tp`` the group's tokens from each of ``ep`` groups; with ``etp = 1`` each rank's
     sequence shard from each of ``ep`` ranks, at full width."""
+    per_expert, e = _expert_tokens(m, plan, tokens)
+    return _scale(_mlp(cm, m, plan, per_expert, m.expert_ffn, e), m.num_experts / plan.ep)
+
+
+def _expert_tokens(m: ModelSpec, plan: Plan, tokens: float) -> tuple[float, int]:
+    """(tokens of each local expert on the most-loaded rank, the experts' TP degree)."""
     e = expert_tp(plan)
     share = tokens if e == plan.tp else tokens / plan.tp * e
-    per_expert = share * m.top_k * plan.ep / m.num_experts * routing(m, plan).load_factor
-    return _scale(_mlp(cm, m, plan, per_expert, m.expert_ffn, e), m.num_experts / plan.ep)
+    return share * m.top_k * plan.ep / m.num_experts * routing(m, plan).load_factor, e
 
 
 def _shared(cm: CostModel, m: ModelSpec, plan: Plan, tokens: float) -> Cost:
@@ -164,7 +172,7 @@ def layer_time(cm: CostModel, m: ModelSpec, plan: Plan, moe: bool = False) -> La
     over = getattr(cm, "layer_overhead_s", 0.0)  # the roofline's calibrated fixed cost
     return LayerTime(lt.forward * f + over, lt.backward * b + 2 * over,
                      lt.attention_forward * f, lt.attention_backward * b,
-                     lt.shared_forward * f, lt.shared_backward * b)
+                     lt.shared_forward * f, lt.shared_backward * b, lt.recompute_forward * f)
 
 
 def ops_layer_time(cm: CostModel, m: ModelSpec, plan: Plan, moe: bool = False) -> LayerTime:
@@ -174,7 +182,35 @@ def ops_layer_time(cm: CostModel, m: ModelSpec, plan: Plan, moe: bool = False) -
     core = _attention_core(cm, m, plan)
     rest = _add(_attention_block(cm, m, plan, tokens), mlp, _pointwise(cm, m, plan, tokens))
     shared = _shared(cm, m, plan, tokens) if moe else (0.0, 0.0)
-    return LayerTime(rest[0] + core[0], rest[1] + core[1], core[0], core[1], *shared)
+    again = _recomputed_forward(cm, m, plan, moe, {"core_attn": core[0], "mlp": mlp[0],
+                                                   "shared_experts": shared[0]})
+    return LayerTime(rest[0] + core[0], rest[1] + core[1], core[0], core[1], *shared, again)
+
+
+def _recomputed_forward(cm: CostModel, m: ModelSpec, plan: Plan, moe: bool,
+                        timed: dict[str, float]) -> float:
+    """Forward seconds of the modules selective recomputation re-runs in this layer (a
+    dense layer's ``mlp``, an MoE layer's ``moe_act`` and ``shared_experts``)."""
+    mods = recomputed(plan)
+    if not mods:
+        return 0.0
+    local = plan.local_tokens / (plan.tp if plan.sequence_parallel else 1)
+    seconds = {"core_attn": timed["core_attn"],
+               "layernorm": 2 * cm.elementwise(m.norm, local, m.hidden_size,
+                                               plan.activation_dtype)[0],
+               "mlp": 0.0 if moe else timed["mlp"],
+               "shared_experts": timed["shared_experts"] if moe else 0.0,
+               "moe_act": _expert_act(cm, m, plan) if moe else 0.0}
+    return sum(seconds[k] for k in mods)
+
+
+def _expert_act(cm: CostModel, m: ModelSpec, plan: Plan) -> float:
+    """Forward seconds of the routed experts' activation function on this rank (the
+    most-loaded rank's tokens, as :func:`expert_time`)."""
+    per_expert, e = _expert_tokens(m, plan, plan.local_tokens)
+    act = "swiglu" if m.gated_mlp else "gelu"
+    one = cm.elementwise(act, per_expert, m.expert_ffn / e, plan.activation_dtype)[0]
+    return one * m.num_experts / plan.ep
 
 
 def _head(cm: CostModel, m: ModelSpec, plan: Plan) -> Cost:

@@ -20,6 +20,7 @@ from sim.layout.placement import group_span
 from sim.layout.routing import dispatches
 from sim.layout.stages import cp_exchanges, edge_tp_collectives, tp_blocks
 from sim.spec.experts import expert_tp
+from sim.spec.recompute import reruns_core
 from sim.spec.routing import comm_sm_share
 
 __all__ = ["Layers"]
@@ -189,7 +190,7 @@ class Layers:
         return compute, passes * len(layers) * tp1
 
     def _recompute(self, lt: cm.LayerTime) -> float:
-        return {"full": lt.forward, "selective": lt.attention_forward}.get(self.x.p.recompute,
+        return {"full": lt.forward, "selective": lt.recompute_forward}.get(self.x.p.recompute,
                                                                              0.0)
 
     def _extras(self, vs: int) -> tuple[float, float]:
@@ -262,8 +263,7 @@ class Layers:
                 gather = dp.z3_gather(u, layers, i - 1, ("B", mb, vs))
             hide = self._shared(moe, backward=True)
             seconds = lt.backward + self._recompute(lt) - sum(hide)
-            core = lt.attention_backward + (lt.attention_forward if x.p.recompute != "none"
-                                            else 0.0)
+            core = lt.attention_backward + (lt.attention_forward if reruns_core(x.p) else 0.0)
             yield from self._with_cp(u, seconds, core, True, ("Bcp", mb, vs, i),
                                      f"B{mb} v{vs} L{i}")
             yield from self._comm_passes(u, moe, passes, ("B", mb, vs, i), hide, backward=True)

@@ -180,9 +180,12 @@ def model_flops_per_token(m: ModelSpec, seq_len: int) -> float:
     return 3.0 * forward_flops_per_token(m, seq_len)
 
 
-def hardware_flops_per_token(m: ModelSpec, seq_len: int, recompute: str = "none") -> float:
+def hardware_flops_per_token(m: ModelSpec, seq_len: int, recompute: str = "none",
+                             modules: frozenset[str] = frozenset({"core_attn"})) -> float:
     """FLOPs actually executed: full recompute re-runs every layer's forward (not the logits),
-    selective recompute re-runs the attention core only."""
+    selective recompute re-runs ``modules`` (:mod:`sim.spec.recompute`; the attention core
+    by default): the core, dense layers' MLPs, MoE layers' shared experts (norms and
+    activation functions have no matmul FLOPs)."""
     if recompute not in RECOMPUTE_MODES:
         raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
     base = model_flops_per_token(m, seq_len)
@@ -191,7 +194,13 @@ def hardware_flops_per_token(m: ModelSpec, seq_len: int, recompute: str = "none"
         return base + forward_flops_per_token(m, seq_len) - logits
     if recompute == "selective":
         layers = m.num_layers + m.num_mtp_layers
-        return base + layers * attention_core_flops_per_token(m, seq_len)
+        n_moe = m.num_moe_layers + (m.num_mtp_layers if m.moe_layer(m.num_layers - 1) else 0)
+        mats = 3 if m.gated_mlp else 2
+        again = {"core_attn": layers * attention_core_flops_per_token(m, seq_len),
+                 "mlp": (layers - n_moe) * 2.0 * mats * m.hidden_size * m.ffn_hidden_size,
+                 "shared_experts": n_moe * 2.0 * mats * m.hidden_size
+                 * m.shared_expert_ffn_hidden_size}
+        return base + sum(v for k, v in again.items() if k in modules)
     return base
 
 

@@ -28,6 +28,7 @@ from sim.spec.experts import expert_tp
 from sim.spec.hardware import HardwareSpec
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
+from sim.spec.recompute import recomputed
 
 __all__ = ["MemoryBreakdown", "layer_activation_bytes", "model_state_bytes_per_param",
            "rank_memory", "rank_params", "layer_rank_params", "chunk_edge_params", "peak_memory",
@@ -75,7 +76,7 @@ def _attention_core_bytes(m: ModelSpec, plan: Plan, s: float, b: int) -> float:
     heads = m.num_heads / plan.tp
     if plan.attention == "flash":
         return 4.0 * heads * s * b  # fp32 log-sum-exp per query
-    if plan.recompute == "selective":
+    if "core_attn" in recomputed(plan):
         return 0.0
     kept = 2 + (3 if m.dropout else 0)  # softmax output (+ dropout mask and output)
     return kept * heads * s * plan.seq_len * b
@@ -94,16 +95,20 @@ def layer_activation_bytes(m: ModelSpec, plan: Plan, moe: bool = False) -> float
     t = plan.tp
     e = plan.activation_bytes
     sbh = s * b * m.hidden_size
-    replicated = (4 * sbh * e + (2 * sbh if m.dropout else 0)  # norms, QKV/MLP inputs, masks
+    again = recomputed(plan)  # modules re-run in the backward keep only their inputs
+    norms = 2 if "layernorm" in again else 4  # norm inputs (and outputs: QKV/MLP inputs)
+    replicated = (norms * sbh * e + (2 * sbh if m.dropout else 0)  # masks
                   ) / (t if plan.sequence_parallel else 1)
     tensors: float = m.q_dim + m.kv_dim + m.v_dim + m.o_dim  # Q, K, V, output projection input
     if m.is_mla:  # latents, before and after their norms, on every TP rank; the rotary key
         replicated += (2 * (m.q_lora_rank + m.kv_lora_rank) + m.qk_rope_head_dim) * s * b * e
     if moe:
-        routed = m.top_k * (_mlp_inner_elems(m, m.expert_ffn) + m.hidden_size)
+        inner = _mlp_inner_elems(m, m.expert_ffn) - (m.expert_ffn if "moe_act" in again else 0)
+        routed = m.top_k * (inner + m.hidden_size)
         tensors += routed * routing(m, plan).load_factor  # the most-loaded rank's
-        tensors += _mlp_inner_elems(m, m.shared_expert_ffn_hidden_size)
-    else:
+        if "shared_experts" not in again:
+            tensors += _mlp_inner_elems(m, m.shared_expert_ffn_hidden_size)
+    elif "mlp" not in again:
         tensors += _mlp_inner_elems(m, m.ffn_hidden_size)
     parallel = tensors * s * b * e / t
     return replicated + parallel + _attention_core_bytes(m, plan, s, b)

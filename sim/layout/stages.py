@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from sim.spec.experts import expert_tp
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
+from sim.spec.recompute import reruns_core
 
 __all__ = ["StageLayers", "even_split", "tp_blocks", "virtual_stage_layers", "virtual_stage_moe",
            "pipeline_rank_layers", "edge_tp_collectives", "cp_exchanges"]
@@ -115,8 +116,9 @@ def edge_tp_collectives(model: ModelSpec, plan: Plan, first: bool, last: bool
 def cp_exchanges(model: ModelSpec, plan: Plan, backward: bool) -> list[tuple[str, float]]:
     """``(collective, bytes)`` of one layer's context-parallel exchange in one forward or
     backward pass of a micro-batch, as Megatron-LM / Transformer Engine run
-    ``plan.cp_comm``; a backward after recomputation (full, or selective: the attention
-    core, where the exchange lives) first repeats the forward's:
+    ``plan.cp_comm``; a backward that re-runs the attention core, where the exchange
+    lives (full recomputation, or selective with ``core_attn``), first repeats the
+    forward's:
 
     * ``p2p``: the ring passes every rank's K and V chunk round the group, ``cp - 1`` hops
       to the next rank in rank order (``kv_ring``: one ring, NCCL send/receive, so across
@@ -129,7 +131,7 @@ def cp_exchanges(model: ModelSpec, plan: Plan, backward: bool) -> list[tuple[str
       the backward does the same with the gradients."""
     if plan.cp == 1:
         return []
-    again = backward and plan.recompute != "none"
+    again = backward and reruns_core(plan)
     ring = plan.cp * plan.local_tokens * (model.kv_dim + model.v_dim) / plan.tp \
         * plan.activation_bytes  # every rank's K and V chunk
     if plan.cp_comm == "p2p":  # one ring of all the pass's chunks

@@ -17,6 +17,7 @@ from sim.spec.batch import check_batch, check_schedule
 from sim.spec.experts import check_experts, check_experts_model, expert_tp
 from sim.spec.hardware import DTYPE_BYTES, DTYPES
 from sim.spec.limits import MAX_DEVICES, MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_SEQ_LEN, at_most
+from sim.spec.recompute import check_recompute, check_recompute_model
 from sim.spec.routing import check_routing, check_routing_model
 from sim.spec.sync import Communication, Compression, Sync, check_sync, coerce_sync, sync_to_dict
 
@@ -104,6 +105,9 @@ class Plan:
     # context parallelism's exchange (Megatron-LM's --cp-comm-type): `p2p` (K/V ring beside
     # the attention), `allgather` (K/V gathered before it) or `a2a` (Ulysses: heads)
     cp_comm: str = "p2p"
+    # selective recomputation's modules (Megatron-LM's --recompute-modules: core_attn,
+    # layernorm, mlp, moe_act, shared_experts); null: the attention core
+    recompute_modules: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         coerce_sync(self)
@@ -168,7 +172,8 @@ class Plan:
         d["collectives"] = dict(self.collectives)
         d["placement"] = self.placement if isinstance(self.placement, str) else list(
             self.placement)
-        for name in ("layers_per_stage", "micro_batches_per_replica", "moe_expert_load"):
+        for name in ("layers_per_stage", "micro_batches_per_replica", "moe_expert_load",
+                     "recompute_modules"):
             d[name] = None if d[name] is None else list(d[name])
         return {"schema_version": SCHEMA_VERSION, **d, **sync_to_dict(self)}
 
@@ -196,7 +201,8 @@ def _tuples(data: dict[str, Any]) -> dict[str, Any]:
     out = dict(data)
     if isinstance(out.get("placement"), list):
         out["placement"] = tuple(out["placement"])
-    for name in ("layers_per_stage", "micro_batches_per_replica", "moe_expert_load"):
+    for name in ("layers_per_stage", "micro_batches_per_replica", "moe_expert_load",
+                 "recompute_modules"):
         if isinstance(out.get(name), list):
             out[name] = tuple(out[name])
     coll = out.get("collectives", {})
@@ -229,9 +235,11 @@ def validate(plan: Plan, model: ModelSpec | None = None, cluster: ClusterSpec | 
     check_experts(plan)
     check_routing(plan)
     check_sync(plan)
+    check_recompute(plan)
     if model is not None:
         _check_model(plan, model)
         check_routing_model(plan, model)
+        check_recompute_model(plan, model)
     if cluster is not None:
         _check_cluster(plan, cluster)
 

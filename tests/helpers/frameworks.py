@@ -50,12 +50,14 @@ def _flags(words: list[str]) -> dict[str, Any]:
     i = 0
     while i < len(words):
         name = words[i].removeprefix("--").replace("-", "_")
-        if i + 1 < len(words) and not words[i + 1].startswith("--"):
-            out[_RENAMES.get(name, name)] = words[i + 1]
-            i += 2
-        else:
-            out[_RENAMES.get(name, name)] = True
-            i += 1
+        values = []
+        while i + 1 + len(values) < len(words) and \
+                not words[i + 1 + len(values)].startswith("--"):
+            values.append(words[i + 1 + len(values)])
+        # a flag alone is a switch; several values a list (argparse nargs)
+        out[_RENAMES.get(name, name)] = True if not values else \
+            values[0] if len(values) == 1 else values
+        i += 1 + len(values)
     return out
 
 
@@ -81,6 +83,8 @@ def _typed(cls: type, flags: dict[str, Any]) -> dict[str, Any]:
             value = AttnBackend[value]
         elif name == "moe_layer_freq":
             value = [int(x) for x in value.strip("[]").split(",")]
+        elif name == "recompute_modules":  # argparse nargs="*": a list even of one
+            value = [value] if isinstance(value, str) else value
         elif isinstance(default, bool) or value is True:
             value = bool(value)
         elif isinstance(default, float):
@@ -177,7 +181,8 @@ def megatron_parsed(text: str, world: int) -> dict[str, Any]:
             "dropout": (cfg.hidden_dropout, cfg.attention_dropout),
             "overlap_grad_reduce": ddp.overlap_grad_reduce, "num_layers": cfg.num_layers,
             "attention": cfg.attention_backend.name, "qk_layernorm": cfg.qk_layernorm,
-            "kv_channels": cfg.kv_channels, "cp_comm": cfg.cp_comm_type or "p2p"}
+            "kv_channels": cfg.kv_channels, "cp_comm": cfg.cp_comm_type or "p2p",
+            "recompute_modules": cfg.recompute_modules}
 
 
 def torchtitan_parsed(folder: Path, module: str, fn: str, world: int) -> dict[str, Any]:

@@ -36,7 +36,7 @@ def cmd_plan_new(args: argparse.Namespace) -> int:
 
     fields.update(section_fields(args))
     for k in ("moe_max_load", "moe_capacity_factor", "moe_dispatcher", "moe_dispatch_dtype",
-              "moe_comm_sms", "moe_overlap", "cp_comm"):
+              "moe_comm_sms", "moe_overlap", "cp_comm", "recompute_modules"):
         if getattr(args, k) is not None:
             fields[k] = getattr(args, k)
     plan = Plan.from_dict(fields)
@@ -73,6 +73,9 @@ def add_plan_parser(sub: Any) -> None:
                      help="pipeline schedule (default 1f1b)")
     new.add_argument("--recompute", choices=["none", "selective", "full"],
                      help="activation recomputation (default none)")
+    new.add_argument("--recompute-modules", nargs="+", metavar="MODULE",
+                     help="with --recompute selective: the modules it re-runs (core_attn, "
+                     "layernorm, mlp, moe_act, shared_experts; default core_attn)")
     new.add_argument("--dtype", choices=["bf16", "fp16", "fp8", "fp32"],
                      help="training precision (default bf16)")
     new.add_argument("--grad-reduce-dtype", choices=["fp32", "bf16", "fp16"],

@@ -1,0 +1,68 @@
+"""Which modules of a layer selective recomputation re-runs (Megatron-LM's
+``--recompute-modules`` under ``--recompute-granularity selective``): what each one saves
+is in :mod:`sim.layout.memory`, what it costs in :mod:`sim.cost.compute`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sim.errors import SpecError
+
+# ``plan`` and ``model`` below are sim.spec.plan.Plan and sim.spec.model.ModelSpec (typed
+# as Any: plan.py imports this module for its rules).
+Plan = Any
+
+__all__ = ["MODULES", "recomputed", "reruns_core", "check_recompute", "check_recompute_model"]
+
+# Megatron-LM's names. core_attn: the attention core; layernorm: the two norms (their
+# outputs, the QKV and MLP inputs, are not kept); mlp: a dense layer's MLP; moe_act: the
+# routed experts' activation function (its output, the down projection's input, is not
+# kept); shared_experts: an MoE layer's shared expert.
+MODULES = ("core_attn", "layernorm", "mlp", "moe_act", "shared_experts")
+_NOT_MODELLED = {"moe": "the whole MoE layer, whose recomputation replays the dispatch",
+                 "mla_up_proj": "MLA's up-projections"}
+
+
+def recomputed(plan: Plan) -> frozenset[str]:
+    """The modules a backward re-runs under selective recomputation (the attention core
+    when the plan names none); empty otherwise (full recomputation re-runs the layer)."""
+    if plan.recompute != "selective":
+        return frozenset()
+    return frozenset(plan.recompute_modules or ("core_attn",))
+
+
+def reruns_core(plan: Plan) -> bool:
+    """Whether a backward re-runs the attention core (and context parallelism's exchange,
+    which lives in it): full recomputation, or selective with ``core_attn``."""
+    return plan.recompute == "full" or "core_attn" in recomputed(plan)
+
+
+def check_recompute(plan: Plan) -> None:
+    mods, name = plan.recompute_modules, "plan.recompute_modules"
+    if mods is None:
+        return
+    if not isinstance(mods, tuple) or not mods or any(not isinstance(m, str) for m in mods):
+        raise SpecError(name, f"must be null or a non-empty list of module names, got {mods!r}")
+    for m in mods:
+        if m in _NOT_MODELLED:
+            raise SpecError(name, f"{m} is not modelled ({_NOT_MODELLED[m]}): choose "
+                            f"from {', '.join(MODULES)}")
+        if m not in MODULES:
+            raise SpecError(name, f"unknown module {m!r} (choose from {', '.join(MODULES)})")
+    if len(set(mods)) != len(mods):
+        raise SpecError(name, f"names a module twice: {list(mods)}")
+    if plan.recompute != "selective":
+        raise SpecError(name, f"needs recompute = selective (modules are what selective "
+                        f"recomputation re-runs), got recompute = {plan.recompute}")
+
+
+def check_recompute_model(plan: Plan, model: Any) -> None:
+    mods = set(plan.recompute_modules or ())
+    needs = {"moe_act": (model.is_moe, "an MoE model"),
+             "shared_experts": (model.shared_expert_ffn_hidden_size > 0,
+                                "MoE layers with a shared expert"),
+             "mlp": (model.num_layers > model.num_moe_layers, "dense (non-MoE) layers")}
+    for m, (ok, what) in needs.items():
+        if m in mods and not ok:
+            raise SpecError("plan.recompute_modules", f"{m} needs {what}; {model.name} has "
+                            "none")
