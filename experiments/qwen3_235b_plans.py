@@ -10,9 +10,10 @@ moves on this model takes over 25 minutes there).
 The plans are those of ``experiments/data/qwen3_235b_h100_plans.csv`` (NVIDIA's Megatron
 MoE model zoo, forced-balance routing), with their published step times for reference:
 nothing here is fitted to them. Each becomes a trainsim plan as written (EP 32 on TP 2 x
-DP 16 with ETP 1 is the folded expert grid); "norm, act" recomputation of modules is not
-in trainsim, so a row takes the least recomputation that fits in 80 GB by trainsim's memory
-model (none, selective, full), as in ``validate_moe_h100.py``; DeepEP rows the DeepEP
+DP 16 with ETP 1 is the folded expert grid); each row's recomputation as published: "norm,
+act" is Megatron-LM's ``--recompute-modules layernorm moe_act`` (``recompute_modules``;
+before 2026-12-05 trainsim could not express it, and a row took the least recomputation
+that fit), "full" full, none none; DeepEP rows the DeepEP
 dispatcher; "1F1B overlap" the merged forward/backward steps (``moe_overlap = "a2a"``,
 which Megatron-LM runs without full recomputation); Megatron-FSDP is ZeRO-3; 94 layers over
 ``pp x vpp`` virtual stages split as evenly as they go (the first ones one layer more), or,
@@ -30,11 +31,9 @@ from __future__ import annotations
 import argparse
 import csv
 import time
-from functools import partial
 from pathlib import Path
 
 import pandas as pd
-from validate_moe_h100 import least_recompute
 
 from optimizer.search import optimize
 from sim import Plan, load_cluster, load_model, simulate
@@ -50,8 +49,13 @@ OUT = HERE / "results" / "qwen3_235b_plans.csv"
 GBS, SEQ = 2048, 4096
 
 
-def plan_of(row: dict[str, str], model: ModelSpec, recompute: str) -> Plan:
+RECOMPUTE = {"norm, act": ("selective", ("layernorm", "moe_act")), "full": ("full", None),
+             "": ("none", None)}
+
+
+def plan_of(row: dict[str, str], model: ModelSpec) -> Plan:
     tp, pp, vpp, ep, etp = (int(row[k]) for k in ("tp", "pp", "vpp", "ep", "etp"))
+    recompute, modules = RECOMPUTE[row["recompute"]]
     stages = pp * vpp
     split = even_split(model.num_layers, stages)
     if model.num_layers == stages - 2:  # Megatron-LM's layout: the embedding and the loss
@@ -60,7 +64,7 @@ def plan_of(row: dict[str, str], model: ModelSpec, recompute: str) -> Plan:
                 cp=int(row["cp"]), ep=ep, etp=None if etp == tp else etp, vpp=vpp,
                 schedule="interleaved-1f1b" if vpp > 1 else "1f1b",
                 zero_stage=3 if row["fsdp"] == "On" else 1, sequence_parallel=tp > 1,
-                recompute=recompute, layers_per_stage=split,
+                recompute=recompute, recompute_modules=modules, layers_per_stage=split,
                 moe_dispatcher="deepep" if row["dispatcher"] == "DeepEP" else "alltoall",
                 moe_overlap="a2a" if "1F1B overlap" in row["notes"] else "none")
 
@@ -68,7 +72,8 @@ def plan_of(row: dict[str, str], model: ModelSpec, recompute: str) -> Plan:
 def _describe(plan: Plan) -> dict[str, object]:
     return {"tp": plan.tp, "cp": plan.cp, "pp": plan.pp, "vpp": plan.vpp, "dp": plan.dp,
             "ep": plan.ep, "etp": plan.etp or plan.tp, "zero": plan.zero_stage,
-            "mbs": plan.micro_batch_size, "recompute": plan.recompute,
+            "mbs": plan.micro_batch_size, "recompute": plan.recompute + (
+                f" ({', '.join(plan.recompute_modules)})" if plan.recompute_modules else ""),
             "dispatcher": plan.moe_dispatcher, "overlap": plan.moe_overlap}
 
 
@@ -80,7 +85,7 @@ def published(model: ModelSpec, cluster: ClusterSpec, tiers: tuple[str, ...]
             out: dict[str, object] = {"id": row["id"], "notes": row["notes"],
                                       "published_step_s": float(row["step_s"])}
             try:
-                plan = least_recompute(partial(plan_of, row, model), model, cluster)
+                plan = plan_of(row, model)
             except SpecError as e:
                 out["why_not"] = str(e)
                 rows.append(out)
@@ -90,6 +95,7 @@ def published(model: ModelSpec, cluster: ClusterSpec, tiers: tuple[str, ...]
                 res = simulate(model, cluster, plan, fidelity=tier)
                 out[f"{tier}_step_s"] = res.iteration_time_s
                 out[f"{tier}_peak_gib"] = res.peak_memory_gib
+                out["fits_80gb"] = bool(res.fits_in_memory)
             print(f"{row['id']}: published {out['published_step_s']:.1f} s, " + ", ".join(
                 f"{t} {out[f'{t}_step_s']:.2f} s" for t in tiers), flush=True)
             rows.append(out)

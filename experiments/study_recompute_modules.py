@@ -9,7 +9,7 @@ the peak memory and the iteration time in both tiers. Writes
 
 What to read: which modules bring a plan under the 80 GB of an H100 and what each costs.
 Nothing here is measured: it is the model's account of what each module keeps and re-runs
-(``docs/guide/memory.md``).
+(``docs/compute/memory.md``).
 """
 
 from __future__ import annotations
