@@ -87,7 +87,8 @@ def table(tiers: tuple[str, ...]) -> pd.DataFrame:
             plan = plan_for(gpus, fields)
             step = pub[(gpus, system)]
             out = {"gpus": gpus, "system": system, "variant": variant, "tp": plan.tp,
-                   "cp": plan.cp, "ep": plan.ep, "dp": plan.dp, "vpp": plan.vpp,
+                   "cp": plan.cp, "cp_comm": plan.cp_comm, "ep": plan.ep, "dp": plan.dp,
+                   "vpp": plan.vpp,
                    "recompute": plan.recompute, "published_step_s": step,
                    "published_mfu_pct": 100 * flops / (step * gpus * PEAK_TFLOPS * 1e12)}
             for tier in tiers:

@@ -8,10 +8,12 @@ to 16 (16 spans two nodes) with the data-parallel replicas filling a node (at le
 key/value heads split over CP: up to CP 8), each in both tiers.
 Writes ``experiments/results/study_cp_comm.csv`` and ``.png``.
 
-What to read: where the attention core is long (128k) the ring hides behind it and is the
-fastest; the all-gather and the all-to-all are exposed, the all-to-all moving less; at
-32k the core is 16x shorter and the ring no longer hides. Nothing here is measured: it is
-the model's account of what each exchange costs (``docs/compute/analytic.md``).
+What to read: inside a node the ring hides behind the attention core and is the fastest;
+the all-gather and the all-to-all are exposed, the all-to-all moving less from CP 4. At
+CP 16 over two nodes the ring's hops leave the node through one NIC each: at 32k tokens
+the core no longer hides them and the all-gather (every NIC) is faster; at 128k it hides
+them again. Nothing here is measured: it is the model's account of what each exchange
+costs (``docs/compute/analytic.md``).
 """
 
 from __future__ import annotations

@@ -300,14 +300,14 @@ def _balanced_seeds(space: SearchSpace, ranked: list[Candidate], feasible: list[
         for name, p in balanced(m, c, x.plan, cost, lambda q: _fits(m, c, q)):
             seconds = analytic_timing(m, c, p, cost).iteration_s
             found.append((seconds, _plan_key(p), f"balanced: {name}", p, x.plan))
-    found.sort(key=lambda t: (t[0], t[1]))
+    found.sort(key=lambda t: _rank(t[0], t[3]))
     kinds: dict[str, tuple] = {}  # the best of each kind first: the tiers may rank them apart
     for t in found:
         kinds.setdefault(t[2].split(",")[0], t)
     chosen = list(kinds.values())
     chosen += [t for t in found if t not in chosen][:max(0, BALANCE_SEEDS - len(chosen))]
     out: dict[str, tuple[str, Plan]] = {}
-    for _, key, origin, p, seed in sorted(chosen, key=lambda t: (t[0], t[1])):
+    for _, key, origin, p, seed in sorted(chosen, key=lambda t: _rank(t[0], t[3])):
         out.setdefault(_plan_key(seed), ("even seed", seed))
         out.setdefault(key, (origin, p))
     return list(out.values())

@@ -8,8 +8,8 @@ and the experts), micro-batch size (divides the per-replica batch, at most 8), s
 (1F1B, or interleaved with every ``vpp`` that divides the layers per stage when the
 micro-batches are a multiple of ``pp``), ZeRO stage (2 and 3 only without pipelining, as in
 Megatron-LM and DeepSpeed's pipeline engine), recompute (none, full, the attention core
-only without flash attention; a plan with none that does not fit in memory re-runs the
-norms, and an MoE model's expert activations, instead where that fits),
+only without flash attention; an MoE plan with none that does not fit in memory re-runs the
+norms and expert activations instead where that fits),
 sequence parallelism (with ``tp > 1``; required with EP), context parallelism's exchange
 (the ring; the all-gather for torchtitan; the local moves try the others), and the
 placement: the default
@@ -122,18 +122,27 @@ class SearchSpace:
         return ("none", "full") if self.attention == "flash" else ("none", "selective", "full")
 
     def _lightened(self, plan: Plan) -> Plan:
-        """A plan with no recomputation that does not fit in memory, with selective
-        recomputation of the norms (and an MoE model's expert activations) instead where
-        that fits: it costs little, and where the plain plan fits it only costs."""
-        if plan.recompute != "none":
+        """A plan with no recomputation that does not fit in memory (the device's, or the
+        user's budget), with selective recomputation of an MoE model's norms, expert
+        activations or both (the cheapest that fits) instead: it costs little, and where
+        the plain plan fits it only costs. Dense layers have no norm to re-run under flash
+        attention (fused into the next linear layer,
+        :func:`sim.spec.recompute.recomputed_norms`), and Megatron-LM's fp8 refuses both
+        modules."""
+        if plan.recompute != "none" or not self.model.is_moe or plan.dtype == "fp8":
             return plan
+        if self._fits(plan):
+            return plan
+        for modules in (("layernorm",), ("moe_act",), ("layernorm", "moe_act")):  # cheapest
+            lighter = dataclasses.replace(plan, recompute="selective", recompute_modules=modules)
+            if self._fits(lighter):
+                return lighter
+        return plan
+
+    def _fits(self, plan: Plan) -> bool:
         peak, capacity = memory_verdict(self.model, self.cluster, plan)
-        if peak <= capacity:
-            return plan
-        light = ("layernorm", "moe_act") if self.model.is_moe else ("layernorm",)
-        lighter = dataclasses.replace(plan, recompute="selective", recompute_modules=light)
-        peak, capacity = memory_verdict(self.model, self.cluster, lighter)
-        return lighter if peak <= capacity else plan
+        budget = self.constraints.max_memory_gib
+        return peak <= (capacity if budget is None else min(capacity, budget))
 
     def _tail(self, tp: int, pp: int, moe_sp: bool, cp: int
               ) -> Iterator[tuple[int, str, bool, str]]:
@@ -178,14 +187,14 @@ class SearchSpace:
                                 attention=self.attention, etp=etp,
                                 overlap_grad_reduce=self.overlap_grad_reduce)
                     plan = self._lightened(plan)
-                    for comm in self._cp_comms(tp, cp):
+                    for comm in self._cp_comms(cp):
                         plan = self._overlapped(plan if comm == plan.cp_comm else
                                                 dataclasses.replace(plan, cp_comm=comm))
                         if self.constraints.framework == "any" \
                                 or self.constraints.admits(plan, self.model):
                             yield plan
 
-    def _cp_comms(self, tp: int, cp: int) -> tuple[str, ...]:
+    def _cp_comms(self, cp: int) -> tuple[str, ...]:
         """Context parallelism's exchange: the K/V ring (hidden behind the attention core
         where it is long), or the all-gather for torchtitan, which runs no other; the
         search's local moves try the others where the ring is exposed."""

@@ -19,6 +19,7 @@ from sim.layout.inventory import SIMULATED, expected_collectives
 from sim.spec.plan import validate
 
 MODEL, CLUSTER = "llama3-8b", "dgx-h100:1"  # 32 query heads, 8 key/value heads
+COMMS = ("p2p", "allgather", "a2a")
 
 
 def _plan(comm: str, **kw: object) -> Plan:
@@ -48,14 +49,18 @@ def test_ulysses_needs_the_heads_to_split_over_cp():
     assert err.value.field == "plan.cp_comm" and "num_kv_heads/tp = 4" in str(err.value)
 
 
-def test_the_default_is_the_ring():
-    model, cluster = load_model(MODEL), load_cluster(CLUSTER)
-    plain = Plan(4, 65536, cp=8)
+def test_the_default_is_the_ring_and_todays_numbers():
+    """A plan without cp_comm is the ring, and times as before the field existed (trainsim
+    at aff61d9: these values); its peak memory gains the ring's four K/V chunk buffers."""
+    model, cluster = load_model(MODEL), load_cluster("dgx-h100:2")
+    plain = Plan(8, 8192, dp=2, tp=2, cp=2, pp=2)
     assert plain.cp_comm == "p2p"
-    assert Plan.from_dict({k: v for k, v in _plan("p2p").to_dict().items()
-                           if k != "cp_comm"}) == _plan("p2p")
-    assert simulate(model, cluster, plain).iteration_time_s == \
-        simulate(model, cluster, _plan("p2p")).iteration_time_s
+    assert Plan.from_dict({k: v for k, v in plain.to_dict().items() if k != "cp_comm"}) == plain
+    a, d = (simulate(model, cluster, plain, fidelity=f) for f in ("analytic", "des"))
+    assert a.iteration_time_s == 0.5937640462534428
+    assert d.iteration_time_s == pytest.approx(0.596103452194932, rel=1e-12)
+    chunk = 8192 // 2 * (model.kv_dim + model.v_dim) / 2 * 2 / 2 ** 30
+    assert a.peak_memory_gib == pytest.approx(41.423828125 + 4 * chunk, rel=1e-12)
 
 
 def _counts(plan: Plan) -> dict[str, tuple[int, int]]:
@@ -104,11 +109,15 @@ def test_the_attention_core_costs_the_same_either_way():
     assert ulysses.cp_exposed_s > 0 and ulysses.cp_overlapped_s == 0
 
 
-def test_the_all_gather_holds_one_layers_gathered_keys_and_values():
+def test_the_exchanges_buffers_in_memory():
+    """One layer's K/V buffers: the ring two chunks of K/V and two of their gradients, the
+    all-gather the whole gathered K/V and their full-size gradients, Ulysses nothing beyond
+    its activations."""
     model, cluster = load_model(MODEL), load_cluster(CLUSTER)
-    ring, gathered = (simulate(model, cluster, _plan(c)) for c in ("p2p", "allgather"))
-    extra = 8 * (65536 // 8) * (model.kv_dim + model.v_dim) * 2 / 2 ** 30
-    assert gathered.peak_memory_gib - ring.peak_memory_gib == pytest.approx(extra, rel=1e-6)
+    peaks = {c: simulate(model, cluster, _plan(c)).peak_memory_gib for c in COMMS}
+    chunk = (65536 // 8) * (model.kv_dim + model.v_dim) * 2 / 2 ** 30
+    assert peaks["p2p"] - peaks["a2a"] == pytest.approx(4 * chunk, rel=1e-6)
+    assert peaks["allgather"] - peaks["a2a"] == pytest.approx(2 * 8 * chunk, rel=1e-6)
 
 
 def test_the_search_moves_to_another_exchange_where_the_ring_is_exposed():

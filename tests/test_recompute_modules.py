@@ -36,6 +36,9 @@ def _plan(mods: tuple[str, ...] | None, **kw: object) -> Plan:
     ({"recompute_modules": ("layernorm", "layernorm")}, "names a module twice"),
     ({"recompute_modules": ()}, "non-empty list"),
     ({"recompute": "full"}, "needs recompute = selective"),
+    ({"recompute_modules": ("mlp",), "tp": 2, "dp": 4, "ep": 1}, "with tp > 1 are not modelled"),
+    ({"recompute_modules": ("shared_experts",), "moe_overlap": "shared-expert"},
+     "cannot be re-run with moe_overlap = shared-expert"),
 ])
 def test_bad_lists_are_one_line_errors(changes, words):
     with pytest.raises(SpecError) as err:
@@ -56,21 +59,36 @@ def test_modules_the_model_lacks_are_refused(model, mods, words):
 
 
 def test_null_is_the_attention_core_as_before():
-    model, cluster = load_model(MOE), load_cluster("dgx-h100:1")
-    a, b = (simulate(model, cluster, _plan(m)) for m in (None, ("core_attn",)))
-    assert a.iteration_time_s == b.iteration_time_s
-    assert a.peak_memory_gib == b.peak_memory_gib
+    """Selective recomputation without modules is the attention core, with the numbers it
+    had before the field existed (trainsim at aff61d9: these values)."""
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100:2")
+    plan = Plan(16, 2048, dp=8, pp=2, recompute="selective")
+    core = dataclasses.replace(plan, recompute_modules=("core_attn",))
+    for p in (plan, core):
+        a, d = (simulate(model, cluster, p, fidelity=f) for f in ("analytic", "des"))
+        assert (a.iteration_time_s, a.peak_memory_gib) == (0.3153933146636109, 69.337890625)
+        assert d.iteration_time_s == pytest.approx(0.3208931338607774, rel=1e-12)
 
 
 def test_each_module_saves_what_it_no_longer_keeps():
-    """Per layer and micro-batch (4,096 tokens, bf16): the norms' outputs (2 x s x h), the
-    routed experts' activation outputs (top-k x expert ffn of the most-loaded rank's
-    tokens), a dense MLP's inner tensors (gate, up and product: 3 x ffn)."""
+    """Per layer and micro-batch (4,096 tokens, bf16): the outputs of the norms that stand
+    alone (Transformer Engine's spec under flash attention: an MoE layer's pre-MLP norm,
+    not a dense layer's, whose norms are fused into the next linear layer; both with the
+    local spec of standard attention), the routed experts' activation outputs (top-k x
+    expert ffn of the most-loaded rank's tokens), a dense MLP's inner tensors (gate, up and
+    product: 3 x ffn)."""
     moe, dense = load_model(MOE), load_model("llama3-8b")
-    sbe = 4096 * 2
+    sbe, h = 4096 * 2, moe.hidden_size
     base = layer_activation_bytes(moe, _plan(None), moe=True)
     norms = layer_activation_bytes(moe, _plan(("core_attn", "layernorm")), moe=True)
-    assert base - norms == pytest.approx(2 * sbe * moe.hidden_size)
+    assert base - norms == pytest.approx(sbe * h)
+    fused = _plan(("layernorm",), ep=1)
+    assert layer_activation_bytes(dense, fused) == layer_activation_bytes(dense, _plan(
+        None, ep=1))
+    local = dataclasses.replace(fused, attention="standard")
+    assert layer_activation_bytes(dense, dataclasses.replace(local, recompute_modules=(
+        "core_attn",))) - layer_activation_bytes(dense, dataclasses.replace(
+            local, recompute_modules=("core_attn", "layernorm"))) == pytest.approx(2 * sbe * h)
     act = layer_activation_bytes(moe, _plan(("core_attn", "moe_act")), moe=True)
     load = routing(moe, _plan(None)).load_factor
     assert base - act == pytest.approx(moe.top_k * moe.expert_ffn * load * sbe)
@@ -85,7 +103,7 @@ def test_each_module_costs_its_forward_again_in_both_tiers():
     cm = cost_model_for(cluster)
     core, more = _plan(("core_attn",)), _plan(("core_attn", "layernorm", "moe_act"))
     lt_core, lt_more = (ops_layer_time(cm, model, p, moe=True) for p in (core, more))
-    norm = 2 * cm.elementwise(model.norm, 4096, model.hidden_size, "bf16")[0]
+    norm = cm.elementwise(model.norm, 4096, model.hidden_size, "bf16")[0]  # pre-MLP only
     per_expert = 4096 * model.top_k / model.num_experts * 8  # the rank's expert's tokens
     act = cm.elementwise("swiglu", per_expert, model.expert_ffn, "bf16")[0]
     assert lt_more.recompute_forward - lt_core.recompute_forward == pytest.approx(norm + act)
@@ -128,6 +146,9 @@ def test_exports_name_the_modules_or_refuse_them():
     with pytest.raises(SpecError) as err:
         export("torchtitan", dense, load_model("llama3-8b"), cluster)
     assert err.value.field == "plan.recompute_modules"
+    with pytest.raises(SpecError) as err:  # Megatron-LM's delayed fp8 scaling refuses them
+        export("megatron", dataclasses.replace(plan, dtype="fp8"), model, cluster)
+    assert err.value.field == "plan.recompute_modules" and "fp8" in str(err.value)
     assert unsupported(load_model("tiny"), Plan(8, 256, dp=2, recompute="selective",
                                                 recompute_modules=("layernorm",)))[0] \
         == "plan.recompute_modules"
@@ -142,4 +163,27 @@ def test_megatron_core_reads_the_modules_back():
     text = export("megatron", _plan(("core_attn", "moe_act", "layernorm")), model,
                   cluster)["megatron_args.sh"]
     parsed = megatron_parsed(text, cluster.world_size)
-    assert parsed["recompute_modules"] == ["core_attn", "moe_act", "layernorm"]
+    assert parsed["recompute_modules"] == ["core_attn", "layernorm", "moe_act"]  # ordered
+
+
+def test_the_search_re_runs_norms_and_activations_only_where_that_makes_a_plan_fit():
+    """Qwen3-30B-A3B, EP 8 x DP 16, micro-batch 2 (study_recompute_modules.py): without
+    recomputation ZeRO-1 needs 86.8 GiB, ZeRO-2 80.8, ZeRO-3 75.0; layernorm saves 1.5 GiB,
+    moe_act 4.5, both 6. The search offers the cheapest that makes the plan fit the device
+    (ZeRO-2), or the user's budget (ZeRO-3 under 70 GiB); never where nothing or the plain
+    plan fits, and never for a dense model."""
+    from optimizer.constraints import Constraints
+    from optimizer.space import SearchSpace
+
+    model, cluster = load_model("qwen3-30b-a3b"), load_cluster("dgx-h100:2")
+    fixed = (("tp", 1), ("cp", 1), ("pp", 1), ("ep", 8), ("micro_batch_size", 2))
+
+    def lightened(budget: float | None) -> dict[int, tuple[str, ...]]:
+        space = SearchSpace(model, cluster, 256, 4096, constraints=Constraints(
+            fixed=fixed, max_memory_gib=budget))
+        return {p.zero_stage: p.recompute_modules for p in space if p.recompute_modules}
+
+    assert lightened(None) == {2: ("layernorm",)}  # 79.3 GiB: the norms are enough
+    assert lightened(70.0) == {3: ("layernorm", "moe_act")}  # 69.0 GiB
+    dense = SearchSpace(load_model("llama3-8b"), cluster, 64, 4096)
+    assert all(p.recompute_modules is None for p in dense)

@@ -53,6 +53,11 @@ def check(plan: Plan, model: ModelSpec) -> None:
     if plan.zero_stage >= 2 and plan.pp > 1:
         raise SpecError("plan.zero_stage", f"ZeRO-{plan.zero_stage} (Megatron-FSDP) with pp = "
                         f"{plan.pp} is not expressible: Megatron-FSDP does not pipeline")
+    late = {"layernorm", "moe_act"} & set(plan.recompute_modules or ())
+    if plan.dtype == "fp8" and late:
+        raise SpecError("plan.recompute_modules", f"{' and '.join(sorted(late))} with fp8 is "
+                        "not expressible in Megatron-LM: its delayed fp8 scaling (the export's "
+                        "recipe) refuses them")
 
 
 def layout(plan: Plan, model: ModelSpec) -> str:

@@ -16,7 +16,7 @@ from sim.layout.routing import routing
 from sim.spec.experts import expert_tp
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
-from sim.spec.recompute import recomputed
+from sim.spec.recompute import recomputed, recomputed_norms
 
 __all__ = ["LayerTime", "layer_time", "ops_layer_time", "logits_time", "ops_logits_time",
            "embedding_time",
@@ -196,8 +196,8 @@ def _recomputed_forward(cm: CostModel, m: ModelSpec, plan: Plan, moe: bool,
         return 0.0
     local = plan.local_tokens / (plan.tp if plan.sequence_parallel else 1)
     seconds = {"core_attn": timed["core_attn"],
-               "layernorm": 2 * cm.elementwise(m.norm, local, m.hidden_size,
-                                               plan.activation_dtype)[0],
+               "layernorm": recomputed_norms(m, plan, moe) * cm.elementwise(
+                   m.norm, local, m.hidden_size, plan.activation_dtype)[0],
                "mlp": 0.0 if moe else timed["mlp"],
                "shared_experts": timed["shared_experts"] if moe else 0.0,
                "moe_act": _expert_act(cm, m, plan) if moe else 0.0}

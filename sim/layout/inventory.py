@@ -32,8 +32,8 @@ tier issues (a test checks the DES against it for every test plan):
 - gradient buckets: torch's even split of the dense parameters, plus one reduction of the
   expert ones; the DES closes a bucket at the first layer boundary past the bucket size,
   dense and expert gradients of a bucket reduced together, each chunk's rest at its end;
-- context parallelism: the DES's K/V ring all-gathers (forward, and twice the bytes
-  backward); the executor runs no CP;
+- context parallelism: the DES's exchanges (:func:`sim.layout.stages.cp_exchanges`: the
+  K/V ring, all-gather or all-to-all of the plan's ``cp_comm``); the executor runs no CP;
 - MoE with full recompute: the DES replays the forward all-to-alls, the torch account not;
 - ZeRO with experts: the DES gathers expert weights over the expert-data-parallel group;
 - not simulated by the DES (small): the sequence-parallel norm-gradient all-reduces, and

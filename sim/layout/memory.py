@@ -28,7 +28,7 @@ from sim.spec.experts import expert_tp
 from sim.spec.hardware import HardwareSpec
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
-from sim.spec.recompute import recomputed
+from sim.spec.recompute import recomputed, recomputed_norms
 
 __all__ = ["MemoryBreakdown", "layer_activation_bytes", "model_state_bytes_per_param",
            "rank_memory", "rank_params", "layer_rank_params", "chunk_edge_params", "peak_memory",
@@ -96,7 +96,7 @@ def layer_activation_bytes(m: ModelSpec, plan: Plan, moe: bool = False) -> float
     e = plan.activation_bytes
     sbh = s * b * m.hidden_size
     again = recomputed(plan)  # modules re-run in the backward keep only their inputs
-    norms = 2 if "layernorm" in again else 4  # norm inputs (and outputs: QKV/MLP inputs)
+    norms = 4 - recomputed_norms(m, plan, moe)  # norm inputs, outputs (QKV/MLP inputs)
     replicated = (norms * sbh * e + (2 * sbh if m.dropout else 0)  # masks
                   ) / (t if plan.sequence_parallel else 1)
     tensors: float = m.q_dim + m.kv_dim + m.v_dim + m.o_dim  # Q, K, V, output projection input
@@ -194,8 +194,12 @@ def _transient_bytes(m: ModelSpec, plan: Plan, st: StageLayers) -> float:
         out += layer_activation_bytes(m, plan, moe=st.moe > 0)
     if plan.zero_stage == 3:  # the current and the prefetched layer, gathered
         out += 2 * plan.activation_bytes * sum(layer_rank_params(m, plan, st.moe > 0))
-    if plan.cp_comm == "allgather" and st.total:  # one layer's K and V, gathered
-        out += plan.cp * tokens * (m.kv_dim + m.v_dim) / plan.tp * plan.activation_bytes
+    if plan.cp > 1 and st.total:  # context parallelism's K/V buffers for one layer
+        chunk = tokens * (m.kv_dim + m.v_dim) / plan.tp * plan.activation_bytes
+        # the ring: a chunk in use and one arriving, and the same for dK/dV in the backward;
+        # the all-gather: the gathered K/V and, in the backward, their full-size gradients
+        # before the reduce-scatter; Ulysses' exchanged tensors are the activations
+        out += {"p2p": 4 * chunk, "allgather": 2 * plan.cp * chunk}.get(plan.cp_comm, 0.0)
     return out
 
 

@@ -17,7 +17,7 @@ from sim.spec.batch import check_batch, check_schedule
 from sim.spec.experts import check_experts, check_experts_model, expert_tp
 from sim.spec.hardware import DTYPE_BYTES, DTYPES
 from sim.spec.limits import MAX_DEVICES, MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_SEQ_LEN, at_most
-from sim.spec.recompute import check_recompute, check_recompute_model
+from sim.spec.recompute import check_recompute, check_recompute_model, order_modules
 from sim.spec.routing import check_routing, check_routing_model
 from sim.spec.sync import Communication, Compression, Sync, check_sync, coerce_sync, sync_to_dict
 
@@ -111,6 +111,7 @@ class Plan:
 
     def __post_init__(self) -> None:
         coerce_sync(self)
+        order_modules(self)
         validate(self)
 
     @property

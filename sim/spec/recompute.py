@@ -12,7 +12,8 @@ from sim.errors import SpecError
 # as Any: plan.py imports this module for its rules).
 Plan = Any
 
-__all__ = ["MODULES", "recomputed", "reruns_core", "check_recompute", "check_recompute_model"]
+__all__ = ["MODULES", "recomputed", "reruns_core", "recomputed_norms", "check_recompute",
+           "check_recompute_model", "order_modules"]
 
 # Megatron-LM's names. core_attn: the attention core; layernorm: the two norms (their
 # outputs, the QKV and MLP inputs, are not kept); mlp: a dense layer's MLP; moe_act: the
@@ -21,6 +22,14 @@ __all__ = ["MODULES", "recomputed", "reruns_core", "check_recompute", "check_rec
 MODULES = ("core_attn", "layernorm", "mlp", "moe_act", "shared_experts")
 _NOT_MODELLED = {"moe": "the whole MoE layer, whose recomputation replays the dispatch",
                  "mla_up_proj": "MLA's up-projections"}
+
+
+def order_modules(plan: Plan) -> None:
+    """Put a plan's known modules in :data:`MODULES` order (a list in any order is the same
+    plan; unknown names are left for :func:`check_recompute` to refuse)."""
+    mods = plan.recompute_modules
+    if isinstance(mods, list | tuple) and all(m in MODULES for m in mods):
+        object.__setattr__(plan, "recompute_modules", tuple(sorted(mods, key=MODULES.index)))
 
 
 def recomputed(plan: Plan) -> frozenset[str]:
@@ -35,6 +44,20 @@ def reruns_core(plan: Plan) -> bool:
     """Whether a backward re-runs the attention core (and context parallelism's exchange,
     which lives in it): full recomputation, or selective with ``core_attn``."""
     return plan.recompute == "full" or "core_attn" in recomputed(plan)
+
+
+def recomputed_norms(model: Any, plan: Plan, moe: bool) -> int:
+    """Norms of a layer that ``layernorm`` re-runs, whose outputs are then not kept.
+    Megatron-LM re-runs only norms that stand alone: with Transformer Engine's layer spec
+    (what flash attention exports to) a norm feeding one linear layer is fused into it and
+    keeps its output either way, which leaves an MoE layer's pre-MLP norm (the router and
+    the experts share its output) and MLA's input norm; with the local spec (standard
+    attention) both norms stand alone (megatron/core/models/gpt/gpt_layer_specs.py)."""
+    if "layernorm" not in recomputed(plan):
+        return 0
+    if plan.attention != "flash":
+        return 2
+    return int(moe) + int(model.is_mla)
 
 
 def check_recompute(plan: Plan) -> None:
@@ -54,6 +77,14 @@ def check_recompute(plan: Plan) -> None:
     if plan.recompute != "selective":
         raise SpecError(name, f"needs recompute = selective (modules are what selective "
                         f"recomputation re-runs), got recompute = {plan.recompute}")
+    if "shared_experts" in mods and plan.moe_overlap == "shared-expert":
+        raise SpecError(name, "shared_experts cannot be re-run with moe_overlap = "
+                        "shared-expert (Megatron-LM refuses the pair: the overlap needs the "
+                        "shared expert's forward where it is)")
+    if plan.tp > 1 and {"mlp", "shared_experts"} & set(mods):
+        raise SpecError(name, "mlp and shared_experts with tp > 1 are not modelled (their "
+                        "re-run repeats the MLP's tensor-parallel collectives, which "
+                        "trainsim does not charge): use tp = 1, or other modules")
 
 
 def check_recompute_model(plan: Plan, model: Any) -> None:
