@@ -3,7 +3,9 @@ of a family and the others predicted (issue 19).
 
 Run: ``.venv/bin/python experiments/calibrate_torchtitan.py`` (about a minute). Writes
 ``experiments/results/calibrate_torchtitan.csv`` (every run) and
-``experiments/results/calibrate_torchtitan_loo.csv`` (each run as the calibration).
+``experiments/results/calibrate_torchtitan_loo.csv`` (each run as the calibration) and
+``experiments/results/calibrate_torchtitan_joint.csv`` (the compile family calibrated on
+all its runs at once).
 
 Data: every row of ``experiments/data/torchtitan_h100_benchmarks.csv`` (a copy of the shared
 data) whose batch is published (pytorch/torchtitan
@@ -168,6 +170,10 @@ def _joint(members: list[Run]) -> None:
     sample). What that leaves is a difference between the runs none of the factors moves."""
     cal = fit(members)
     errs = 100 * _errors(members, cal, "analytic")
+    atomic_write_text(RESULTS / "calibrate_torchtitan_joint.csv", pd.DataFrame(
+        {"run": [r.label for r in members], "error_pct": errs,
+         **{f"factor_{k}": v for k, v in cal["factors"].items()}}).to_csv(
+        index=False, float_format="%.4g"))
     factors = ", ".join(f"{k} {v:.3g}" for k, v in cal["factors"].items())
     print(f"torchtitan-compile calibrated on all its {len(members)} runs at once (in sample; "
           f"{factors}): mean |error| {np.abs(errs).mean():.1f}%, worst {np.abs(errs).max():.1f}%")
