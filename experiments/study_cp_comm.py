@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -98,15 +99,21 @@ def plot(df: pd.DataFrame, path: Path) -> Path:
     return save_figure(fig, path)
 
 
-def main() -> int:
-    df = table()
-    csv = RESULTS / "study_cp_comm.csv"
+def write_study(df: pd.DataFrame, name: str, plot: Callable[[pd.DataFrame, Path], Path]
+                ) -> None:
+    """A two-tier study's table and figure under ``experiments/results/``, and the table
+    and the largest difference between the tiers (its ``tiers_pct``) printed."""
+    csv = RESULTS / f"{name}.csv"
     atomic_write_text(csv, df.to_csv(index=False, float_format="%.5g"))
-    png = plot(df, RESULTS / "study_cp_comm.png")
+    png = plot(df, RESULTS / f"{name}.png")
     with pd.option_context("display.width", 200):
         print(df.round(3).to_string(index=False))
     print(f"largest tier difference: {df['tiers_pct'].abs().max():.2f}%")
     print(f"wrote {csv}, {png}", file=sys.stderr)
+
+
+def main() -> int:
+    write_study(table(), "study_cp_comm", plot)
     return 0
 
 

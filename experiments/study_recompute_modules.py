@@ -18,13 +18,11 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+from study_cp_comm import write_study
 
 from sim import Plan, load_cluster, load_model, simulate
-from sim.io import atomic_write_text
 from trainsim.plots.figures import save_figure
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "experiments" / "results"
 MODEL, CLUSTER = "qwen3-30b-a3b", "dgx-h100:2"
 VARIANTS: tuple[tuple[str, str, tuple[str, ...] | None], ...] = (
     ("none", "none", None),
@@ -79,14 +77,7 @@ def plot(df: pd.DataFrame, path: Path) -> Path:
 
 
 def main() -> int:
-    df = table()
-    csv = RESULTS / "study_recompute_modules.csv"
-    atomic_write_text(csv, df.to_csv(index=False, float_format="%.5g"))
-    png = plot(df, RESULTS / "study_recompute_modules.png")
-    with pd.option_context("display.width", 200):
-        print(df.round(3).to_string(index=False))
-    print(f"largest tier difference: {df['tiers_pct'].abs().max():.2f}%")
-    print(f"wrote {csv}, {png}", file=sys.stderr)
+    write_study(table(), "study_recompute_modules", plot)
     return 0
 
 
