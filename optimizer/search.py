@@ -122,11 +122,14 @@ def _plan_key(p: Plan) -> str:
     return repr(sorted(p.to_dict().items()))
 
 
+def _sig(seconds: float) -> float:
+    """A time to 9 significant digits: plans that differ by float rounding alone tie (and
+    then rank by plan), whatever the summation order of their simulations."""
+    return float(f"{seconds:.9g}")
+
+
 def _rank(seconds: float, p: Plan) -> tuple[float, str]:
-    """Sort key: the time to 9 significant digits (plans that differ by float rounding
-    alone tie), then the plan, so equal plans rank the same way whatever the summation
-    order of their simulations."""
-    return float(f"{seconds:.9g}"), _plan_key(p)
+    return _sig(seconds), _plan_key(p)
 
 
 MIN_GAIN = 1e-3  # a move must beat the plan it starts from by 0.1%
@@ -300,14 +303,14 @@ def _balanced_seeds(space: SearchSpace, ranked: list[Candidate], feasible: list[
         for name, p in balanced(m, c, x.plan, cost, lambda q: _fits(m, c, q)):
             seconds = analytic_timing(m, c, p, cost).iteration_s
             found.append((seconds, _plan_key(p), f"balanced: {name}", p, x.plan))
-    found.sort(key=lambda t: _rank(t[0], t[3]))
+    found.sort(key=lambda t: (_sig(t[0]), t[1]))
     kinds: dict[str, tuple] = {}  # the best of each kind first: the tiers may rank them apart
     for t in found:
         kinds.setdefault(t[2].split(",")[0], t)
     chosen = list(kinds.values())
     chosen += [t for t in found if t not in chosen][:max(0, BALANCE_SEEDS - len(chosen))]
     out: dict[str, tuple[str, Plan]] = {}
-    for _, key, origin, p, seed in sorted(chosen, key=lambda t: _rank(t[0], t[3])):
+    for _, key, origin, p, seed in sorted(chosen, key=lambda t: (_sig(t[0]), t[1])):
         out.setdefault(_plan_key(seed), ("even seed", seed))
         out.setdefault(key, (origin, p))
     return list(out.values())

@@ -185,22 +185,18 @@ class SearchSpace:
                                 vpp, schedule, zero, recompute, sp, self.dtype, placement,
                                 layers_per_stage=even_split(self.model.num_layers, pp * vpp),
                                 attention=self.attention, etp=etp,
-                                overlap_grad_reduce=self.overlap_grad_reduce)
-                    plan = self._lightened(plan)
-                    for comm in self._cp_comms(cp):
-                        plan = self._overlapped(plan if comm == plan.cp_comm else
-                                                dataclasses.replace(plan, cp_comm=comm))
-                        if self.constraints.framework == "any" \
-                                or self.constraints.admits(plan, self.model):
-                            yield plan
+                                overlap_grad_reduce=self.overlap_grad_reduce,
+                                cp_comm=self._cp_comm(cp))
+                    plan = self._overlapped(self._lightened(plan))
+                    if self.constraints.framework == "any" \
+                            or self.constraints.admits(plan, self.model):
+                        yield plan
 
-    def _cp_comms(self, cp: int) -> tuple[str, ...]:
+    def _cp_comm(self, cp: int) -> str:
         """Context parallelism's exchange: the K/V ring (hidden behind the attention core
         where it is long), or the all-gather for torchtitan, which runs no other; the
         search's local moves try the others where the ring is exposed."""
-        if cp > 1 and self.constraints.framework == "torchtitan":
-            return ("allgather",)
-        return ("p2p",)
+        return "allgather" if cp > 1 and self.constraints.framework == "torchtitan" else "p2p"
 
 
 def plans(model: ModelSpec, cluster: ClusterSpec, global_batch_size: int, seq_len: int,

@@ -195,13 +195,13 @@ def _recomputed_forward(cm: CostModel, m: ModelSpec, plan: Plan, moe: bool,
     if not mods:
         return 0.0
     local = plan.local_tokens / (plan.tp if plan.sequence_parallel else 1)
-    seconds = {"core_attn": timed["core_attn"],
-               "layernorm": recomputed_norms(m, plan, moe) * cm.elementwise(
+    seconds = {"core_attn": lambda: timed["core_attn"],
+               "layernorm": lambda: recomputed_norms(m, plan, moe) * cm.elementwise(
                    m.norm, local, m.hidden_size, plan.activation_dtype)[0],
-               "mlp": 0.0 if moe else timed["mlp"],
-               "shared_experts": timed["shared_experts"] if moe else 0.0,
-               "moe_act": _expert_act(cm, m, plan) if moe else 0.0}
-    return sum(seconds[k] for k in mods)
+               "mlp": lambda: 0.0 if moe else timed["mlp"],
+               "shared_experts": lambda: timed["shared_experts"] if moe else 0.0,
+               "moe_act": lambda: _expert_act(cm, m, plan) if moe else 0.0}
+    return sum(seconds[k]() for k in mods)
 
 
 def _expert_act(cm: CostModel, m: ModelSpec, plan: Plan) -> float:

@@ -294,6 +294,9 @@ class Profiled:
 
     def collective(self, kind: str, group_size: int, inter_node: bool, size_bytes: float
                    ) -> float | None:
+        if kind == "kv_ring":  # n - 1 neighbour sends of one rank's chunk
+            hop = self.collective("send_recv", group_size, inter_node, size_bytes / group_size)
+            return None if hop is None else (group_size - 1) * hop
         fabric = "inter" if inter_node else "intra"
         segments = self.db.comm_fit.get((kind, fabric, group_size))
         if segments is None:

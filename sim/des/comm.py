@@ -175,13 +175,8 @@ class Collectives:
         key = (kind, coll, size)
         if key not in self._measured_cache:
             span = group_span(self.x.p, self.x.c, kind)
-            if coll == "kv_ring":  # n - 1 neighbour sends, as the analytic tier times it
-                hop = self.x.cost.collective("send_recv", span.size, span.nodes > 1,
-                                             size / span.size)
-                self._measured_cache[key] = None if hop is None else (span.size - 1) * hop
-            else:
-                self._measured_cache[key] = self.x.cost.collective(coll, span.size,
-                                                                   span.nodes > 1, size)
+            self._measured_cache[key] = self.x.cost.collective(coll, span.size,
+                                                               span.nodes > 1, size)
         return self._measured_cache[key]
 
     def collective(self, unit: Unit, kind: str, coll: str, size: float, tag: tuple

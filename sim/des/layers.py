@@ -149,11 +149,12 @@ class Layers:
             yield from x.compute(u, seconds, name)
             return
         if x.p.cp_comm != "p2p":
-            for j, (coll, size) in enumerate(parts[:-1] if len(parts) > 1 else parts):
+            split = max(1, len(parts) - 1)  # of two or more, the last after the compute
+            for j, (coll, size) in enumerate(parts[:split]):
                 yield from self.comm.blocking(u, "cp", coll, size, tag + (j,))
             yield from x.compute(u, seconds, name)
-            if len(parts) > 1:
-                yield from self.comm.blocking(u, "cp", *parts[-1], tag + (len(parts) - 1,))
+            for j, (coll, size) in enumerate(parts[split:], split):
+                yield from self.comm.blocking(u, "cp", coll, size, tag + (j,))
             return
         t0 = x.env.now
         (coll, ring_bytes), = parts
