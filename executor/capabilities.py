@@ -4,7 +4,7 @@ exit code 2, instead of after torchrun has started)."""
 
 from __future__ import annotations
 
-from sim.spec.experts import is_folded
+from sim.spec.experts import expert_tp
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
 from sim.spec.routing import routing_is_balanced
@@ -55,13 +55,13 @@ def _experts(spec: ModelSpec, plan: Plan) -> tuple[str, str] | None:
     if plan.moe_overlap != "none":
         return "plan.moe_overlap", ("expert all-to-all overlap is not run by the executor "
                                     "(simulate it)")
-    if is_folded(plan):
-        return "plan.etp", ("a folded expert grid (etp != tp, or expert groups beyond the "
-                            "data-parallel ranks) is not run by the executor yet (simulate it)")
-    if spec.is_moe and plan.tp > 1:
-        return "plan.tp", "the executor runs MoE models with tp = 1 only"
-    if plan.ep > 1 and plan.zero_stage > 0:
-        return "plan.zero_stage", "the executor runs expert parallelism with zero_stage 0 only"
+    if spec.is_moe and expert_tp(plan) > 1 and spec.linear_bias:
+        return "model.linear_bias", ("experts with biases split over expert tensor "
+                                     "parallelism are not run by the executor (use etp 1)")
+    if plan.ep > 1 and plan.zero_stage == 1:
+        return "plan.zero_stage", ("1 with expert parallelism is not run by the executor: its "
+                                   "ZeRO-1 optimizer would broadcast one rank's experts to "
+                                   "ranks holding others (use 0, 2 or 3)")
     return None
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable
 
 import torch
 import torch.nn.functional as F
@@ -125,35 +126,56 @@ class FeedForward(nn.Module):
         return self.w2(F.silu(a) * b)
 
 
+class Experts(nn.Module):
+    """A layer's routed experts (this rank's), run once per exchange on rows grouped by
+    expert: one module, so that data parallelism can shard them as one unit."""
+
+    def __init__(self, experts: Iterable[FeedForward]) -> None:
+        super().__init__()
+        self.each = nn.ModuleList(experts)
+
+    def __len__(self) -> int:
+        return len(self.each)
+
+    def __getitem__(self, i: int) -> FeedForward:
+        return self.each[i]  # type: ignore[return-value]
+
+    def forward(self, rows: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
+        """Each row through the expert ``expert_ids`` names (ids local to this rank)."""
+        out = torch.empty_like(rows)
+        for e, expert in enumerate(self.each):
+            picked = (expert_ids == e).nonzero(as_tuple=True)[0]
+            out[picked] = expert(rows[picked]) if picked.numel() else out[picked]
+        return out
+
+
 class MoE(nn.Module):
     """Top-k routed experts (softmax over the chosen experts' scores) plus an optional shared
-    expert. ``experts`` holds this rank's experts; expert parallelism (see
-    :func:`executor.parallel.apply_expert_parallel`) replaces ``dispatch`` to exchange tokens."""
+    expert. ``experts`` holds this rank's experts (or their tensor-parallel shards); the
+    expert grid's groups are set by :func:`executor.parallel.apply_ep` (see
+    :mod:`executor.moe`)."""
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
         self.top_k, self.num_experts = spec.top_k, spec.num_experts
         self.router = nn.Linear(spec.hidden_size, spec.num_experts, bias=False)
-        self.experts = nn.ModuleList(
+        self.experts = Experts(
             FeedForward(spec.hidden_size, spec.expert_ffn, spec.gated_mlp, spec.linear_bias)
             for _ in range(spec.num_experts))
         self.shared = FeedForward(spec.hidden_size, spec.shared_expert_ffn_hidden_size,
                                   spec.gated_mlp, spec.linear_bias) \
             if spec.shared_expert_ffn_hidden_size else None
-        self.first_expert = 0  # global id of experts[0]
-        self.ep_group: object | None = None  # set by expert parallelism
+        # the expert grid: none on one rank (every expert here, whole)
+        self.ep = self.etp = 1
+        self.ep_rank = self.etp_rank = 0
+        self.block_group: object | None = None  # the etp x ep block (counts gathered)
+        self.ep_group: object | None = None
+        self.etp_group: object | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        tokens = x.reshape(-1, shape[-1])
-        weights, chosen = torch.topk(self.router(tokens), self.top_k, dim=-1)
-        weights = weights.softmax(dim=-1)
-        from executor.moe import route  # local import: keeps the model free of distributed
+        from executor.moe import forward  # local import: keeps the model free of distributed
 
-        out = route(self, tokens, chosen, weights)
-        if self.shared is not None:
-            out = out + self.shared(tokens)
-        return out.view(shape)
+        return forward(self, x)
 
 
 class Block(nn.Module):

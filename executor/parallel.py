@@ -18,10 +18,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from executor.model import MoE, Transformer
+from executor.model import FeedForward, MoE, Transformer
 from sim.errors import SpecError
 from sim.layout.placement import rank_coords
 from sim.layout.stages import virtual_stage_layers
+from sim.spec.experts import ep_inner, expert_tp, experts_follow_dense
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
 
@@ -53,7 +54,8 @@ def _logical_rank(plan: Plan, pp: int, dp: int, cp: int, tp: int) -> int:
     """Rank at these coordinates under the plan's placement (the dp coordinate is split
     into its expert-parallel part, innermost, and the rest, as in :mod:`sim.layout.placement`)."""
     _, stride = rank_coords(plan)
-    coords = {"pp": pp, "ep": dp % plan.ep, "dp": dp // plan.ep, "cp": cp, "tp": tp}
+    inner = ep_inner(plan)
+    coords = {"pp": pp, "ep": dp % inner, "dp": dp // inner, "cp": cp, "tp": tp}
     r = sum(coords[d] * stride[d] for d in stride)
     return plan.placement[r] if isinstance(plan.placement, tuple) else r
 
@@ -172,6 +174,30 @@ def _interleave_rows(linear: nn.Linear, parts: tuple[int, ...], tp: int) -> None
         param.copy_(torch.cat(blocks))
 
 
+def _tp_moe_plan(moe: MoE) -> dict[str, Any]:
+    """An MoE layer's MLP under tensor (and sequence) parallelism, as Megatron-LM runs it:
+    the router sees each rank's sequence shard (its weight's gradient summed over TP, as a
+    norm's); the shared expert is a tensor-parallel MLP on the gathered sequence; the routed
+    experts are :mod:`executor.moe`'s."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    plan: dict[str, Any] = {"feed_forward.router": SequenceParallel(use_local_output=True)}
+    if moe.shared is not None:
+        plan.update({
+            "feed_forward.shared": PrepareModuleInput(
+                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
+                use_local_output=False),
+            "feed_forward.shared.w13": ColwiseParallel(),
+            "feed_forward.shared.w2": RowwiseParallel(output_layouts=Shard(1))})
+    return plan
+
+
 def apply_tp(chunk: Transformer, mesh: DeviceMesh, sp: bool) -> None:
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
@@ -196,28 +222,83 @@ def apply_tp(chunk: Transformer, mesh: DeviceMesh, sp: bool) -> None:
     if tied:  # both shard the [vocab, hidden] weight on dim 0: share the one DTensor
         chunk.output.weight = chunk.tok_embeddings.weight  # type: ignore[union-attr]
     block = _tp_block_plan(sp)
+    attention = {k: v for k, v in block.items() if not k.startswith("feed_forward")}
+    tp = mesh.size()
     for layer in chunk.layers.values():
-        tp = mesh.size()
         _interleave_rows(layer.attention.wqkv, layer.attention.parts, tp)
-        if layer.feed_forward.gated:
-            _interleave_rows(layer.feed_forward.w13, (1, 1), tp)
-        parallelize_module(layer, mesh, block)
+        ff = layer.feed_forward
+        mlp = ff.shared if isinstance(ff, MoE) else ff
+        if mlp is not None and mlp.gated:
+            _interleave_rows(mlp.w13, (1, 1), tp)
+        parallelize_module(layer, mesh, {**attention, **_tp_moe_plan(ff)}
+                           if isinstance(ff, MoE) else block)
 
 
 # Expert parallel, recompute, data parallel ---------------------------------------------------
-def apply_ep(chunk: Transformer, group: Any, ep: int, ep_rank: int) -> None:
-    """Keep this rank's ``num_experts / ep`` experts of every MoE layer."""
+@dataclass
+class ExpertGrid:
+    """This rank's place in the expert grid (:mod:`sim.spec.experts`) and its groups."""
+
+    ep: int
+    etp: int
+    ep_rank: int
+    etp_rank: int
+    block: Any  # the etp x ep ranks whose token counts are gathered
+    ep_group: Any
+    etp_group: Any
+    edp_group: Any  # ranks holding the same expert shards (None when only one does)
+
+
+def _stage_order(ranks: torch.Tensor, stage: int) -> list[int]:
+    """A pipeline stage's ranks in Megatron-LM's order, ``t + tp * (c + cp * d)``."""
+    return [int(r) for r in ranks[stage].reshape(-1)]
+
+
+def expert_grid(plan: Plan, ranks: torch.Tensor, tp_group: Any) -> ExpertGrid:
+    """Every rank creates every group of the grid (torch's rule) and keeps its own: the
+    stage's ranks cut into blocks of ``etp x ep`` (ETP index fastest); a block is the
+    expert-parallel groups of each ETP index, the ETP groups of each EP index; the same
+    position in every block is an expert-data-parallel group."""
+    etp, ep, me = expert_tp(plan), plan.ep, dist.get_rank()
+    width = etp * ep
+    stages = [_stage_order(ranks, p) for p in range(plan.pp)]
+    blocks = [o[b:b + width] for o in stages for b in range(0, len(o), width)]
+    ep_group = _new_groups([b[a::etp] for b in blocks for a in range(etp)]) if ep > 1 else None
+    etp_group = tp_group if etp > 1 else None  # etp is 1 or tp (sim.spec.experts)
+    block = ep_group if etp == 1 else etp_group if ep == 1 else _new_groups(blocks)
+    edp = [[o[b + a] for b in range(0, len(o), width)] for o in stages for a in range(width)]
+    edp_group = _new_groups(edp) if len(edp[0]) > 1 else None
+    pos = next(b.index(me) for b in blocks if me in b)
+    return ExpertGrid(ep, etp, pos // etp, pos % etp, block, ep_group, etp_group, edp_group)
+
+
+@torch.no_grad()
+def _shard_expert(ff: FeedForward, etp: int, rank: int) -> None:
+    """Keep this ETP rank's share of an expert: w13's rows (each half's, when gated), w2's
+    columns, as Megatron-LM's column- and row-parallel expert linears."""
+    _interleave_rows(ff.w13, (1, 1) if ff.gated else (1,), etp)
+    ff.w13.weight = nn.Parameter(ff.w13.weight.chunk(etp)[rank].clone())
+    ff.w2.weight = nn.Parameter(ff.w2.weight.chunk(etp, dim=1)[rank].clone())
+
+
+def apply_ep(chunk: Transformer, grid: ExpertGrid) -> None:
+    """Keep this rank's ``num_experts / ep`` experts of every MoE layer (their ETP shard)."""
     for layer in chunk.layers.values():
         moe = layer.feed_forward
         if not isinstance(moe, MoE):
             continue
-        if moe.num_experts % ep:
+        if moe.num_experts % grid.ep:
             raise SpecError("plan.ep", f"num_experts {moe.num_experts} is not a multiple of "
-                            f"ep {ep}")
-        per = moe.num_experts // ep
-        moe.first_expert = ep_rank * per
-        moe.experts = nn.ModuleList(moe.experts[ep_rank * per:(ep_rank + 1) * per])
-        moe.ep_group = group
+                            f"ep {grid.ep}")
+        per = moe.num_experts // grid.ep
+        moe.experts.each = nn.ModuleList(
+            moe.experts.each[grid.ep_rank * per:(grid.ep_rank + 1) * per])
+        for ff in moe.experts if grid.etp > 1 else ():
+            _shard_expert(ff, grid.etp, grid.etp_rank)
+        moe.ep, moe.etp, moe.ep_rank, moe.etp_rank = grid.ep, grid.etp, grid.ep_rank, \
+            grid.etp_rank
+        moe.block_group, moe.ep_group, moe.etp_group = grid.block, grid.ep_group, \
+            grid.etp_group
 
 
 def apply_recompute(chunk: Transformer, mode: str) -> None:
@@ -238,18 +319,33 @@ def apply_recompute(chunk: Transformer, mode: str) -> None:
         chunk.layers[name] = checkpoint_wrapper(layer, **kwargs)
 
 
-def apply_dp(chunk: nn.Module, plan: Plan, mesh: DeviceMesh, group: Any) -> nn.Module:
-    if plan.zero_stage >= 2:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+def _fsdp(chunk: nn.Module, plan: Plan, dp_mesh: DeviceMesh, edp: Any) -> nn.Module:
+    """FSDP2 per layer and over the chunk; an MoE layer's experts, unless they follow the
+    dense parameters, are their own unit over ``edp`` (a mesh), or left out where no other
+    rank holds them."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16) \
-            if plan.dtype == "bf16" else MixedPrecisionPolicy()
-        reshard = plan.zero_stage == 3
-        dp_mesh = mesh["dp"]
-        for layer in chunk.layers.values():  # type: ignore[union-attr]
-            fully_shard(layer, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
-        fully_shard(chunk, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
-        return chunk
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16) \
+        if plan.dtype == "bf16" else MixedPrecisionPolicy()
+    kw = {"mp_policy": mp, "reshard_after_forward": plan.zero_stage == 3}
+    ignored: set[nn.Parameter] = set()
+    for layer in chunk.layers.values():  # type: ignore[union-attr]
+        ff = layer.feed_forward
+        if isinstance(ff, MoE) and not experts_follow_dense(plan):
+            if edp is None:
+                ignored |= set(ff.experts.parameters())
+            else:
+                fully_shard(ff.experts, mesh=edp, **kw)
+        fully_shard(layer, mesh=dp_mesh, ignored_params=ignored or None, **kw)
+    fully_shard(chunk, mesh=dp_mesh, ignored_params=ignored or None, **kw)
+    return chunk
+
+
+def apply_dp(chunk: nn.Module, plan: Plan, mesh: DeviceMesh, group: Any, edp: Any = None
+             ) -> nn.Module:
+    if plan.zero_stage >= 2:
+        edp_mesh = None if edp is None else DeviceMesh.from_group(edp, mesh.device_type)
+        return _fsdp(chunk, plan, mesh["dp"], edp_mesh)
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     if plan.tp > 1:
@@ -272,23 +368,20 @@ def parallelize(model: Transformer, plan: Plan, device_type: str) -> Parallel:
     """This rank's part of ``model`` with the plan applied (see the module docstring)."""
     _check(plan, model.spec)
     mesh = build_mesh(plan, device_type)
-    pp_rank, dp_rank = mesh.get_coordinate()[:2]  # type: ignore[index]
+    pp_rank = mesh.get_coordinate()[0]  # type: ignore[index]
     chunks, ids = _chunks(model, plan, pp_rank)
     par = Parallel(mesh, list(chunks), ids)
     for name in ("pp", "dp", "tp"):
         if mesh[name].size() > 1:
             par.groups[name] = mesh[name].get_group()
     ranks = mesh_ranks(plan)
-    if plan.ep > 1:
-        # Expert-parallel groups: consecutive dp coordinates (ep innermost, as the simulator).
-        sets = [ranks[p, d0:d0 + plan.ep, c, t].tolist()
-                for p in range(plan.pp) for d0 in range(0, plan.dp, plan.ep)
-                for c in range(plan.cp) for t in range(plan.tp)]
-        par.groups["ep"] = _new_groups(sets)
-        if plan.dp > plan.ep:
-            sets = [ranks[p, e::plan.ep, c, t].tolist() for p in range(plan.pp)
-                    for e in range(plan.ep) for c in range(plan.cp) for t in range(plan.tp)]
-            par.expert_dp_group = _new_groups(sets)
+    grid = expert_grid(plan, ranks, par.groups.get("tp")) if model.spec.is_moe else None
+    if grid is not None:
+        par.expert_dp_group = grid.edp_group
+        if grid.ep_group is not None:
+            par.groups["ep"] = grid.ep_group
+        if grid.block not in (None, grid.ep_group, grid.etp_group):
+            par.groups["tp_ep"] = grid.block
     if plan.pp > 1 and model.spec.tied_embeddings:
         sets = [[int(ranks[0, d, c, t]), int(ranks[-1, d, c, t])] for d in range(plan.dp)
                 for c in range(plan.cp) for t in range(plan.tp)]
@@ -297,10 +390,11 @@ def parallelize(model: Transformer, plan: Plan, device_type: str) -> Parallel:
         assert isinstance(chunk, Transformer)
         if plan.tp > 1:
             apply_tp(chunk, mesh["tp"], plan.sequence_parallel)
-        if plan.ep > 1:
-            apply_ep(chunk, par.groups["ep"], plan.ep, dp_rank % plan.ep)
+        if grid is not None and grid.block is not None:
+            apply_ep(chunk, grid)
         if plan.recompute != "none":
             apply_recompute(chunk, plan.recompute)
         if plan.dp > 1:
-            par.chunks[i] = apply_dp(chunk, plan, mesh, par.groups["dp"])
+            par.chunks[i] = apply_dp(chunk, plan, mesh, par.groups["dp"],
+                                     par.expert_dp_group)
     return par

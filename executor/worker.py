@@ -25,6 +25,7 @@ from executor.collectives import CollectiveRecorder, attribute, summarize, trace
 from executor.model import Transformer
 from executor.parallel import Parallel, parallelize
 from executor.rank import progress, rank_main
+from sim.spec.experts import experts_follow_dense
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
 
@@ -163,16 +164,40 @@ class Runner:
                 inner = getattr(chunk, "module", chunk)
                 for part in (inner.tok_embeddings, inner.output):
                     grad = None if part is None else part.weight.grad
-                    if grad is not None:
-                        local = grad.to_local() if hasattr(grad, "to_local") else grad
-                        dist.all_reduce(local, group=self.par.tied_group)
-        if self.par.expert_dp_group is not None:
-            size = dist.get_world_size(self.par.expert_dp_group)
-            for chunk in self.par.chunks:
-                for name, p in chunk.named_parameters():
-                    if ".experts." in name and p.grad is not None:
-                        dist.all_reduce(p.grad, group=self.par.expert_dp_group)
-                        p.grad /= size
+                    if grad is None:
+                        continue
+                    if hasattr(grad, "to_local"):  # both ends' shards alike: the
+                        # embedding's gradient may come back replicated
+                        grad = part.weight.grad = grad.redistribute(  # type: ignore[union-attr]
+                            grad.device_mesh, part.weight.placements)
+                        grad = grad.to_local()
+                    dist.all_reduce(grad, group=self.par.tied_group)
+        self.sync_expert_grads()
+
+    def sync_expert_grads(self) -> None:
+        """Expert gradients, where the experts are not the data-parallel wrapper's: summed
+        over the ranks holding the same shard (one all-reduce of all of them; FSDP2 has
+        averaged them over those ranks instead) and divided by the data-parallel degree,
+        which gives each the data-parallel mean as a dense gradient has (each rank's
+        gradient holds every token that reached its experts, from any replica)."""
+        p, group = self.plan, self.par.expert_dp_group
+        fsdp = p.zero_stage >= 2 and p.dp > 1
+        if not self.spec.is_moe or (fsdp and experts_follow_dense(p)):
+            return
+        grads = [q.grad for c in self.par.chunks for n, q in c.named_parameters()
+                 if ".experts." in n and q.grad is not None]
+        size = 1 if group is None else dist.get_world_size(group)
+        if fsdp:
+            scale = size / p.dp if group is not None else 1 / p.dp
+        else:
+            if group is not None and grads:
+                flat = torch.cat([g.reshape(-1) for g in grads])
+                dist.all_reduce(flat, group=group)
+                for g, part in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
+                    g.copy_(part.view_as(g))
+            scale = 1 / p.dp
+        for g in grads:
+            g.mul_(scale)
 
     def _reduce_partial_grads(self) -> None:
         if not self.plan.sequence_parallel:

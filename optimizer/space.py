@@ -177,7 +177,7 @@ class SearchSpace:
                         self.constraints.fixed_value("micro_batch_size") or 0)
             for mbs in self._keep("micro_batch_size", divisors(per_replica, limit)):
                 micro = per_replica // mbs
-                tails = self._tail(tp, pp, ep > 1 or etp is not None, cp)
+                tails = self._tail(tp, pp, self.model.is_moe, cp)
                 for (schedule, vpp), tail in itertools.product(self._schedules(pp, micro),
                                                                tails):
                     zero, recompute, sp, placement = tail

@@ -61,16 +61,20 @@ def test_interleaved_rows_give_each_rank_its_share_of_every_part():
     assert lin.weight[:, 0].tolist() == [0, 1, 4, 6, 2, 3, 5, 7]
 
 
-def test_moe_routes_each_token_to_its_top_k_experts():
+def test_moe_routes_each_token_to_its_forced_balance_experts():
+    from executor.moe import balanced_choice
+
     torch.manual_seed(0)
     model = Transformer(MOE, 8)
     moe = model.layers["0"].feed_forward
-    x = torch.randn(5, MOE.hidden_size)
-    weights, chosen = torch.topk(moe.router(x), 2, dim=-1)
-    weights = weights.softmax(-1)
+    x = torch.randn(6, MOE.hidden_size)
+    chosen = balanced_choice(6, 2, 4, x.device)
+    assert torch.bincount(chosen.reshape(-1), minlength=4).tolist() == [3, 3, 3, 3]
+    assert all(len(set(row.tolist())) == 2 for row in chosen)  # distinct experts per token
+    weights = moe.router(x).gather(-1, chosen).softmax(-1)
     expected = torch.stack([sum(w * moe.experts[int(e)](x[i:i + 1])[0]
                                 for w, e in zip(weights[i], chosen[i], strict=True))
-                            for i in range(5)])
+                            for i in range(6)])
     assert torch.allclose(moe(x), expected, atol=1e-5)
 
 

@@ -167,9 +167,9 @@ def test_shared_expert_keeps_its_tp_collectives_when_etp_is_1():
     from sim.layout.stages import tp_blocks
 
     plan = Plan(64, 4096, dp=8, tp=2, ep=16, etp=1, sequence_parallel=True)
-    assert tp_blocks(load_model("deepseek-v3"), plan, True) == 2
-    assert tp_blocks(load_model(QWEN), plan, True) == 1
-    assert tp_blocks(load_model(QWEN), plan, False) == 2
+    assert tp_blocks(load_model("deepseek-v3"), plan, True) == (1.0, 1.0)
+    assert tp_blocks(load_model(QWEN), plan, True) == (1.0,)
+    assert tp_blocks(load_model(QWEN), plan, False) == (1.0, 1.0)
 
 
 def test_space_expert_grids_follow_the_tp_rule():

@@ -103,8 +103,9 @@ def test_load_plan_errors(tmp_path):
 
 def test_expert_with_tensor_parallel_needs_sequence_parallel():
     m = load_zoo("mixtral-8x7b")
-    with pytest.raises(SpecError, match="sequence_parallel: must be true when ep > 1"):
-        validate(Plan(global_batch_size=64, seq_len=4096, dp=8, ep=8, tp=2), m)
+    for ep in (8, 1):  # Megatron-LM routes each TP rank's sequence shard, EP or not
+        with pytest.raises(SpecError, match="sequence_parallel: must be true for an MoE"):
+            validate(Plan(global_batch_size=64, seq_len=4096, dp=8, ep=ep, tp=2), m)
     validate(Plan(global_batch_size=64, seq_len=4096, dp=8, ep=8, tp=2,
                   sequence_parallel=True), m)
 

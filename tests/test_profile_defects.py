@@ -241,7 +241,8 @@ def _no_launch(*args, **kwargs):
 
 @pytest.mark.parametrize("model,fields,needle", [
     ("tiny", {"cp": 2}, "plan.cp: context parallelism"),
-    ("mixtral-8x7b", {"tp": 2}, "plan.tp: the executor runs MoE models with tp = 1"),
+    ("mixtral-8x7b", {"ep": 2, "dp": 2, "zero_stage": 1, "micro_batch_size": 1},
+     "plan.zero_stage: 1 with expert parallelism"),
     ("tiny", {"tp": 2, "dp": 2, "global_batch_size": 8}, "plan.zero_stage: with tp > 1"),
 ])
 def test_execute_refuses_before_launch(capsys, tmp_path, monkeypatch, model, fields, needle):
@@ -255,10 +256,11 @@ def test_execute_refuses_before_launch(capsys, tmp_path, monkeypatch, model, fie
     assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]
 
 
-def test_execute_refuses_a_tp_moe_plan_from_the_library_too(monkeypatch):
+def test_execute_refuses_an_unrun_moe_plan_from_the_library_too(monkeypatch):
     monkeypatch.setattr(subprocess, "Popen", _no_launch)
     moe = ModelSpec("tiny-moe", 2, 64, 4, 128, 512, max_seq_len=128, gated_mlp=True,
-                    norm="rmsnorm", position_embedding="rope", num_experts=4, top_k=2)
-    with pytest.raises(SpecError, match="^plan.tp"):
+                    norm="rmsnorm", position_embedding="rope", num_experts=4, top_k=2,
+                    linear_bias=True)
+    with pytest.raises(SpecError, match="^model.linear_bias"):  # experts split over ETP
         executor.launch.execute(moe, Plan(global_batch_size=2, seq_len=64, tp=2,
-                                          dtype="fp32"))
+                                          sequence_parallel=True, dtype="fp32"))

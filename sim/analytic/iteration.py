@@ -104,17 +104,15 @@ class _Ctx:
 
 def _tp_per_layer(x: _Ctx, moe: bool = False) -> float:
     """TP collectives of one layer, forward + backward (+ forward again if recomputed): the
-    attention's and the MLP's (:func:`sim.layout.stages.tp_blocks`)."""
+    attention's and the MLP's, or an MoE layer's (:func:`sim.layout.stages.tp_blocks`)."""
     if x.p.tp == 1:
         return 0.0
-    size = x.tokens * x.m.hidden_size * x.e
-    if x.p.sequence_parallel:
-        one = x.coll("tp", "all_gather", size) + x.coll("tp", "reduce_scatter", size)
-    else:
-        one = x.coll("tp", "all_reduce", size)
+    act = x.tokens * x.m.hidden_size * x.e
+    kinds = ("all_gather", "reduce_scatter") if x.p.sequence_parallel else ("all_reduce",)
+    one = sum(x.coll("tp", kind, act * scale)
+              for scale in tp_blocks(x.m, x.p, moe) for kind in kinds)
     passes = 3 if x.p.recompute == "full" else 2  # forward, backward, recomputed forward
-    blocks = tp_blocks(x.m, x.p, moe)
-    return blocks * one * passes
+    return one * passes
 
 
 def _tp_layers(st: StageLayers, dense_s: float, moe_s: float) -> float:
@@ -191,13 +189,17 @@ def _ep_pass(x: _Ctx, forward: bool) -> float:
     return sum(max(x.coll("ep", kind, size) for kind, size in parts) for parts in ways)
 
 
-def _ep_stage(x: _Ctx, st: StageLayers, rank: int, k: float) -> tuple[float, float]:
+def _ep_stage(x: _Ctx, st: StageLayers, rank: int, k: float, tp_s: float
+              ) -> tuple[float, float]:
     """(exposed, hidden) expert all-to-all seconds per micro-batch on a pipeline rank.
 
     * ``none``: every dispatch and combine waits.
     * ``shared-expert``: each pass's pair runs beside that pass's shared expert.
     * ``a2a``: merged steps run one micro-batch's forward with another's backward, two
-      streams: a pair's all-to-alls hide behind both passes' compute (``max(0, E - C)``).
+      streams: a pair's all-to-alls hide behind both passes' compute and its blocking
+      tensor-parallel collectives ``tp_s``, which run on the compute stream
+      (``max(0, E - C - T)``; the links they may share are not modelled here, the DES
+      shares them).
       The forwards before the first merged step and the backwards after the last (the
       warm-up's, at least one each) wait as ``none``."""
     fwd, bwd = _ep_pass(x, True), _ep_pass(x, False)
@@ -212,7 +214,7 @@ def _ep_stage(x: _Ctx, st: StageLayers, rank: int, k: float) -> tuple[float, flo
         return _sm_share(x, exposed, total - exposed)
     if x.p.moe_overlap != "a2a" or total == 0:
         return total, 0.0
-    compute = k * _stage_compute(x, st)
+    compute = k * _stage_compute(x, st) + tp_s
     passes = x.p.num_microbatches * x.p.vpp
     alone = min(1.0, max(warmup_forwards(x.p, rank), 1) / passes)
     exposed = alone * total + (1 - alone) * max(0.0, total - compute)
@@ -294,9 +296,10 @@ def stage_costs(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostMo
     for st in pipeline_rank_layers(plan, model):
         k = 1.0 if stage_scale is None else stage_scale[len(out)]
         comp = k * _stage_compute(x, st)
-        ep = _ep_stage(x, st, len(out), k)
+        tp = _tp_layers(st, tp_d, tp_m) + _tp_edges(x, st)
+        ep = _ep_stage(x, st, len(out), k, tp)
         out.append(StageCost(
-            comp, _tp_layers(st, tp_d, tp_m) + _tp_edges(x, st),
+            comp, tp,
             st.dense * cp_d[0] + st.moe * cp_e[0], st.dense * cp_d[1] + st.moe * cp_e[1],
             ep[0], _p2p(x, st), _dp_costs(x, st, comp), k * _optimizer(x, st),
             _embedding_allreduce(x, st), ep[1]))

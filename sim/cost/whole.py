@@ -39,7 +39,7 @@ def _layer_comm(cm: CostModel, m: ModelSpec, plan: Plan) -> float | None:
     times = [_coll(cm, k, plan.tp, size) for k in kinds]
     if any(t is None for t in times):
         return None
-    return tp_blocks(m, plan, False) * sum(t for t in times if t is not None)
+    return len(tp_blocks(m, plan, False)) * sum(t for t in times if t is not None)
 
 
 def tp_layer_ratio(cm: CostModel, spec: ModelSpec, seq: int, tokens: int, tp: int, sp: bool,

@@ -19,7 +19,6 @@ from sim.layout.memory import chunk_edge_params, layer_rank_params
 from sim.layout.placement import group_span
 from sim.layout.routing import dispatches
 from sim.layout.stages import cp_exchanges, edge_tp_collectives, tp_blocks
-from sim.spec.experts import expert_tp
 from sim.spec.recompute import reruns_core
 from sim.spec.routing import comm_sm_share
 
@@ -37,15 +36,15 @@ class Layers:
         self.merged: dict[Unit, list[tuple[float, simpy.Process]]] = {}
 
     # Sizes and passes -----------------------------------------------------------------------
-    def _tp_ops(self, moe: bool = False) -> list[str]:
-        """One TP pass over a layer: 2 all-reduces, or 2 all-gathers + 2 reduce-scatters
-        (attention and MLP; :func:`sim.layout.stages.tp_blocks`)."""
+    def _tp_ops(self, moe: bool = False) -> list[tuple[str, float]]:
+        """One TP pass over a layer, as (collective, bytes): an all-reduce, or an all-gather
+        and a reduce-scatter, per block (:func:`sim.layout.stages.tp_blocks`)."""
         p = self.x.p
         if p.tp == 1:
             return []
-        blocks = tp_blocks(self.x.m, p, moe)
-        return ["all_gather", "reduce_scatter"] * blocks if p.sequence_parallel else \
-            ["all_reduce"] * blocks
+        kinds = ("all_gather", "reduce_scatter") if p.sequence_parallel else ("all_reduce",)
+        act = self.x.tp_bytes()
+        return [(kind, act * scale) for scale in tp_blocks(self.x.m, p, moe) for kind in kinds]
 
     def _dispatches(self, forward: bool) -> list[list[tuple[str, float]]]:
         """Dispatch and combine of one MoE layer in a forward or backward pass
@@ -65,8 +64,8 @@ class Layers:
         x = self.x
         for i in range(passes):
             forward = not backward or (passes == 2 and i == 0)
-            for j, coll in enumerate(self._tp_ops(moe)):
-                yield from self.comm.blocking(u, "tp", coll, x.tp_bytes(), tag + (i, j))
+            for j, (coll, size) in enumerate(self._tp_ops(moe)):
+                yield from self.comm.blocking(u, "tp", coll, size, tag + (i, j))
             if not (moe and x.p.ep > 1):
                 continue
             if u in self.merged:
@@ -175,17 +174,17 @@ class Layers:
 
     def _fast(self, u: Unit, layers: list[bool], backward: bool) -> tuple[float, float] | None:
         """(compute, tp) seconds of a whole chunk when nothing in it interacts with other
-        traffic: TP memoised, no CP, no ZeRO-3, no expert parallelism (expert all-to-alls
-        never qualify: the data-parallel group holds the expert-parallel ranks, so EP links
-        always carry other traffic too)."""
+        traffic: TP memoised, no CP, no ZeRO-3, no MoE layer under TP (its blocks differ),
+        no expert parallelism (expert all-to-alls never qualify: the data-parallel group
+        holds the expert-parallel ranks, so EP links always carry other traffic too)."""
         x, p, comm = self.x, self.x.p, self.comm
         solo_tp = p.tp == 1 or comm.memoised("tp", x.tp_devices(u.rank0))
         if p.cp > 1 or p.zero_stage == 3 or p.ep > 1 or not solo_tp or (
-                any(layers) and expert_tp(p) != p.tp):
+                any(layers) and p.tp > 1):
             return None
         passes = (2 if p.recompute == "full" else 1) if backward else 1
-        tp1 = sum(comm.solo(u, "tp", c, x.tp_bytes(), passes * len(layers))
-                  for c in self._tp_ops())
+        tp1 = sum(comm.solo(u, "tp", c, size, passes * len(layers))
+                  for c, size in self._tp_ops())
         compute = sum((lt.backward + self._recompute(lt)) if backward else lt.forward
                       for lt in (x.moe_t if moe else x.dense_t for moe in layers))
         return compute, passes * len(layers) * tp1

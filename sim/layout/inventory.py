@@ -56,6 +56,7 @@ from sim.layout.stages import (
     tp_blocks,
     virtual_stage_moe,
 )
+from sim.spec.experts import expert_tp, experts_follow_dense
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan, replica_plan
 
@@ -80,12 +81,13 @@ class Conventions:
     layer_buckets: bool  # buckets close at layer boundaries; expert grads in each bucket
     context_parallel: bool  # CP K/V ring all-gathers
     expert_recompute: bool  # full recompute replays the forward all-to-alls
-    sp_norm_grads: bool  # SP: norm weight gradients all-reduced
+    sp_norm_grads: bool  # SP: norm and router weight gradients all-reduced
     zero3_edges: bool  # ZeRO-3 gathers/reduce-scatters the embedding and output too
+    expert_counts: bool  # MoE: per-expert token counts all-gathered over the expert block
 
 
-TORCH = Conventions("torch", False, False, False, False, True, True)
-SIMULATED = Conventions("des", True, True, True, True, False, False)
+TORCH = Conventions("torch", False, False, False, False, True, True, True)
+SIMULATED = Conventions("des", True, True, True, True, False, False, False)
 
 
 class _Tally:
@@ -110,11 +112,11 @@ def _tp(t: _Tally, m: ModelSpec, p: Plan, st: StageLayers, conv: Conventions) ->
     act = p.local_tokens * m.hidden_size * p.activation_bytes
     passes = 3 if p.recompute == "full" else 2  # forward, backward (and the replay)
     kinds = ("all_gather", "reduce_scatter") if p.sequence_parallel else ("all_reduce",)
-    # two of each kind per layer and pass (fewer in an MoE layer whose experts are off the
-    # tensor-parallel group: sim.layout.stages.tp_blocks)
-    blocks = 2 * st.dense + tp_blocks(m, p, True) * st.moe
+    # each block of a layer, each pass (sim.layout.stages.tp_blocks: an MoE layer's differ)
     for kind in kinds:
-        t.add("tp", kind, act, blocks * passes * n)
+        for count, moe in ((st.dense, False), (st.moe, True)):
+            for scale in tp_blocks(m, p, moe) if count else ():
+                t.add("tp", kind, act * scale, count * passes * n)
     if first:  # embedding: forward reduce (SP: a reduce-scatter, gathered in backward)
         for kind in kinds:
             t.add("tp", kind, act, n)
@@ -122,9 +124,12 @@ def _tp(t: _Tally, m: ModelSpec, p: Plan, st: StageLayers, conv: Conventions) ->
         for kind in kinds:
             t.add("tp", kind, act, n)
         t.add("tp", "all_reduce", p.local_tokens * FP32, 3 * n)  # vocab-parallel loss
-    if p.sequence_parallel and conv.sp_norm_grads:  # norm weights see a sequence shard:
-        norms = 2 * layers + (1 if last else 0)  # their gradients are summed
-        t.add("tp", "all_reduce", m.hidden_size * p.activation_bytes, norms)
+    if p.sequence_parallel and conv.sp_norm_grads:  # norm and router weights see a
+        norms = 2 * layers + (1 if last else 0)  # sequence shard: their gradients are summed
+        times = n if p.zero_stage >= 2 and p.dp > 1 else 1  # FSDP2: every micro-batch
+        t.add("tp", "all_reduce", m.hidden_size * p.activation_bytes, norms * times)
+        t.add("tp", "all_reduce", m.num_experts * m.hidden_size * p.activation_bytes,
+              st.moe * times)
 
 
 def _dp(t: _Tally, m: ModelSpec, p: Plan, st: StageLayers, conv: Conventions) -> None:
@@ -134,14 +139,18 @@ def _dp(t: _Tally, m: ModelSpec, p: Plan, st: StageLayers, conv: Conventions) ->
     dense, expert = rank_params(m, p, st)
     grad, weight = p.grad_bytes, p.activation_bytes
     n = p.num_microbatches
-    if p.zero_stage == 3:
+    if p.zero_stage == 3:  # FSDP2 units: each layer (its experts apart, unless they
+        # follow the dense parameters), and the rest of the chunk
+        moe_dense, moe_expert = layer_rank_params(m, p, True)
+        apart = not experts_follow_dense(p)
         layer = [sum(layer_rank_params(m, p, False))] * st.dense + \
-            [sum(layer_rank_params(m, p, True))] * st.moe
-        extra = dense - sum(layer_rank_params(m, p, False)) * st.dense - \
-            layer_rank_params(m, p, True)[0] * st.moe
-        for params in layer + ([extra] if extra > 0 and conv.zero3_edges else []):
-            t.add("dp", "all_gather", params * weight, 2 * n)
-            t.add("dp", "reduce_scatter", params * grad, n)
+            [moe_dense if apart else moe_dense + moe_expert] * st.moe
+        extra = dense - sum(layer_rank_params(m, p, False)) * st.dense - moe_dense * st.moe
+        units = [("dp", q) for q in layer + ([extra] if extra > 0 and conv.zero3_edges else [])]
+        units += [("edp", moe_expert)] * st.moe if apart and p.expert_replicas > 1 else []
+        for group, params in units:
+            t.add(group, "all_gather", params * weight, 2 * n)
+            t.add(group, "reduce_scatter", params * grad, n)
         return
     coll = "all_reduce" if p.zero_stage == 0 else "reduce_scatter"
     buckets = max(1, math.ceil(dense / dp_bucket_params(p)))
@@ -218,8 +227,21 @@ def _pp(t: _Tally, m: ModelSpec, p: Plan, pp_rank: int, conv: Conventions) -> No
         t.add("embedding", "all_reduce", m.vocab_size * m.hidden_size / p.tp * p.activation_bytes)
 
 
+def _expert_counts(t: _Tally, m: ModelSpec, p: Plan, st: StageLayers) -> None:
+    """Each MoE layer's forward all-gathers every rank's per-expert token counts (int64)
+    over its expert block, ``etp x ep`` ranks (Megatron-LM's ``tp_ep`` group); the group is
+    the expert-parallel one when ``etp`` is 1, the tensor-parallel one when ``ep`` is."""
+    etp = expert_tp(p)
+    if not st.moe or etp * p.ep == 1:
+        return
+    group = "ep" if etp == 1 else "tp" if p.ep == 1 else "tp_ep"
+    t.add(group, "all_gather", etp * p.ep * m.num_experts * 8, st.moe * p.num_microbatches)
+
+
 def _ep_cp(t: _Tally, m: ModelSpec, p: Plan, st: StageLayers, conv: Conventions) -> None:
     n = p.num_microbatches
+    if conv.expert_counts:
+        _expert_counts(t, m, p, st)
     if p.ep > 1 and st.moe:
         size, fp8 = ep_bytes(m, p), dispatch_scale(p)
         replays = 1 if conv.expert_recompute and p.recompute == "full" else 0

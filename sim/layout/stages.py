@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sim.layout.routing import routing
 from sim.spec.experts import expert_tp
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
@@ -36,14 +37,24 @@ def even_split(layers: int, stages: int) -> tuple[int, ...] | None:
     return (base + 1,) * extra + (base,) * (stages - extra)
 
 
-def tp_blocks(model: ModelSpec, plan: Plan, moe: bool) -> int:
-    """Blocks of a layer whose tensor-parallel collectives run on the TP group (a pair each
-    pass: all-gather + reduce-scatter, or an all-reduce): the attention and the MLP. An MoE
-    layer whose experts are off the TP group (``etp != tp``) keeps the attention's and its
-    shared expert's (which stays tensor-parallel, as in Megatron-LM)."""
-    if moe and expert_tp(plan) != plan.tp:
-        return 2 if model.shared_expert_ffn_hidden_size else 1
-    return 2
+def tp_blocks(model: ModelSpec, plan: Plan, moe: bool) -> tuple[float, ...]:
+    """The blocks of a layer whose tensor-parallel collectives run on the TP group, each as
+    its size over one micro-batch's activation (a pair per pass: all-gather +
+    reduce-scatter, or an all-reduce). A dense layer: the attention and the MLP. An MoE
+    layer, as Megatron-LM runs it (sequence parallel): the attention, the shared expert
+    (tensor-parallel on the attention's group), and, where the experts are on that group
+    (``etp = tp``), the routed tokens: after the expert-parallel dispatch the TP ranks
+    gather each other's received tokens (top-k copies of theirs, times the hottest rank's
+    load) and reduce-scatter the experts' partial outputs back. The ``allgather``
+    dispatcher gathers the sequence instead (one activation)."""
+    if not moe:
+        return (1.0, 1.0)
+    blocks = (1.0, 1.0) if model.shared_expert_ffn_hidden_size else (1.0,)
+    if expert_tp(plan) != plan.tp:
+        return blocks
+    if plan.moe_dispatcher == "allgather":
+        return blocks + (1.0,)
+    return blocks + (model.top_k * routing(model, plan).load_factor,)
 
 
 def virtual_stage_layers(plan: Plan, model: ModelSpec) -> list[int]:

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 Plan = Any
 
 __all__ = ["check_experts", "check_experts_model", "expert_tp", "ep_inner", "is_folded",
+           "experts_follow_dense",
            "check_overlap", "OVERLAPS"]
 
 # What hides an MoE layer's dispatch and combine (Megatron-LM's options): nothing, the
@@ -53,6 +54,14 @@ def is_folded(plan: Plan) -> bool:
     """Whether the expert grid differs from the plain one (``ep`` splitting ``dp`` alone,
     experts on the attention's tensor-parallel group)."""
     return expert_tp(plan) != plan.tp or ep_inner(plan) != plan.ep
+
+
+def experts_follow_dense(plan: Plan) -> bool:
+    """Whether the ranks holding the same expert shard are the data-parallel group (``ep``
+    1 on the attention's grid), so that a torch run's FSDP2 shards and reduces the experts
+    with the rest of their layer; else they are sharded or reduced over the
+    expert-data-parallel group."""
+    return plan.ep == 1 and expert_tp(plan) == plan.tp and plan.cp == 1
 
 
 def check_experts(plan: Plan) -> None:
@@ -90,9 +99,9 @@ def check_experts_model(plan: Plan, m: ModelSpec) -> None:
     if m.is_moe and m.num_experts % plan.ep:
         raise SpecError("plan.ep", f"must divide model.num_experts: {m.num_experts} % {plan.ep} "
                         f"= {m.num_experts % plan.ep} != 0")
-    if plan.ep > 1 and plan.tp > 1 and not plan.sequence_parallel:
-        raise SpecError("plan.sequence_parallel", "must be true when ep > 1 and tp > 1 "
-                        "(Megatron-LM's rule for expert with tensor parallelism)")
+    if m.is_moe and plan.tp > 1 and not plan.sequence_parallel:
+        raise SpecError("plan.sequence_parallel", "must be true for an MoE model with tp > 1 "
+                        "(Megatron-LM's rule: its MoE layers route each rank's sequence shard)")
     if plan.moe_overlap == "shared-expert" and not m.shared_expert_ffn_hidden_size:
         raise SpecError("plan.moe_overlap", f"shared-expert needs a model with a shared expert; "
                         f"{m.name!r} has none")
