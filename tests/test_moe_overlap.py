@@ -172,6 +172,29 @@ def test_shared_expert_keeps_its_tp_collectives_when_etp_is_1():
     assert tp_blocks(load_model(QWEN), plan, False) == (1.0, 1.0)
 
 
+def test_experts_on_the_tp_group_gather_the_routed_tokens():
+    """etp = tp: Megatron-LM's dispatcher all-gathers the received tokens over TP (top-k
+    copies, times the hottest rank's load) and reduce-scatters the outputs back; the
+    all-gather dispatcher gathers the sequence once; both tiers charge what the blocks say."""
+    from sim.layout.stages import tp_blocks
+
+    qwen, ds = load_model(QWEN), load_model("deepseek-v3")
+    plan = Plan(64, 4096, dp=8, tp=2, ep=8, sequence_parallel=True)
+    assert tp_blocks(qwen, plan, True) == (1.0, 8.0)  # attention, routed (top-8)
+    assert tp_blocks(ds, plan, True) == (1.0, 1.0, 8.0)  # and the shared expert
+    hot = dataclasses.replace(plan, moe_max_load=1.25)
+    assert tp_blocks(qwen, hot, True) == (1.0, 8.0 * 1.25)
+    assert tp_blocks(qwen, dataclasses.replace(plan, moe_dispatcher="allgather"),
+                     True) == (1.0, 1.0)
+    c = load_cluster("dgx-h100:2")
+    base = Plan(16, 4096, dp=8, tp=2, ep=8, sequence_parallel=True)
+    for fid in ("analytic", "des"):  # one MoE layer's TP pair grows by top_k - 1 blocks
+        small = simulate(qwen, c, dataclasses.replace(base, moe_dispatcher="allgather"),
+                         fidelity=fid).communication["tp"]["exposed_s"]
+        big = simulate(qwen, c, base, fidelity=fid).communication["tp"]["exposed_s"]
+        assert big > 3 * small
+
+
 def test_space_expert_grids_follow_the_tp_rule():
     """An expert block that straddles TP groups (ep 3 on tp 2 x cp 3) is never generated."""
     from optimizer.space import SearchSpace

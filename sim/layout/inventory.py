@@ -20,7 +20,8 @@ nccl-tests reports them. The conventions are Megatron-LM's and torch's, named pe
   stage boundary on the first stage (the mirror on later stages); with tied embeddings the
   first and last stage all-reduce the embedding gradient (Megatron's embedding group).
 - EP: two all-to-alls (dispatch, combine) forward and two backward per MoE layer and
-  micro-batch.
+  micro-batch. With the experts on the TP group (``etp = tp > 1``) an MoE layer's TP pair
+  moves the routed tokens (:func:`sim.layout.stages.tp_blocks`).
 
 Two :class:`Conventions` name where the accounts differ: :data:`TORCH`, what the executor's
 torch run issues (checked against real runs), and :data:`SIMULATED`, what the discrete-event
@@ -34,8 +35,17 @@ tier issues (a test checks the DES against it for every test plan):
   dense and expert gradients of a bucket reduced together, each chunk's rest at its end;
 - context parallelism: the DES's exchanges (:func:`sim.layout.stages.cp_exchanges`: the
   K/V ring, all-gather or all-to-all of the plan's ``cp_comm``); the executor runs no CP;
-- MoE with full recompute: the DES replays the forward all-to-alls, the torch account not;
 - ZeRO with experts: the DES gathers expert weights over the expert-data-parallel group;
+  torch's FSDP2 too, unless the experts sit on the data-parallel group
+  (:func:`sim.spec.experts.experts_follow_dense`), where they are part of their layer;
+- MoE metadata: torch all-gathers each rank's per-expert token counts over the expert
+  block (``etp x ep`` ranks: the ``ep`` group when ``etp`` is 1, ``tp`` when ``ep`` is,
+  else ``tp_ep``), and with sequence parallelism all-reduces the router's weight gradient
+  as a norm's; FSDP2 reduces those every micro-batch; the DES leaves them out (small);
+- full recompute: torch's checkpoint replays a layer's forward up to the last tensor its
+  backward needs, so not the layer's last TP reduction (the MLP's, or an MoE layer's shared
+  expert's), which only feeds the residual stream; the DES replays the whole forward, as
+  Megatron-LM's recomputation does;
 - not simulated by the DES (small): the sequence-parallel norm-gradient all-reduces, and
   ZeRO-3's gathers and reduce-scatters of the embedding and output parameters.
 """
@@ -84,10 +94,11 @@ class Conventions:
     sp_norm_grads: bool  # SP: norm and router weight gradients all-reduced
     zero3_edges: bool  # ZeRO-3 gathers/reduce-scatters the embedding and output too
     expert_counts: bool  # MoE: per-expert token counts all-gathered over the expert block
+    replays_last_reduce: bool  # full recompute replays a layer's last TP reduction too
 
 
-TORCH = Conventions("torch", False, False, False, False, True, True, True)
-SIMULATED = Conventions("des", True, True, True, True, False, False, False)
+TORCH = Conventions("torch", False, False, False, True, True, True, True, False)
+SIMULATED = Conventions("des", True, True, True, True, False, False, False, True)
 
 
 class _Tally:
@@ -100,6 +111,12 @@ class _Tally:
             self.count[(group, kind)] += times
             key = (group, kind)
             self.bytes[key] = self.bytes.get(key, 0.0) + size_bytes * times
+
+    def remove(self, group: str, kind: str, size_bytes: float, times: int) -> None:
+        """Take back ``times`` of what :meth:`add` counted."""
+        if times > 0 and size_bytes > 0:
+            self.count[(group, kind)] -= times
+            self.bytes[(group, kind)] -= size_bytes * times
 
     def rows(self) -> list[dict[str, Any]]:
         return [{"group": g, "kind": k, "count": self.count[(g, k)],
@@ -117,6 +134,12 @@ def _tp(t: _Tally, m: ModelSpec, p: Plan, st: StageLayers, conv: Conventions) ->
         for count, moe in ((st.dense, False), (st.moe, True)):
             for scale in tp_blocks(m, p, moe) if count else ():
                 t.add("tp", kind, act * scale, count * passes * n)
+    if p.recompute == "full" and not conv.replays_last_reduce:
+        # torch's checkpoint stops its replay at the last tensor backward needs: a layer's
+        # last reduction (the MLP's, or an MoE layer's shared expert's), whose output is
+        # only added to the residual stream, is not run again
+        ending = st.dense + (st.moe if m.shared_expert_ffn_hidden_size else 0)
+        t.remove("tp", kinds[-1], act, ending * n)
     if first:  # embedding: forward reduce (SP: a reduce-scatter, gathered in backward)
         for kind in kinds:
             t.add("tp", kind, act, n)
@@ -228,14 +251,17 @@ def _pp(t: _Tally, m: ModelSpec, p: Plan, pp_rank: int, conv: Conventions) -> No
 
 
 def _expert_counts(t: _Tally, m: ModelSpec, p: Plan, st: StageLayers) -> None:
-    """Each MoE layer's forward all-gathers every rank's per-expert token counts (int64)
-    over its expert block, ``etp x ep`` ranks (Megatron-LM's ``tp_ep`` group); the group is
-    the expert-parallel one when ``etp`` is 1, the tensor-parallel one when ``ep`` is."""
+    """Each MoE layer's forward (and its replay under full recomputation) all-gathers every
+    rank's per-expert token counts (int64) over its expert block, ``etp x ep`` ranks
+    (Megatron-LM's ``tp_ep`` group); the group is the expert-parallel one when ``etp`` is
+    1, the tensor-parallel one when ``ep`` is."""
     etp = expert_tp(p)
     if not st.moe or etp * p.ep == 1:
         return
     group = "ep" if etp == 1 else "tp" if p.ep == 1 else "tp_ep"
-    t.add(group, "all_gather", etp * p.ep * m.num_experts * 8, st.moe * p.num_microbatches)
+    forwards = 2 if p.recompute == "full" else 1
+    t.add(group, "all_gather", etp * p.ep * m.num_experts * 8,
+          forwards * st.moe * p.num_microbatches)
 
 
 def _ep_cp(t: _Tally, m: ModelSpec, p: Plan, st: StageLayers, conv: Conventions) -> None:
