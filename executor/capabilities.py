@@ -4,6 +4,7 @@ exit code 2, instead of after torchrun has started)."""
 
 from __future__ import annotations
 
+from executor.grid import grid_out_of_order
 from sim.spec.experts import expert_tp
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
@@ -58,6 +59,11 @@ def _experts(spec: ModelSpec, plan: Plan) -> tuple[str, str] | None:
     if spec.is_moe and expert_tp(plan) > 1 and spec.linear_bias:
         return "model.linear_bias", ("experts with biases split over expert tensor "
                                      "parallelism are not run by the executor (use etp 1)")
+    block = grid_out_of_order(plan) if spec.is_moe else None
+    if block is not None:
+        return "plan.placement", (f"puts an expert block's ranks out of order ({block}): the "
+                                  "executor numbers experts by rank order within each block "
+                                  "(the default tp-cp-ep-dp-pp keeps them in order)")
     if plan.ep > 1 and plan.zero_stage == 1:
         return "plan.zero_stage", ("1 with expert parallelism is not run by the executor: its "
                                    "ZeRO-1 optimizer would broadcast one rank's experts to "
@@ -86,8 +92,8 @@ def _plan(plan: Plan) -> tuple[str, str] | None:
         return "plan.cp", "context parallelism is not run by the executor yet (simulate it)"
     if plan.recompute_modules is not None:
         return "plan.recompute_modules", ("recomputation by module is not run by the "
-                                          "executor: its selective recomputation keeps the "
-                                          "GEMM outputs and re-runs the rest")
+                                          "executor: its selective recomputation re-runs "
+                                          "the attention core only")
     if plan.tp > 1 and plan.dp > 1 and plan.zero_stage < 2:
         return "plan.zero_stage", ("with tp > 1 and dp > 1 the executor shards with FSDP2: "
                                    "use zero_stage 2 or 3")

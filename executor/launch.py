@@ -210,7 +210,7 @@ def check_runnable(spec: ModelSpec | Workload, plan: Plan, nproc: int | None = N
 def execute(spec: ModelSpec | Workload, plan: Plan, nproc: int | None = None, steps: int = 5,
             warmup: int = 2, timeout_s: float = 60.0, device: str = "cpu", threads: int = 1,
             seed: int = 0, lr: float = 1e-3, fault: dict[str, Any] | None = None,
-            workdir: Path | None = None) -> dict[str, Any]:
+            workdir: Path | None = None, optimizer: str = "adamw") -> dict[str, Any]:
     """Run ``plan`` on ``nproc`` local ranks; the summary of :func:`summarize_ranks` plus
     the timed figures, the model and the plan. A plan the worker cannot run is refused
     before launch (:func:`check_runnable`, SpecError); :class:`ExecutionError` (one line)
@@ -220,9 +220,12 @@ def execute(spec: ModelSpec | Workload, plan: Plan, nproc: int | None = None, st
     for name, value, low in (("steps", steps, 1), ("warmup", warmup, 0), ("threads", threads, 1)):
         if value < low:
             raise SpecError(f"execute.{name}", f"must be >= {low}, got {value}")
+    if optimizer not in ("adamw", "sgd"):
+        raise SpecError("execute.optimizer", f"must be adamw or sgd, got {optimizer!r}")
     ranks = launch("executor.worker", _config(
         spec, plan, steps=steps, warmup=warmup, timeout_s=timeout_s, device=device,
-        threads=threads, seed=seed, lr=lr, fault=fault), nproc, timeout_s, threads, workdir)
+        threads=threads, seed=seed, lr=lr, fault=fault, optimizer=optimizer), nproc, timeout_s,
+        threads, workdir)
     summary = summarize_ranks(ranks, plan)
     summary.update(measured(summary, warmup), warmup=warmup, steps=steps, nproc=nproc,
                    device=device, model=spec.to_dict(), plan=plan.to_dict())

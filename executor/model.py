@@ -92,6 +92,7 @@ class Attention(nn.Module):
         self.parts = (spec.num_heads, spec.kv_heads, spec.kv_heads)  # in heads
         self.wqkv = nn.Linear(h, sum(self.parts) * hd, bias=spec.linear_bias or spec.qkv_bias)
         self.wo = nn.Linear(spec.num_heads * hd, h, bias=spec.linear_bias)
+        self.recompute_core = False  # selective recomputation: re-run softmax(QK^T)V
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None
                 ) -> torch.Tensor:
@@ -104,9 +105,18 @@ class Attention(nn.Module):
             cos, sin = (t[:, :s] for t in rope)
             q, k = _rope(q, cos, sin), _rope(k, cos, sin)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                             enable_gqa=k.shape[1] != q.shape[1])
+        if self.recompute_core and torch.is_grad_enabled():
+            from torch.utils.checkpoint import checkpoint
+
+            out = checkpoint(_core, q, k, v, use_reentrant=False, preserve_rng_state=False)
+        else:
+            out = _core(q, k, v)
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+
+
+def _core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                          enable_gqa=k.shape[1] != q.shape[1])
 
 
 class FeedForward(nn.Module):

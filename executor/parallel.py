@@ -18,11 +18,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from executor.grid import expert_blocks, logical_rank, stage_order
 from executor.model import FeedForward, MoE, Transformer
 from sim.errors import SpecError
-from sim.layout.placement import rank_coords
 from sim.layout.stages import virtual_stage_layers
-from sim.spec.experts import ep_inner, expert_tp, experts_follow_dense
+from sim.spec.experts import expert_tp, experts_follow_dense
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
 
@@ -50,22 +50,12 @@ class Parallel:
         return plan.pp * plan.vpp - 1 in self.stage_ids
 
 
-def _logical_rank(plan: Plan, pp: int, dp: int, cp: int, tp: int) -> int:
-    """Rank at these coordinates under the plan's placement (the dp coordinate is split
-    into its expert-parallel part, innermost, and the rest, as in :mod:`sim.layout.placement`)."""
-    _, stride = rank_coords(plan)
-    inner = ep_inner(plan)
-    coords = {"pp": pp, "ep": dp % inner, "dp": dp // inner, "cp": cp, "tp": tp}
-    r = sum(coords[d] * stride[d] for d in stride)
-    return plan.placement[r] if isinstance(plan.placement, tuple) else r
-
-
 def mesh_ranks(plan: Plan) -> torch.Tensor:
     """The world's ranks as a (pp, dp, cp, tp) tensor."""
     sizes = (plan.pp, plan.dp, plan.cp, plan.tp)
     out = torch.empty(sizes, dtype=torch.int64)
     for idx in torch.cartesian_prod(*(torch.arange(s) for s in sizes)).view(-1, 4).tolist():
-        out[tuple(idx)] = _logical_rank(plan, *idx)
+        out[tuple(idx)] = logical_rank(plan, *idx)
     return out
 
 
@@ -249,20 +239,15 @@ class ExpertGrid:
     edp_group: Any  # ranks holding the same expert shards (None when only one does)
 
 
-def _stage_order(ranks: torch.Tensor, stage: int) -> list[int]:
-    """A pipeline stage's ranks in Megatron-LM's order, ``t + tp * (c + cp * d)``."""
-    return [int(r) for r in ranks[stage].reshape(-1)]
-
-
-def expert_grid(plan: Plan, ranks: torch.Tensor, tp_group: Any) -> ExpertGrid:
+def expert_grid(plan: Plan, tp_group: Any) -> ExpertGrid:
     """Every rank creates every group of the grid (torch's rule) and keeps its own: the
     stage's ranks cut into blocks of ``etp x ep`` (ETP index fastest); a block is the
     expert-parallel groups of each ETP index, the ETP groups of each EP index; the same
     position in every block is an expert-data-parallel group."""
     etp, ep, me = expert_tp(plan), plan.ep, dist.get_rank()
     width = etp * ep
-    stages = [_stage_order(ranks, p) for p in range(plan.pp)]
-    blocks = [o[b:b + width] for o in stages for b in range(0, len(o), width)]
+    stages = [stage_order(plan, p) for p in range(plan.pp)]
+    blocks = expert_blocks(plan)
     ep_group = _new_groups([b[a::etp] for b in blocks for a in range(etp)]) if ep > 1 else None
     etp_group = tp_group if etp > 1 else None  # etp is 1 or tp (sim.spec.experts)
     block = ep_group if etp == 1 else etp_group if ep == 1 else _new_groups(blocks)
@@ -302,21 +287,16 @@ def apply_ep(chunk: Transformer, grid: ExpertGrid) -> None:
 
 
 def apply_recompute(chunk: Transformer, mode: str) -> None:
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
-
-    def keep_matmuls(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-        """Selective: keep GEMM outputs, recompute attention and element-wise ops."""
-        saved = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default,
-                 torch.ops.aten.bmm.default)
-        return CheckpointPolicy.MUST_SAVE if op in saved else CheckpointPolicy.PREFER_RECOMPUTE
-
-    kwargs: dict[str, Any] = {"preserve_rng_state": False}
+    """``full``: each layer checkpointed whole; ``selective``: the attention core only
+    (Megatron-LM's selective recomputation; no collective runs twice)."""
     if mode == "selective":
-        kwargs["context_fn"] = functools.partial(create_selective_checkpoint_contexts,
-                                                 keep_matmuls)
+        for layer in chunk.layers.values():
+            layer.attention.recompute_core = True
+        return
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
     for name, layer in list(chunk.layers.items()):
-        chunk.layers[name] = checkpoint_wrapper(layer, **kwargs)
+        chunk.layers[name] = checkpoint_wrapper(layer, preserve_rng_state=False)
 
 
 def _fsdp(chunk: nn.Module, plan: Plan, dp_mesh: DeviceMesh, edp: Any) -> nn.Module:
@@ -375,7 +355,7 @@ def parallelize(model: Transformer, plan: Plan, device_type: str) -> Parallel:
         if mesh[name].size() > 1:
             par.groups[name] = mesh[name].get_group()
     ranks = mesh_ranks(plan)
-    grid = expert_grid(plan, ranks, par.groups.get("tp")) if model.spec.is_moe else None
+    grid = expert_grid(plan, par.groups.get("tp")) if model.spec.is_moe else None
     if grid is not None:
         par.expert_dp_group = grid.edp_group
         if grid.ep_group is not None:

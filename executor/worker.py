@@ -74,13 +74,20 @@ class Runner:
         self.loss_parallel = self.plan.tp > 1
 
     def _optimizer(self, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
-        kw = {"lr": self.cfg["lr"], "betas": (0.9, 0.95), "weight_decay": 0.0}
+        """AdamW (the default), or plain SGD, whose step is proportional to the gradient:
+        a run that scales some gradients wrongly then trains differently (AdamW's first
+        steps hardly see a constant factor)."""
+        if self.cfg.get("optimizer", "adamw") == "sgd":
+            cls, kw = torch.optim.SGD, {"lr": self.cfg["lr"]}
+        else:
+            cls, kw = torch.optim.AdamW, {"lr": self.cfg["lr"], "betas": (0.9, 0.95),
+                                          "weight_decay": 0.0}
         if self.plan.zero_stage == 1 and self.plan.dp > 1:
             from torch.distributed.optim import ZeroRedundancyOptimizer
 
-            return ZeroRedundancyOptimizer(params, torch.optim.AdamW,
-                                           process_group=self.par.groups["dp"], **kw)
-        return torch.optim.AdamW(params, **kw)
+            return ZeroRedundancyOptimizer(params, cls, process_group=self.par.groups["dp"],
+                                           **kw)
+        return cls(params, **kw)
 
     def _schedule(self) -> Any:
         from torch.distributed.pipelining import (
@@ -184,20 +191,21 @@ class Runner:
         fsdp = p.zero_stage >= 2 and p.dp > 1
         if not self.spec.is_moe or (fsdp and experts_follow_dense(p)):
             return
-        grads = [q.grad for c in self.par.chunks for n, q in c.named_parameters()
-                 if ".experts." in n and q.grad is not None]
+        params = [q for c in self.par.chunks for n, q in c.named_parameters()
+                  if ".experts." in n]
         size = 1 if group is None else dist.get_world_size(group)
         if fsdp:
             scale = size / p.dp if group is not None else 1 / p.dp
         else:
-            if group is not None and grads:
-                flat = torch.cat([g.reshape(-1) for g in grads])
-                dist.all_reduce(flat, group=group)
-                for g, part in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
-                    g.copy_(part.view_as(g))
+            for q in params:  # an expert no token reached: its peers' gradients still count
+                if q.grad is None:
+                    q.grad = torch.zeros_like(q)
+            if group is not None and params:
+                _all_reduce_in(p.dtype, [q.grad for q in params], group)
             scale = 1 / p.dp
-        for g in grads:
-            g.mul_(scale)
+        for q in params:
+            if q.grad is not None:
+                q.grad.mul_(scale)
 
     def _reduce_partial_grads(self) -> None:
         if not self.plan.sequence_parallel:
@@ -265,9 +273,20 @@ def run(cfg: dict[str, Any], out: Path, rank: int) -> dict[str, Any]:
             "torch": torch.__version__, "threads": torch.get_num_threads()}
 
 
+def _all_reduce_in(dtype: str, grads: list[torch.Tensor], group: Any) -> None:
+    """Sum ``grads`` over ``group`` in one all-reduce of the training dtype (bf16 on the
+    wire, as DDP's compress hook sends the dense gradients)."""
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    wire = flat.to(torch.bfloat16) if dtype == "bf16" else flat
+    dist.all_reduce(wire, group=group)
+    for g, part in zip(grads, wire.split([g.numel() for g in grads]), strict=True):
+        g.copy_(part.view_as(g))
+
+
 def main(argv: list[str] | None = None) -> int:
     return rank_main(run, argv)
 
 
 if __name__ == "__main__":
     sys.exit(main())
+

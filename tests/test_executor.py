@@ -3,6 +3,7 @@ gloo (every plan of the validation suite, faults, MoE expert parallelism)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -127,6 +128,35 @@ def test_expected_collectives_by_hand():
     assert z3[("dp", "reduce_scatter")]["count"] == 2 * 5
 
 
+def test_fsdp_under_a_pipeline_gathers_after_forwards_and_reduces_once():
+    """torch's pipeline schedules keep an FSDP2 unit gathered after each backward and
+    reduce-scatter once after the last: stage 0 of 1F1B over 4 micro-batches runs
+    F F B F B F B B, gathering (ZeRO-3) for its first pass and after each forward: 5 times;
+    ZeRO-2 gathers once. Units: 2 layers and the embedding."""
+    z3 = Plan(global_batch_size=8, seq_len=512, micro_batch_size=1, pp=2, dp=2,
+              zero_stage=3, dtype="fp32")
+    for plan, gathers in ((z3, 5), (dataclasses.replace(z3, zero_stage=2), 1)):
+        rows = {(r["group"], r["kind"]): r["count"] for r in expected_collectives(TINY, plan)}
+        assert rows[("dp", "all_gather")] == 3 * gathers
+        assert rows[("dp", "reduce_scatter")] == 3
+    flat = {(r["group"], r["kind"]): r["count"] for r in expected_collectives(
+        TINY, dataclasses.replace(z3, pp=1, zero_stage=2))}  # every micro-batch: 4 of 5 units
+    assert flat[("dp", "all_gather")] == flat[("dp", "reduce_scatter")] == 4 * 5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("zero", [2, 3])
+def test_fsdp_pipeline_runs_issue_the_expected_collectives(zero):
+    plan = Plan(global_batch_size=8, seq_len=128, micro_batch_size=1, pp=2, dp=2,
+                zero_stage=zero, dtype="fp32")
+    res = execute(TINY, plan, steps=1, warmup=1, timeout_s=180)
+    stage_of = {int(r): p for p, ranks in enumerate(mesh_ranks(plan)) for r in ranks.flatten()}
+    for rank, measured in res["collectives"].items():
+        rows = compare_inventory(expected_collectives(TINY, plan, stage_of[int(rank)]),
+                                 measured)
+        assert rows and all(r["match"] for r in rows), (rank, rows)
+
+
 def test_compare_inventory_flags_count_and_byte_mismatches():
     exp = [{"group": "dp", "kind": "all_reduce", "count": 1, "bytes": 100}]
     assert compare_inventory(exp, [{"group": "dp", "kind": "all_reduce", "count": 1,
@@ -147,6 +177,20 @@ def test_suite_plan_runs_and_issues_the_expected_collectives(name):
     assert all(v is not None and 0 < v < 12 for v in res["loss"])
     rows = compare_inventory(expected_collectives(TINY, plan, 0), res["collectives"]["0"])
     assert rows and all(r["match"] for r in rows), rows
+
+
+def test_selective_recompute_reruns_the_attention_core_and_no_collective():
+    """Megatron-LM's selective recomputation: the attention core only, so the TP
+    collectives run once (the account's count) and the losses are the plain run's."""
+    plan = Plan(global_batch_size=4, seq_len=128, micro_batch_size=2, tp=2,
+                sequence_parallel=True, dtype="fp32")
+    plain = execute(TINY, plan, steps=1, warmup=1, timeout_s=90)
+    again = dataclasses.replace(plan, recompute="selective")
+    res = execute(TINY, again, steps=1, warmup=1, timeout_s=90)
+    for rank, measured in res["collectives"].items():
+        rows = compare_inventory(expected_collectives(TINY, again, 0), measured)
+        assert rows and all(r["match"] for r in rows), (rank, rows)
+    assert res["loss"] == pytest.approx(plain["loss"], rel=1e-6)
 
 
 def test_loss_falls_over_a_short_run():

@@ -175,7 +175,8 @@ def test_shared_expert_keeps_its_tp_collectives_when_etp_is_1():
 def test_experts_on_the_tp_group_gather_the_routed_tokens():
     """etp = tp: Megatron-LM's dispatcher all-gathers the received tokens over TP (top-k
     copies, times the hottest rank's load) and reduce-scatters the outputs back; the
-    all-gather dispatcher gathers the sequence once; both tiers charge what the blocks say."""
+    all-gather dispatcher gathers the whole block's tokens (ep activations); with etp = 1
+    no routed tokens cross TP; both tiers charge what the blocks say."""
     from sim.layout.stages import tp_blocks
 
     qwen, ds = load_model(QWEN), load_model("deepseek-v3")
@@ -184,12 +185,14 @@ def test_experts_on_the_tp_group_gather_the_routed_tokens():
     assert tp_blocks(ds, plan, True) == (1.0, 1.0, 8.0)  # and the shared expert
     hot = dataclasses.replace(plan, moe_max_load=1.25)
     assert tp_blocks(qwen, hot, True) == (1.0, 8.0 * 1.25)
-    assert tp_blocks(qwen, dataclasses.replace(plan, moe_dispatcher="allgather"),
-                     True) == (1.0, 1.0)
+    gather = dataclasses.replace(plan, moe_dispatcher="allgather")
+    assert tp_blocks(qwen, gather, True) == (1.0, 8.0)
+    assert tp_blocks(qwen, dataclasses.replace(gather, ep=2), True) == (1.0, 2.0)
+    assert tp_blocks(qwen, dataclasses.replace(plan, etp=1), True) == (1.0,)
     c = load_cluster("dgx-h100:2")
     base = Plan(16, 4096, dp=8, tp=2, ep=8, sequence_parallel=True)
-    for fid in ("analytic", "des"):  # one MoE layer's TP pair grows by top_k - 1 blocks
-        small = simulate(qwen, c, dataclasses.replace(base, moe_dispatcher="allgather"),
+    for fid in ("analytic", "des"):  # the routed block: top_k activations more
+        small = simulate(qwen, c, dataclasses.replace(base, etp=1),
                          fidelity=fid).communication["tp"]["exposed_s"]
         big = simulate(qwen, c, base, fidelity=fid).communication["tp"]["exposed_s"]
         assert big > 3 * small

@@ -244,6 +244,9 @@ def _no_launch(*args, **kwargs):
     ("mixtral-8x7b", {"ep": 2, "dp": 2, "zero_stage": 1, "micro_batch_size": 1},
      "plan.zero_stage: 1 with expert parallelism"),
     ("tiny", {"tp": 2, "dp": 2, "global_batch_size": 8}, "plan.zero_stage: with tp > 1"),
+    ("mixtral-8x7b", {"tp": 2, "dp": 2, "ep": 4, "etp": 1, "sequence_parallel": True,
+                      "zero_stage": 3, "micro_batch_size": 1, "placement": "ep-tp-cp-dp-pp"},
+     "plan.placement: puts an expert block's ranks out of order"),
 ])
 def test_execute_refuses_before_launch(capsys, tmp_path, monkeypatch, model, fields, needle):
     monkeypatch.setattr(executor.launch.subprocess, "Popen", _no_launch)

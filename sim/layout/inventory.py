@@ -35,6 +35,11 @@ tier issues (a test checks the DES against it for every test plan):
   dense and expert gradients of a bucket reduced together, each chunk's rest at its end;
 - context parallelism: the DES's exchanges (:func:`sim.layout.stages.cp_exchanges`: the
   K/V ring, all-gather or all-to-all of the plan's ``cp_comm``); the executor runs no CP;
+- ZeRO-2/3: torch's FSDP2 gathers each unit (a layer, the rest of a chunk) and
+  reduce-scatters its gradient every micro-batch (ZeRO-3 gathers it again for backward),
+  but under a pipeline schedule keeps it gathered after each backward and reduces once,
+  after the last (:func:`_fsdp_rounds`); the DES follows Megatron-LM's distributed
+  optimizer (ZeRO-2: buckets every micro-batch, one gather of the updated weights);
 - ZeRO with experts: the DES gathers expert weights over the expert-data-parallel group;
   torch's FSDP2 too, unless the experts sit on the data-parallel group
   (:func:`sim.spec.experts.experts_follow_dense`), where they are part of their layer;
@@ -59,6 +64,7 @@ from typing import Any
 
 from sim.layout.memory import chunk_edge_params, layer_rank_params, rank_params
 from sim.layout.routing import dispatch_scale, ep_bytes
+from sim.layout.schedule import stage_ops
 from sim.layout.stages import (
     StageLayers,
     cp_exchanges,
@@ -149,41 +155,69 @@ def _tp(t: _Tally, m: ModelSpec, p: Plan, st: StageLayers, conv: Conventions) ->
         t.add("tp", "all_reduce", p.local_tokens * FP32, 3 * n)  # vocab-parallel loss
     if p.sequence_parallel and conv.sp_norm_grads:  # norm and router weights see a
         norms = 2 * layers + (1 if last else 0)  # sequence shard: their gradients are summed
-        times = n if p.zero_stage >= 2 and p.dp > 1 else 1  # FSDP2: every micro-batch
+        # FSDP2 reduces them with its own, every micro-batch unless pipelined
+        times = n if p.zero_stage >= 2 and p.dp > 1 and p.pp == 1 else 1
         t.add("tp", "all_reduce", m.hidden_size * p.activation_bytes, norms * times)
         t.add("tp", "all_reduce", m.num_experts * m.hidden_size * p.activation_bytes,
               st.moe * times)
 
 
-def _dp(t: _Tally, m: ModelSpec, p: Plan, st: StageLayers, conv: Conventions) -> None:
-    """Torch's account: even buckets of the dense gradients, one expert reduction."""
+def _fsdp_rounds(p: Plan, pp_rank: int, chunk: int) -> tuple[int, int]:
+    """(all-gathers, reduce-scatters) of each FSDP2 unit of one chunk in a step, as torch
+    runs it. Without a pipeline every micro-batch gathers the unit forward (ZeRO-3: and
+    backward again) and reduce-scatters its gradient. torch's pipeline schedules keep a
+    unit gathered after each backward and reduce once after the last: under ZeRO-3 the
+    unit is gathered for the chunk's first pass and after each forward (which reshards)."""
+    n = p.num_microbatches
+    if p.pp == 1:
+        return (2 * n if p.zero_stage == 3 else n), n
+    if p.zero_stage == 2:
+        return 1, 1
+    kinds = [op[0] for op in stage_ops(p, pp_rank) if op[2] == chunk]
+    return sum(i == 0 or kinds[i - 1] == "F" for i in range(len(kinds))), 1
+
+
+def _fsdp(t: _Tally, m: ModelSpec, p: Plan, pp_rank: int, conv: Conventions) -> None:
+    """FSDP2 units (ZeRO-2/3): each layer (its experts apart, over the expert-data-parallel
+    group, unless they follow the dense parameters), and the rest of each chunk."""
+    moe_dense, moe_expert = layer_rank_params(m, p, True)
+    dense_layer = sum(layer_rank_params(m, p, False))
+    apart = not experts_follow_dense(p)
+    flags = virtual_stage_moe(p, m)
+    st = pipeline_rank_layers(p, m)[pp_rank]
+    edges = rank_params(m, p, st)[0] - dense_layer * st.dense - moe_dense * st.moe
+    for chunk in range(p.vpp):
+        vs = chunk * p.pp + pp_rank
+        gathers, reduces = _fsdp_rounds(p, pp_rank, chunk)
+        units = [("dp", moe_dense + (0 if apart else moe_expert) if f else dense_layer)
+                 for f in flags[vs]]
+        units += [("edp", moe_expert)] * sum(flags[vs]) if apart and p.expert_replicas > 1 \
+            else []
+        rest = edges if p.vpp == 1 else chunk_edge_params(m, p, vs)
+        units += [("dp", rest)] if rest > 0 and conv.zero3_edges else []
+        for group, params in units:
+            t.add(group, "all_gather", params * p.activation_bytes, gathers)
+            t.add(group, "reduce_scatter", params * p.grad_bytes, reduces)
+
+
+def _dp(t: _Tally, m: ModelSpec, p: Plan, st: StageLayers, pp_rank: int,
+        conv: Conventions) -> None:
+    """Torch's account: FSDP2 units (ZeRO-2/3), or DDP's even buckets of the dense
+    gradients and one expert reduction."""
     if p.dp * p.cp == 1:
         return
-    dense, expert = rank_params(m, p, st)
-    grad, weight = p.grad_bytes, p.activation_bytes
-    n = p.num_microbatches
-    if p.zero_stage == 3:  # FSDP2 units: each layer (its experts apart, unless they
-        # follow the dense parameters), and the rest of the chunk
-        moe_dense, moe_expert = layer_rank_params(m, p, True)
-        apart = not experts_follow_dense(p)
-        layer = [sum(layer_rank_params(m, p, False))] * st.dense + \
-            [moe_dense if apart else moe_dense + moe_expert] * st.moe
-        extra = dense - sum(layer_rank_params(m, p, False)) * st.dense - moe_dense * st.moe
-        units = [("dp", q) for q in layer + ([extra] if extra > 0 and conv.zero3_edges else [])]
-        units += [("edp", moe_expert)] * st.moe if apart and p.expert_replicas > 1 else []
-        for group, params in units:
-            t.add(group, "all_gather", params * weight, 2 * n)
-            t.add(group, "reduce_scatter", params * grad, n)
+    if p.zero_stage >= 2:
+        _fsdp(t, m, p, pp_rank, conv)
         return
+    dense, expert = rank_params(m, p, st)
     coll = "all_reduce" if p.zero_stage == 0 else "reduce_scatter"
     buckets = max(1, math.ceil(dense / dp_bucket_params(p)))
-    times = n if p.zero_stage == 2 else 1
     for _ in range(buckets):
-        t.add("dp", coll, dense * grad / buckets, times)
-    if p.zero_stage in (1, 2):
-        t.add("dp", "all_gather", dense * weight)
+        t.add("dp", coll, dense * p.grad_bytes / buckets)
+    if p.zero_stage == 1:
+        t.add("dp", "all_gather", dense * p.activation_bytes)
     if expert and p.expert_replicas > 1:
-        t.add("edp", coll, expert * grad, times)
+        t.add("edp", coll, expert * p.grad_bytes)
 
 
 def _dp_pair(t: _Tally, p: Plan, coll: str, dense: float, expert: float, times: int) -> None:
@@ -246,8 +280,10 @@ def _pp(t: _Tally, m: ModelSpec, p: Plan, pp_rank: int, conv: Conventions) -> No
     t.add("pp", "recv", boundary, per_mb * p.num_microbatches)
     if conv.p2p_scatter_gather and p.tp > 1 and not p.sequence_parallel:
         t.add("tp", "all_gather", full, per_mb * p.num_microbatches)  # the scatter/gather
-    if m.tied_embeddings and (st.first or st.last):
-        t.add("embedding", "all_reduce", m.vocab_size * m.hidden_size / p.tp * p.activation_bytes)
+    if m.tied_embeddings and (st.first or st.last):  # FSDP2: each rank's shard
+        shards = p.dp if p.zero_stage >= 2 and not conv.layer_buckets else 1
+        t.add("embedding", "all_reduce",
+              m.vocab_size * m.hidden_size / p.tp / shards * p.activation_bytes)
 
 
 def _expert_counts(t: _Tally, m: ModelSpec, p: Plan, st: StageLayers) -> None:
@@ -297,7 +333,7 @@ def expected_collectives(model: ModelSpec, plan: Plan, pp_rank: int = 0,
     if conv.layer_buckets:
         _dp_simulated(t, m, p, pp_rank)
     else:
-        _dp(t, m, p, st, conv)
+        _dp(t, m, p, st, pp_rank, conv)
     if p.pp > 1:
         _pp(t, m, p, pp_rank, conv)
     _ep_cp(t, m, p, st, conv)

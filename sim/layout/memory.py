@@ -104,7 +104,8 @@ def layer_activation_bytes(m: ModelSpec, plan: Plan, moe: bool = False) -> float
         replicated += (2 * (m.q_lora_rank + m.kv_lora_rank) + m.qk_rope_head_dim) * s * b * e
     if moe:
         inner = _mlp_inner_elems(m, m.expert_ffn) - (m.expert_ffn if "moe_act" in again else 0)
-        routed = m.top_k * (inner + m.hidden_size)
+        # the experts' input: each ETP rank holds every gathered token at full width
+        routed = m.top_k * (inner + m.hidden_size * expert_tp(plan))
         tensors += routed * routing(m, plan).load_factor  # the most-loaded rank's
         if "shared_experts" not in again:
             tensors += _mlp_inner_elems(m, m.shared_expert_ffn_hidden_size)

@@ -25,6 +25,7 @@ import functools
 from dataclasses import dataclass
 from math import comb
 
+from sim.spec.experts import expert_tp
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
 from sim.spec.routing import routing_is_balanced
@@ -155,7 +156,10 @@ def dispatches(m: ModelSpec, plan: Plan, nodes: int, forward: bool = True
     * ``deepep``: a token crosses to each node holding one of its experts once, to the rank
       of the sender's local index (``dispatch_rdma``, ``ep_bytes x expected_nodes /
       top_k``), which forwards it over NVLink to the experts' ranks (``dispatch_nvl``); the
-      two parts are pipelined, so they run at once.
+      two parts are pipelined, so they run at once. With the experts on the TP group
+      (``etp > 1``) Megatron-LM's DeepEP dispatch spans the ``etp x ep`` ranks and hands
+      each token to every ETP rank of its experts (``etp`` copies over NVLink), with no TP
+      collective after it (:func:`sim.layout.stages.tp_blocks`).
 
     ``forward``: the forward pass's (its dispatch in ``plan.moe_dispatch_dtype``); the
     backward's exchanges (the combine's gradient out, the dispatch's back) stay 16-bit."""
@@ -166,8 +170,10 @@ def dispatches(m: ModelSpec, plan: Plan, nodes: int, forward: bool = True
         return [[("all_gather", whole * k)], [("reduce_scatter", whole)]]
     size = ep_bytes(m, plan)
     if plan.moe_dispatcher == "deepep":
+        copies = expert_tp(plan)  # each ETP rank of an expert gets the token (over NVLink)
+
         def parts(scale: float) -> list[tuple[str, float]]:
             return [("dispatch_rdma", size * scale * expected_nodes(m, nodes) / m.top_k),
-                    ("dispatch_nvl", size * scale)]
+                    ("dispatch_nvl", size * scale * copies)]
         return [parts(k), parts(1.0)]
     return [[("all_to_all", size * k)], [("all_to_all", size)]]

@@ -43,17 +43,19 @@ def tp_blocks(model: ModelSpec, plan: Plan, moe: bool) -> tuple[float, ...]:
     reduce-scatter, or an all-reduce). A dense layer: the attention and the MLP. An MoE
     layer, as Megatron-LM runs it (sequence parallel): the attention, the shared expert
     (tensor-parallel on the attention's group), and, where the experts are on that group
-    (``etp = tp``), the routed tokens: after the expert-parallel dispatch the TP ranks
+    (``etp = tp``), the routed tokens: after the expert-parallel all-to-all the TP ranks
     gather each other's received tokens (top-k copies of theirs, times the hottest rank's
     load) and reduce-scatter the experts' partial outputs back. The ``allgather``
-    dispatcher gathers the sequence instead (one activation)."""
+    dispatcher gathers every token of the ``etp x ep`` block instead (Megatron-LM's one
+    all-gather over ``tp_ep``, here its TP part after the expert-parallel gather of
+    :func:`sim.layout.routing.dispatches`: ``ep`` activations, whatever the load)."""
     if not moe:
         return (1.0, 1.0)
     blocks = (1.0, 1.0) if model.shared_expert_ffn_hidden_size else (1.0,)
-    if expert_tp(plan) != plan.tp:
-        return blocks
+    if expert_tp(plan) != plan.tp or plan.moe_dispatcher == "deepep":  # DeepEP hands
+        return blocks  # every ETP rank its tokens itself (sim.layout.routing.dispatches)
     if plan.moe_dispatcher == "allgather":
-        return blocks + (1.0,)
+        return blocks + (float(plan.ep),)
     return blocks + (model.top_k * routing(model, plan).load_factor,)
 
 
