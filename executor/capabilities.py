@@ -94,6 +94,10 @@ def _plan(plan: Plan) -> tuple[str, str] | None:
         return "plan.recompute_modules", ("recomputation by module is not run by the "
                                           "executor: its selective recomputation re-runs "
                                           "the attention core only")
+    if plan.schedule == "dualpipev" and plan.dp > 1:
+        return "plan.dp", ("dualpipev with data parallelism is not run by the executor: "
+                           "torch 2.13's ScheduleDualPipeV trains dp > 1 to other losses than "
+                           "1F1B (DDP and FSDP2 alike; use dp = 1 or simulate it)")
     if plan.tp > 1 and plan.dp > 1 and plan.zero_stage < 2:
         return "plan.zero_stage", ("with tp > 1 and dp > 1 the executor shards with FSDP2: "
                                    "use zero_stage 2 or 3")

@@ -21,7 +21,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from executor.grid import expert_blocks, logical_rank, stage_order
 from executor.model import FeedForward, MoE, Transformer
 from sim.errors import SpecError
-from sim.layout.stages import virtual_stage_layers
+from sim.layout.stages import rank_virtual_stages, virtual_stage_layers
 from sim.spec.experts import expert_tp, experts_follow_dense
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
@@ -112,7 +112,7 @@ def _chunks(model: Transformer, plan: Plan, pp_rank: int) -> tuple[list[Transfor
         raise SpecError("plan.layers_per_stage", f"sum {sum(counts)} != model.num_layers "
                         f"{model.spec.num_layers}")
     starts = [sum(counts[:i]) for i in range(len(counts))]
-    ids = list(range(pp_rank, len(counts), plan.pp))
+    ids = rank_virtual_stages(plan, pp_rank)
     chunks = [split_stage(model, range(starts[v], starts[v] + counts[v]), v == 0,
                           v == len(counts) - 1) for v in ids]
     return chunks, ids
@@ -362,10 +362,10 @@ def parallelize(model: Transformer, plan: Plan, device_type: str) -> Parallel:
             par.groups["ep"] = grid.ep_group
         if grid.block not in (None, grid.ep_group, grid.etp_group):
             par.groups["tp_ep"] = grid.block
-    if plan.pp > 1 and model.spec.tied_embeddings:
+    if plan.pp > 1 and model.spec.tied_embeddings and plan.schedule != "dualpipev":
         sets = [[int(ranks[0, d, c, t]), int(ranks[-1, d, c, t])] for d in range(plan.dp)
                 for c in range(plan.cp) for t in range(plan.tp)]
-        par.tied_group = _new_groups(sets)
+        par.tied_group = _new_groups(sets)  # (dualpipev: both ends on pp rank 0)
     for i, chunk in enumerate(par.chunks):
         assert isinstance(chunk, Transformer)
         if plan.tp > 1:

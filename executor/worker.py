@@ -93,6 +93,7 @@ class Runner:
         from torch.distributed.pipelining import (
             PipelineStage,
             Schedule1F1B,
+            ScheduleDualPipeV,
             ScheduleGPipe,
             ScheduleInterleaved1F1B,
         )
@@ -104,6 +105,8 @@ class Runner:
         n = self.plan.num_microbatches
         if self.plan.schedule == "interleaved-1f1b":
             return ScheduleInterleaved1F1B(stages, n, loss_fn=_loss)
+        if self.plan.schedule == "dualpipev":
+            return ScheduleDualPipeV(stages, n, loss_fn=_loss)
         cls = ScheduleGPipe if self.plan.schedule == "gpipe" else Schedule1F1B
         return cls(stages[0], n, loss_fn=_loss)
 
@@ -162,24 +165,38 @@ class Runner:
         return sum(vals) / len(vals)
 
     def _sync_extra_grads(self) -> None:
-        """Tied embedding gradients over the first and last stage (pipelines), expert
-        gradients over the ranks holding the same experts, and sequence-parallel norm
-        weights' partial gradients (one all-reduce each, before the optimizer reads them)."""
+        """Tied embedding gradients over the first and last stage (pipelines; summed on
+        the rank under dualpipev, which holds both), expert gradients over the ranks
+        holding the same experts, and sequence-parallel norm weights' partial gradients
+        (one all-reduce each, before the optimizer reads them)."""
         self._reduce_partial_grads()
+        grads = self._tied_grads() if self.spec.tied_embeddings and self.plan.pp > 1 else []
         if self.par.tied_group is not None:
-            for chunk in self.par.chunks:
-                inner = getattr(chunk, "module", chunk)
-                for part in (inner.tok_embeddings, inner.output):
-                    grad = None if part is None else part.weight.grad
-                    if grad is None:
-                        continue
-                    if hasattr(grad, "to_local"):  # both ends' shards alike: the
-                        # embedding's gradient may come back replicated
-                        grad = part.weight.grad = grad.redistribute(  # type: ignore[union-attr]
-                            grad.device_mesh, part.weight.placements)
-                        grad = grad.to_local()
-                    dist.all_reduce(grad, group=self.par.tied_group)
+            for grad in grads:
+                dist.all_reduce(grad, group=self.par.tied_group)
+        elif len(grads) == 2:
+            total = grads[0] + grads[1]
+            for grad in grads:
+                grad.copy_(total)
         self.sync_expert_grads()
+
+    def _tied_grads(self) -> list[torch.Tensor]:
+        """This rank's gradients of the tied weight (the embedding's, the output layer's
+        copy), as local tensors laid out as their parameters are."""
+        out = []
+        for chunk in self.par.chunks:
+            inner = getattr(chunk, "module", chunk)
+            for part in (inner.tok_embeddings, inner.output):
+                grad = None if part is None else part.weight.grad
+                if grad is None:
+                    continue
+                if hasattr(grad, "to_local"):  # both ends' shards alike: the embedding's
+                    # gradient may come back replicated
+                    grad = part.weight.grad = grad.redistribute(  # type: ignore[union-attr]
+                        grad.device_mesh, part.weight.placements)
+                    grad = grad.to_local()
+                out.append(grad)
+        return out
 
     def sync_expert_grads(self) -> None:
         """Expert gradients, where the experts are not the data-parallel wrapper's: summed

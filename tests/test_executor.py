@@ -193,6 +193,21 @@ def test_selective_recompute_reruns_the_attention_core_and_no_collective():
     assert res["loss"] == pytest.approx(plain["loss"], rel=1e-6)
 
 
+def test_dualpipev_runs_for_real_and_trains_as_one_rank():
+    """torch's ScheduleDualPipeV on two ranks (four stages in a V, the tied embedding's two
+    copies summed on rank 0): the single rank's losses under SGD, the simulated transfers
+    (two a micro-batch each way: both ends on rank 0, the turn on rank 1)."""
+    base = Plan(global_batch_size=8, seq_len=128, micro_batch_size=1, dtype="fp32")
+    plan = dataclasses.replace(base, pp=2, vpp=2, schedule="dualpipev")
+    alone = execute(TINY, base, steps=1, warmup=1, timeout_s=90, optimizer="sgd", lr=0.5)
+    res = execute(TINY, plan, steps=1, warmup=1, timeout_s=90, optimizer="sgd", lr=0.5)
+    assert res["loss"] == pytest.approx(alone["loss"], rel=1e-6)
+    for rank, measured in res["collectives"].items():
+        rows = compare_inventory(expected_collectives(TINY, plan, int(rank)), measured)
+        assert rows and all(r["match"] for r in rows), (rank, rows)
+        assert {(r["group"], r["kind"]) for r in rows} == {("pp", "send"), ("pp", "recv")}
+
+
 def test_loss_falls_over_a_short_run():
     plan = Plan(global_batch_size=8, seq_len=128, dp=2, micro_batch_size=4, dtype="fp32")
     res = execute(TINY, plan, steps=5, warmup=1)

@@ -129,12 +129,15 @@ def test_megatron_reads_a_folded_plan_back():
     assert sorted(parsed["ep_groups"]) == sorted(groups_of(plan, "ep", {}))
 
 
-def test_executor_refuses_a_folded_grid():
+def test_executor_takes_a_folded_grid_but_not_context_parallelism():
+    """EP 4 over TP 2 x DP 2 (folded) runs for real (tests/test_executor_moe.py); the same
+    grid over CP is refused for its CP, which the executor does not run."""
     from executor.capabilities import unsupported
 
-    why = unsupported(load_model("mixtral-8x7b"), _plan(ep=4, cp=2, tp=1, dp=4, pp=1,
-                                                         sequence_parallel=False))
-    assert why is not None and why[0] == "plan.etp"
+    mixtral = load_model("mixtral-8x7b")
+    assert unsupported(mixtral, _plan(ep=4, tp=2, dp=2, pp=1, etp=1, zero_stage=3)) is None
+    why = unsupported(mixtral, _plan(ep=4, cp=2, tp=1, dp=4, pp=1, sequence_parallel=False))
+    assert why is not None and why[0] == "plan.cp"
 
 
 def test_search_space_offers_folded_grids():

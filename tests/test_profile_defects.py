@@ -247,12 +247,14 @@ def _no_launch(*args, **kwargs):
     ("mixtral-8x7b", {"tp": 2, "dp": 2, "ep": 4, "etp": 1, "sequence_parallel": True,
                       "zero_stage": 3, "micro_batch_size": 1, "placement": "ep-tp-cp-dp-pp"},
      "plan.placement: puts an expert block's ranks out of order"),
+    ("tiny", {"pp": 2, "vpp": 2, "schedule": "dualpipev", "dp": 2, "global_batch_size": 16},
+     "plan.dp: dualpipev with data parallelism"),
 ])
 def test_execute_refuses_before_launch(capsys, tmp_path, monkeypatch, model, fields, needle):
     monkeypatch.setattr(executor.launch.subprocess, "Popen", _no_launch)
     monkeypatch.chdir(tmp_path)
     plan = _plan(tmp_path, **fields)
-    world = fields.get("dp", 1) * fields.get("tp", 1) * fields.get("cp", 1)
+    world = fields.get("dp", 1) * fields.get("tp", 1) * fields.get("cp", 1) * fields.get("pp", 1)
     for cmd in (["execute"], ["compare", "--cluster", f"cpu:{world}"]):
         code, out, err = run(capsys, *cmd, "--model", model, "--plan", plan)
         assert code == 2 and out == "" and needle in err and len(err.splitlines()) == 1

@@ -46,6 +46,9 @@ def check(plan: Plan, model: ModelSpec) -> None:
     if plan.pp > 1 and plan.schedule == "gpipe":
         raise SpecError("plan.schedule", "gpipe is not expressible in Megatron-LM: with pp > 1 "
                         "it runs 1F1B (or interleaved 1F1B)")
+    if plan.schedule == "dualpipev":
+        raise SpecError("plan.schedule", "dualpipev is not expressible in Megatron-LM (it has "
+                        "no DualPipe schedule): export to torchtitan")
     if plan.grad_reduce_dtype not in (None, "fp32", {"fp8": "bf16"}.get(plan.dtype, plan.dtype)):
         raise SpecError("plan.grad_reduce_dtype", f"{plan.grad_reduce_dtype} with {plan.dtype} "
                         "training is not expressible in Megatron-LM: gradients are reduced in "

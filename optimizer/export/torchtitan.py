@@ -19,7 +19,8 @@ from sim.spec.plan import Plan
 __all__ = ["check", "module_source", "files", "MODULE", "CONFIG_FN"]
 
 MODULE, CONFIG_FN = "trainsim_torchtitan", "trainsim_plan"
-_SCHEDULE = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B"}
+_SCHEDULE = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B",
+             "dualpipev": "DualPipeV"}  # DualPipeV places the stages in a V itself
 # ZeRO stage -> (data_parallel_shard_degree is dp, fsdp_reshard_after_forward): FSDP that
 # keeps the gathered parameters from forward to backward is ZeRO-2 (gradients and optimizer
 # state sharded, one gather per step), resharding after forward is ZeRO-3
@@ -109,6 +110,7 @@ def _parallelism(plan: Plan, model: ModelSpec) -> dict[str, object]:
         "pipeline_parallel_degree": plan.pp, "context_parallel_degree": plan.cp,
         "expert_parallel_degree": plan.ep,
         "pipeline_parallel_schedule": _SCHEDULE[plan.schedule if plan.vpp == 1
+                                                or plan.schedule == "dualpipev"
                                                 else "interleaved-1f1b"],
         "pipeline_parallel_microbatch_size": plan.micro_batch_size}
     if split is not None:

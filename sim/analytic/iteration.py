@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from sim.cost import compute as cm
 from sim.cost.costmodel import CostModel
+from sim.layout.dualpipe import Pass, makespan, paired_share, rank_of_stage
 from sim.layout.memory import rank_params
 from sim.layout.placement import group_span
 from sim.layout.routing import dispatches
@@ -27,7 +28,9 @@ from sim.layout.stages import (
     cp_exchanges,
     edge_tp_collectives,
     pipeline_rank_layers,
+    rank_virtual_stages,
     tp_blocks,
+    virtual_stage_moe,
 )
 from sim.network.algorithms import collective_time
 from sim.network.alphabeta import Fabric, fabric_for
@@ -125,7 +128,7 @@ def _tp_edges(x: _Ctx, st: StageLayers) -> float:
                for _, coll, size in edge_tp_collectives(x.m, x.p, st.first, st.last))
 
 
-def _p2p(x: _Ctx, st: StageLayers) -> float:
+def _p2p(x: _Ctx, st: StageLayers, rank: int) -> float:
     """Pipeline communication per micro-batch, in Megatron-LM's blocking batched calls
     (:mod:`sim.layout.schedule`): ``calls * alpha + messages * S/beta + receives * gather``. Each
     TP rank sends ``S`` = 1/tp of the activation, and without sequence parallelism the
@@ -140,6 +143,8 @@ def _p2p(x: _Ctx, st: StageLayers) -> float:
     if p.pp == 1:
         return 0.0
     end = 1 if st.first or st.last else 0
+    if p.schedule == "dualpipev":  # rank 0 holds both ends, the last rank the turn
+        end = 2 if rank in (0, p.pp - 1) else 0
     if p.vpp > 1:
         calls, messages = p.vpp, 2 * p.vpp - end
     elif p.schedule == "gpipe":
@@ -156,8 +161,8 @@ def _embedding_allreduce(x: _Ctx, st: StageLayers) -> float:
     """Megatron-LM's embedding group: with tied embeddings and pp > 1 the first and last
     stage all-reduce the word embedding's gradient (vocab x hidden / tp, training dtype)
     after the data-parallel reduction, before the optimizer step."""
-    if not x.m.tied_embeddings or x.p.pp == 1 or not (st.first or st.last):
-        return 0.0
+    if not x.m.tied_embeddings or x.p.pp == 1 or st.first == st.last:  # dualpipev: one
+        return 0.0  # rank holds both
     return x.coll("emb", "all_reduce", x.m.vocab_size * x.m.hidden_size / x.p.tp * x.e)
 
 
@@ -217,6 +222,8 @@ def _ep_stage(x: _Ctx, st: StageLayers, rank: int, k: float, tp_s: float
     compute = k * _stage_compute(x, st) + tp_s
     passes = x.p.num_microbatches * x.p.vpp
     alone = min(1.0, max(warmup_forwards(x.p, rank), 1) / passes)
+    if x.p.schedule == "dualpipev":  # its program's unpaired passes
+        alone = 1.0 - paired_share(x.p.pp, x.p.num_microbatches, rank)
     exposed = alone * total + (1 - alone) * max(0.0, total - compute)
     return _sm_share(x, exposed, total - exposed)
 
@@ -301,9 +308,50 @@ def stage_costs(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostMo
         out.append(StageCost(
             comp, tp,
             st.dense * cp_d[0] + st.moe * cp_e[0], st.dense * cp_d[1] + st.moe * cp_e[1],
-            ep[0], _p2p(x, st), _dp_costs(x, st, comp), k * _optimizer(x, st),
+            ep[0], _p2p(x, st, len(out)), _dp_costs(x, st, comp), k * _optimizer(x, st),
             _embedding_allreduce(x, st), ep[1]))
     return out
+
+
+def _chunk_passes(x: _Ctx, vs: int) -> tuple[float, float, float]:
+    """(forward, full backward, weight-gradient) compute seconds of one virtual stage per
+    micro-batch. The weight gradients are the layers' GEMMs again (``dW = X^T dY`` has a
+    forward GEMM's FLOPs): a layer's forward less its attention core, and the output
+    layer's share of the logits."""
+    flags = virtual_stage_moe(x.p, x.m)[vs]
+    times = [x.moe if moe else x.dense for moe in flags]
+    again = {"full": [t.forward for t in times],
+             "selective": [t.recompute_forward for t in times]}.get(x.p.recompute, [])
+    f, b = sum(t.forward for t in times), sum(t.backward for t in times) + sum(again)
+    w = sum(t.forward - t.attention_forward for t in times)
+    if vs == 0:
+        ef, eb = x.cost.embedding(x.tokens, x.m.hidden_size, x.m.vocab_size,
+                                  x.p.activation_dtype)
+        f, b = f + ef, b + eb
+    if vs == x.p.pp * x.p.vpp - 1:
+        logits = cm.logits_time(x.cost, x.m, x.p)
+        f, b, w = f + logits / 3, b + 2 * logits / 3, w + logits / 3
+    return f, b, w
+
+
+def _dualpipev(x: _Ctx, times: Sequence[float]) -> float:
+    """The pipeline phase under DualPipeV: the ranks' programs run pass by pass
+    (:func:`sim.layout.dualpipe.makespan`), each pass its compute's share of the rank's
+    per-micro-batch time (its communication spread with it); a pair takes its two passes'
+    time (what overlaps inside it is already out of the rank's time)."""
+    passes = {vs: _chunk_passes(x, vs) for vs in range(2 * x.p.pp)}
+    scale = {}
+    for r, t in enumerate(times):
+        work = sum(f + b for f, b, _ in (passes[vs] for vs in rank_virtual_stages(x.p, r)))
+        scale[r] = t / work if work > 0 else 0.0
+
+    def seconds(p: Pass) -> float:
+        f, b, w = passes[p.stage]
+        k = scale[rank_of_stage(x.p.pp, p.stage)]
+        if p.kind == "FB":
+            return k * (f + passes[p.stage2][1])
+        return k * {"F": f, "W": w, "B": b - w if p.deferred else b}[p.kind]
+    return makespan(x.p.pp, x.p.num_microbatches, seconds)[0]
 
 
 def analytic_iteration(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel,
@@ -313,6 +361,8 @@ def analytic_iteration(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost:
     times = [s.per_microbatch_s for s in stages]
     slow = max(range(len(stages)), key=lambda r: times[r])
     pipe = m * times[slow] + (sum(times) - times[slow]) / v
+    if plan.schedule == "dualpipev":
+        pipe = _dualpipev(_Ctx(model, cluster, plan, cost), times)
     tail_rank = max(range(len(stages)), key=lambda r: stages[r].tail_s)
     b, t = stages[slow], stages[tail_rank]
     breakdown = {

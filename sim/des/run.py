@@ -36,6 +36,7 @@ from sim.des.layers import Layers
 from sim.des.pipeline import Pipeline
 from sim.des.symmetry import Classes, Replica, refine
 from sim.des.watch import Watch
+from sim.errors import SpecError
 from sim.layout.memory import rank_params
 from sim.layout.placement import rank_coords
 from sim.layout.schedule import Exchange, Op, stage_program
@@ -285,6 +286,10 @@ def simulate_des(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostM
     module), else every unit. ``watch`` (:class:`~sim.des.watch.Watch`) sees the run's
     progress and may stop it (:class:`~sim.des.watch.WallLimit`)."""
     _check_scale(perturbation.compute_scale, cluster)
+    if plan.schedule == "dualpipev":
+        raise SpecError("plan.schedule", "dualpipev is timed pass by pass by the analytic "
+                        "tier (sim/layout/dualpipe.py); the DES does not run it yet: use "
+                        "--fidelity analytic")
     topo = perturbation.topology or build_topology(cluster)
     if reduce:
         classes = symmetry_classes(plan, topo, perturbation)

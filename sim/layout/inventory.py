@@ -69,6 +69,7 @@ from sim.layout.stages import (
     StageLayers,
     cp_exchanges,
     pipeline_rank_layers,
+    rank_virtual_stages,
     tp_blocks,
     virtual_stage_moe,
 )
@@ -186,8 +187,7 @@ def _fsdp(t: _Tally, m: ModelSpec, p: Plan, pp_rank: int, conv: Conventions) -> 
     flags = virtual_stage_moe(p, m)
     st = pipeline_rank_layers(p, m)[pp_rank]
     edges = rank_params(m, p, st)[0] - dense_layer * st.dense - moe_dense * st.moe
-    for chunk in range(p.vpp):
-        vs = chunk * p.pp + pp_rank
+    for chunk, vs in enumerate(rank_virtual_stages(p, pp_rank)):
         gathers, reduces = _fsdp_rounds(p, pp_rank, chunk)
         units = [("dp", moe_dense + (0 if apart else moe_expert) if f else dense_layer)
                  for f in flags[vs]]
@@ -237,7 +237,7 @@ def _layer_buckets(m: ModelSpec, p: Plan, pp_rank: int) -> list[tuple[float, flo
     if not p.overlap_grad_reduce and p.zero_stage < 2:
         return [rank_params(m, p, pipeline_rank_layers(p, m)[pp_rank])]
     out, cap, flags = [], dp_bucket_params(p), virtual_stage_moe(p, m)
-    for vs in range(pp_rank, len(flags), p.pp):
+    for vs in rank_virtual_stages(p, pp_rank):
         dense = expert = 0.0
         for moe in reversed(flags[vs]):
             d, e = layer_rank_params(m, p, moe)
@@ -253,7 +253,8 @@ def _dp_simulated(t: _Tally, m: ModelSpec, p: Plan, pp_rank: int) -> None:
     """The DES's account: layer-granular buckets; ZeRO-3 per layer of every chunk."""
     n = p.num_microbatches
     if p.zero_stage == 3:
-        for moe in (f for flags in virtual_stage_moe(p, m)[pp_rank::p.pp] for f in flags):
+        flags = virtual_stage_moe(p, m)
+        for moe in (f for vs in rank_virtual_stages(p, pp_rank) for f in flags[vs]):
             dense, expert = layer_rank_params(m, p, moe)
             _dp_pair(t, p, "all_gather", dense, expert, 2 * n)
             _dp_pair(t, p, "reduce_scatter", dense, expert, n)
@@ -275,12 +276,14 @@ def _pp(t: _Tally, m: ModelSpec, p: Plan, pp_rank: int, conv: Conventions) -> No
     last_vs = p.pp * p.vpp - 1
     # Each chunk sends its output forward (unless last) and its input gradient back
     # (unless first), and receives as many.
-    per_mb = sum((vs != last_vs) + (vs != 0) for vs in range(pp_rank, last_vs + 1, p.pp))
+    mine = rank_virtual_stages(p, pp_rank)  # a neighbour on this rank (dualpipev's turn)
+    per_mb = sum((vs != last_vs and vs + 1 not in mine) + (vs != 0 and vs - 1 not in mine)
+                 for vs in mine)
     t.add("pp", "send", boundary, per_mb * p.num_microbatches)
     t.add("pp", "recv", boundary, per_mb * p.num_microbatches)
     if conv.p2p_scatter_gather and p.tp > 1 and not p.sequence_parallel:
         t.add("tp", "all_gather", full, per_mb * p.num_microbatches)  # the scatter/gather
-    if m.tied_embeddings and (st.first or st.last):  # FSDP2: each rank's shard
+    if m.tied_embeddings and st.first != st.last:  # FSDP2: each rank's shard
         shards = p.dp if p.zero_stage >= 2 and not conv.layer_buckets else 1
         t.add("embedding", "all_reduce",
               m.vocab_size * m.hidden_size / p.tp / shards * p.activation_bytes)

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sim.layout.dualpipe import peak_activations
 from sim.layout.flops import attention_params, attention_replicated_params, layer_params, mlp_params
 from sim.layout.placement import stage_devices
 from sim.layout.routing import routing
@@ -130,11 +131,14 @@ def inflight_microbatches(plan: Plan, rank: int) -> float:
     """Micro-batches whose activations pipeline rank ``rank`` holds at its peak: all of
     them under GPipe, ``pp - rank`` under 1F1B, Megatron-LM's warm-up count of virtual
     chunks (in whole micro-batches through this rank's layers) when interleaved; one more
-    micro-batch (or chunk) with all-to-all overlap's merged steps."""
+    micro-batch (or chunk) with all-to-all overlap's merged steps. DualPipeV: the most
+    chunks its program holds at once (``2 pp + 1``, DeepSeek's ``PP + 1``), halved."""
     m = plan.num_microbatches
     merged = 1 if plan.moe_overlap == "a2a" else 0  # a merged step's second micro-batch
     if plan.schedule == "gpipe":
         return float(m)
+    if plan.schedule == "dualpipev":
+        return peak_activations(plan.pp, m, rank) / 2
     if plan.schedule == "1f1b":
         return float(min(plan.pp - rank + merged, m))
     chunks = min(2 * (plan.pp - rank - 1) + (plan.vpp - 1) * plan.pp + 1 + merged, m * plan.vpp)
@@ -179,8 +183,9 @@ def rank_params(m: ModelSpec, plan: Plan, st: StageLayers) -> tuple[float, float
     vh = m.vocab_size * m.hidden_size / plan.tp
     if st.first:
         dense += vh + (m.max_seq_len * m.hidden_size if m.position_embedding == "learned" else 0)
-    if st.last and (not m.tied_embeddings or not st.first):
-        dense += vh  # output projection (a copy of the tied embedding on a separate stage)
+    if st.last and (not m.tied_embeddings or plan.pp * plan.vpp > 1):
+        dense += vh  # output projection (a copy of the tied embedding on a separate stage,
+        # dualpipev's on the first stage's rank too)
     if st.last:  # multi-token prediction: projections and norms (their layers are counted)
         dense += m.num_mtp_layers * (2 * m.hidden_size ** 2 / plan.tp + 3 * _norm(m))
     return dense, expert

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sim.layout.dualpipe import rank_ops
+from sim.layout.stages import rank_virtual_stages
 from sim.spec.plan import Plan
 
 __all__ = ["stage_ops", "stage_program", "warmup_forwards", "Op", "Msg", "Exchange"]
@@ -55,6 +57,9 @@ def warmup_forwards(plan: Plan, stage: int) -> int:
     total = plan.num_microbatches * plan.vpp
     if plan.schedule == "gpipe":
         return total
+    if plan.schedule == "dualpipev":
+        ops = stage_ops(plan, stage)
+        return next(i for i, op in enumerate(ops) if op[0] == "B")
     pp, vpp = plan.pp, plan.vpp
     # all-to-all overlap merges a forward with a backward: Megatron-LM warms up one more
     # forward so that the pair never holds one micro-batch's two passes
@@ -63,8 +68,12 @@ def warmup_forwards(plan: Plan, stage: int) -> int:
 
 
 def stage_ops(plan: Plan, stage: int) -> list[Op]:
+    """The stage's passes in order; under ``dualpipev`` also ``W``, a deferred weight
+    gradient (:mod:`sim.layout.dualpipe`)."""
     pp, vpp = plan.pp, plan.vpp
     total = plan.num_microbatches * vpp
+    if plan.schedule == "dualpipev":
+        return rank_ops(pp, plan.num_microbatches, stage)
     if plan.schedule == "gpipe":
         return [("F", i, 0) for i in range(total)] + [("B", i, 0) for i in range(total)]
     warm = warmup_forwards(plan, stage)
@@ -77,7 +86,7 @@ def stage_ops(plan: Plan, stage: int) -> list[Op]:
 
 
 def _vs(plan: Plan, stage: int, op: Op) -> int:
-    return op[2] * plan.pp + stage
+    return rank_virtual_stages(plan, stage)[op[2]]
 
 
 def op_inputs(plan: Plan, stage: int, op: Op) -> tuple[Msg, ...]:
@@ -107,6 +116,9 @@ def _steps(plan: Plan, stage: int) -> tuple[list[list[Op]], list[list[Op]], list
 
 def stage_program(plan: Plan, stage: int) -> list[Op | Exchange]:
     """The stage's ops with Megatron-LM's point-to-point calls between them (module doc)."""
+    if plan.schedule == "dualpipev":
+        raise ValueError("dualpipev has no Megatron-LM point-to-point program (the DES does "
+                         "not run it; sim.layout.dualpipe times it)")
     if plan.pp == 1:
         return list(stage_ops(plan, stage))
     if plan.vpp > 1 or plan.schedule == "gpipe":

@@ -11,7 +11,8 @@ from sim.spec.plan import Plan
 from sim.spec.recompute import reruns_core
 
 __all__ = ["StageLayers", "even_split", "tp_blocks", "virtual_stage_layers", "virtual_stage_moe",
-           "pipeline_rank_layers", "edge_tp_collectives", "cp_exchanges"]
+           "rank_virtual_stages", "virtual_stage_rank", "pipeline_rank_layers",
+           "edge_tp_collectives", "cp_exchanges"]
 
 
 @dataclass(frozen=True)
@@ -84,20 +85,34 @@ def virtual_stage_moe(plan: Plan, model: ModelSpec) -> list[list[bool]]:
     return out
 
 
+def rank_virtual_stages(plan: Plan, rank: int) -> list[int]:
+    """The virtual stages pipeline rank ``rank`` holds, chunk by chunk: every ``pp``-th
+    (Megatron-LM's interleaving), or under ``dualpipev`` a V (``rank`` and ``2 pp - 1 -
+    rank``, :mod:`sim.layout.dualpipe`)."""
+    if plan.schedule == "dualpipev":
+        return [rank, 2 * plan.pp - 1 - rank]
+    return [rank + c * plan.pp for c in range(plan.vpp)]
+
+
+def virtual_stage_rank(plan: Plan, vs: int) -> int:
+    if plan.schedule == "dualpipev" and vs >= plan.pp:
+        return 2 * plan.pp - 1 - vs
+    return vs % plan.pp
+
+
 def pipeline_rank_layers(plan: Plan, model: ModelSpec) -> list[StageLayers]:
-    """For each pipeline rank: its dense and MoE layer counts (virtual stage k is on rank
-    k % pp, as in Megatron-LM's interleaved schedule; multi-token prediction layers on the
-    last)."""
+    """For each pipeline rank: its dense and MoE layer counts (its virtual stages:
+    :func:`rank_virtual_stages`; multi-token prediction layers on the last stage's)."""
     dense = [0] * plan.pp
     moe = [0] * plan.pp
     for k, flags in enumerate(virtual_stage_moe(plan, model)):
         for is_moe in flags:
             if is_moe:
-                moe[k % plan.pp] += 1
+                moe[virtual_stage_rank(plan, k)] += 1
             else:
-                dense[k % plan.pp] += 1
-    return [StageLayers(dense[r], moe[r], r == 0, r == plan.pp - 1)
-            for r in range(plan.pp)]
+                dense[virtual_stage_rank(plan, k)] += 1
+    last = virtual_stage_rank(plan, plan.pp * plan.vpp - 1)
+    return [StageLayers(dense[r], moe[r], r == 0, r == last) for r in range(plan.pp)]
 
 
 def edge_tp_collectives(model: ModelSpec, plan: Plan, first: bool, last: bool

@@ -73,6 +73,20 @@ def check_schedule(plan: Plan) -> None:
                             f"multiple of pp: global_batch_size/(dp*micro_batch_size) = "
                             f"{plan.global_batch_size}/({plan.dp}*{plan.micro_batch_size}) = "
                             f"{m}, {m} % {plan.pp} != 0")
+    elif plan.schedule == "dualpipev":
+        _check_dualpipev(plan)
     elif plan.vpp != 1:
-        raise SpecError("plan.vpp", f"must be 1 unless schedule is interleaved-1f1b, got "
-                        f"{plan.vpp} with {plan.schedule}")
+        raise SpecError("plan.vpp", f"must be 1 unless schedule is interleaved-1f1b or "
+                        f"dualpipev, got {plan.vpp} with {plan.schedule}")
+
+
+def _check_dualpipev(plan: Plan) -> None:
+    """DualPipeV: two virtual stages a rank, in a V, and at least two micro-batches per
+    stage (DeepSeek's and torch's rule)."""
+    if plan.pp < 2 or plan.vpp != 2:
+        raise SpecError("plan.vpp", f"dualpipev needs pp >= 2 and vpp = 2 (two stages a rank, "
+                        f"in a V), got pp={plan.pp}, vpp={plan.vpp}")
+    counts = plan.micro_batches_per_replica or (plan.num_microbatches,)
+    if min(counts) < 2 * plan.pp:
+        raise SpecError("plan.global_batch_size", f"dualpipev needs at least 2*pp = "
+                        f"{2 * plan.pp} micro-batches per replica, got {min(counts)}")

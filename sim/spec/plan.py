@@ -31,7 +31,7 @@ __all__ = ["Plan", "validate", "load_plan", "save_plan", "replica_plan", "SCHEMA
 RECOMPUTE_MODES = ("none", "selective", "full")
 
 SCHEMA_VERSION = 1
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "dualpipev")
 ATTENTION = ("flash", "standard")
 GRAD_DTYPES = ("fp32", "bf16", "fp16")
 DIMS = ("tp", "cp", "ep", "dp", "pp")
@@ -62,7 +62,7 @@ class Plan:
     cp: int = 1  # context-parallel degree
     ep: int = 1  # expert-parallel degree; etp*ep divides tp*cp*dp
     vpp: int = 1  # virtual stages per pipeline rank (interleaved-1f1b)
-    schedule: str = "1f1b"  # `gpipe`, `1f1b` or `interleaved-1f1b`
+    schedule: str = "1f1b"  # `gpipe`, `1f1b`, `interleaved-1f1b` or `dualpipev`
     zero_stage: int = 0  # ZeRO stage 0-3
     recompute: str = "none"  # activation recomputation: `none`, `selective` or `full`
     # split the TP group's norm and dropout activations (needs tp > 1)

@@ -69,7 +69,7 @@ def add_plan_parser(sub: Any) -> None:
     for k, text in _PLAN_INT_HELP.items():
         new.add_argument("--" + k.replace("_", "-"), dest=k, type=int, help=text,
                          required=k in ("global_batch_size", "seq_len"))
-    new.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved-1f1b"],
+    new.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved-1f1b", "dualpipev"],
                      help="pipeline schedule (default 1f1b)")
     new.add_argument("--recompute", choices=["none", "selective", "full"],
                      help="activation recomputation (default none)")

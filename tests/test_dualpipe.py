@@ -1,0 +1,140 @@
+"""DualPipeV (DeepSeek's DualPipe cut in half): the programs, their timing against the
+published bubble and activation count, and the schedule through the plan, the analytic
+tier, memory, the collective account and the exporters."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+
+import pytest
+
+from sim import Plan, load_cluster, load_model, simulate
+from sim.errors import SpecError
+from sim.layout.dualpipe import (
+    makespan,
+    peak_activations,
+    published_bubble,
+    rank_program,
+    stages_of_rank,
+    uniform,
+)
+from sim.layout.inventory import expected_collectives
+from sim.layout.memory import inflight_microbatches
+from sim.layout.stages import pipeline_rank_layers, rank_virtual_stages, virtual_stage_rank
+
+SIZES = [(pp, m) for pp in (2, 4, 8) for m in (2 * pp, 2 * pp + 3, 5 * pp)]
+
+
+@pytest.mark.parametrize("pp,m", SIZES)
+def test_every_rank_runs_each_pass_once(pp, m):
+    for r in range(pp):
+        passes = Counter()
+        for p in rank_program(pp, m, r):
+            if p.kind in ("F", "FB"):
+                passes["F", p.mb, p.stage] += 1
+            if p.kind in ("B", "FB"):
+                passes["B", p.mb2 if p.kind == "FB" else p.mb,
+                       p.stage2 if p.kind == "FB" else p.stage] += 1
+            if p.kind == "W":
+                passes["W", p.mb, p.stage] += 1
+        deferred = sum(p.deferred for p in rank_program(pp, m, r))
+        stages = stages_of_rank(pp, r)
+        assert all(passes["F", mb, s] == passes["B", mb, s] == 1
+                   for mb in range(m) for s in stages)
+        assert sum(v for (k, *_), v in passes.items() if k == "W") == deferred > 0
+
+
+@pytest.mark.parametrize("pp,m", SIZES)
+def test_the_programs_give_the_published_bubble(pp, m):
+    """With DeepSeek's usual proportions (B = 2F, W = F) the bubble over the work of
+    ``2m`` chunks is exactly the published ``(PP/2 - 1)(F&B + B - 3W)``, whatever m. With
+    an input-gradient pass at least a forward long (B - W >= F) the formula is an upper
+    bound within a forward; shorter, the programs wait longer than it says."""
+    t, busy = makespan(pp, m, uniform(1.0, 2.0, 1.0))
+    assert busy == [2 * m * 3.0] * pp
+    assert t - 2 * m * 3.0 == pytest.approx(published_bubble(pp, 1.0, 2.0, 1.0, 3.0))
+
+    def gap(f: float, b: float, w: float) -> float:
+        bubble = makespan(pp, m, uniform(f, b, w))[0] - 2 * m * (f + b)
+        return published_bubble(pp, f, b, w, f + b) - bubble
+    assert all(0.0 <= gap(*fbw) <= fbw[0] + 1e-9
+               for fbw in ((1.0, 2.0, 0.5), (1.0, 3.0, 1.0), (1.0, 2.5, 0.8), (1.0, 4.0, 2.0)))
+    assert gap(1.0, 1.5, 0.7) < 0.0
+
+
+@pytest.mark.parametrize("pp,m", SIZES)
+def test_a_rank_holds_the_published_activations(pp, m):
+    """DeepSeek's table: PP + 1 chunk activations a device (PP = 2 pp stages)."""
+    assert [peak_activations(pp, m, r) for r in range(pp)] == [2 * pp + 1] * pp
+
+
+def test_too_few_micro_batches_are_refused():
+    with pytest.raises(ValueError, match="m >= 2 pp"):
+        rank_program(4, 7, 0)
+
+
+# The plan ---------------------------------------------------------------------------------
+LLAMA, H100 = load_model("llama3-8b"), load_cluster("dgx-h100:2")
+V = Plan(64, 4096, 1, dp=4, pp=4, vpp=2, schedule="dualpipev")
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"vpp": 1}, "plan.vpp: dualpipev needs pp >= 2 and vpp = 2"),
+    ({"vpp": 4}, "plan.vpp: dualpipev needs pp >= 2 and vpp = 2"),
+    ({"global_batch_size": 28}, "plan.global_batch_size: dualpipev needs at least 2[*]pp = 8 "
+     "micro-batches per replica, got 7"),
+])
+def test_bad_dualpipev_plans_name_the_rule(kw, match):
+    with pytest.raises(SpecError, match=match):
+        dataclasses.replace(V, **kw)
+
+
+def test_stages_sit_in_a_v():
+    assert [rank_virtual_stages(V, r) for r in range(4)] == [[0, 7], [1, 6], [2, 5], [3, 4]]
+    assert [virtual_stage_rank(V, vs) for vs in range(8)] == [0, 1, 2, 3, 3, 2, 1, 0]
+    ranks = pipeline_rank_layers(V, LLAMA)
+    assert ranks[0].first and ranks[0].last and all(r.total == 8 for r in ranks)
+
+
+def test_analytic_tier_times_the_programs():
+    """Rank 0 holds the embedding and the loss; the other ranks' bubbles hide in its
+    slack, so DualPipeV's bubble is a fraction of interleaved 1F1B's over the same stages;
+    the DES refuses it by name."""
+    inter = simulate(LLAMA, H100, dataclasses.replace(V, schedule="interleaved-1f1b"),
+                     fidelity="analytic")
+    dual = simulate(LLAMA, H100, V, fidelity="analytic")
+    assert dual.breakdown["bubble"] < inter.breakdown["bubble"] / 2
+    assert dual.breakdown["compute"] == pytest.approx(inter.breakdown["compute"], rel=0.05)
+    assert dual.iteration_time_s < inter.iteration_time_s
+    with pytest.raises(SpecError, match="^plan.schedule: dualpipev .* --fidelity analytic"):
+        simulate(LLAMA, H100, V, fidelity="des")
+
+
+def test_memory_holds_the_programs_peak():
+    assert [inflight_microbatches(V, r) for r in range(4)] == [4.5] * 4  # (2 pp + 1) / 2
+
+
+def test_the_turn_and_both_ends_need_no_transfer():
+    """Rank 0 holds the first and the last stage, rank pp - 1 both stages of the turn:
+    each sends and receives two tensors a micro-batch, the others four; no embedding
+    all-reduce (both ends on rank 0)."""
+    for rank, per_mb in ((0, 2), (1, 4), (3, 2)):
+        rows = {(r["group"], r["kind"]): r for r in expected_collectives(LLAMA, V, rank)}
+        assert rows[("pp", "send")]["count"] == per_mb * V.num_microbatches
+    tied = dataclasses.replace(LLAMA, tied_embeddings=True)
+    assert not any(r["group"] == "embedding" for r in expected_collectives(tied, V, 0))
+
+
+def test_torchtitan_takes_it_megatron_refuses_it():
+    """torchtitan's schedule name (torch's own lookup: ScheduleDualPipeV, which places the
+    stages in a V); Megatron-LM has no DualPipe schedule."""
+    from torch.distributed.pipelining.schedules import ScheduleDualPipeV, get_schedule_class
+
+    from optimizer.export import export
+
+    files = export("torchtitan", V, LLAMA, H100)
+    assert any("'pipeline_parallel_schedule': 'DualPipeV'" in text for text in files.values())
+    assert get_schedule_class("DualPipeV") is ScheduleDualPipeV
+    with pytest.raises(SpecError, match="^plan.schedule: dualpipev is not expressible"):
+        export("megatron", V, LLAMA, H100)
