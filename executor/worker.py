@@ -65,7 +65,8 @@ class Runner:
         self.device = torch.device(cfg["device"])
         torch.manual_seed(cfg["seed"])  # identical initial weights on every rank
         model = Transformer(self.spec, self.plan.seq_len)
-        self.par: Parallel = parallelize(model.to(self.device), self.plan, self.device.type)
+        self.par: Parallel = parallelize(model.to(self.device), self.plan, self.device.type,
+                                         check=not cfg.get("run_refused", False))
         params = [p for c in self.par.chunks for p in c.parameters()]
         self.optimizer = self._optimizer(params)
         self.schedule = self._schedule() if self.plan.pp > 1 else None

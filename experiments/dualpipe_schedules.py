@@ -8,10 +8,11 @@ micro-batches. The bubble (time past the 2m chunks' work) beside DeepSeek's publ
 ``(PP/2 - 1)(F&B + B - 3W)`` and interleaved 1F1B's ``(pp - 1)(F + B)`` over the same
 stages (vpp 2); the most chunk activations a rank holds beside the published ``PP + 1``.
 
-Part 2 (``dualpipe_models.csv``): the analytic tier on Llama-3 70B (64 H100, TP 8, PP 8)
+Part 2 (``dualpipe_models.csv``): both tiers on Llama-3 70B (64 H100, TP 8, PP 8)
 and DeepSeek-V3 (2,048 H100, PP 16, EP 64; 32 virtual stages of 2 layers, the first 1, the
 last none but the MTP module and the loss) under 1F1B, interleaved 1F1B (vpp 2) and
-DualPipeV: iteration time, bubble, peak memory. Nothing is fitted.
+DualPipeV, the last with and without the all-to-all overlap on DeepSeek-V3: iteration
+time, bubble, peak memory. Nothing is fitted.
 
     python experiments/dualpipe_schedules.py
 """
@@ -56,11 +57,19 @@ CASES = [
     ("DeepSeek-V3, 2,048 H100, PP16 EP64 DP128", "deepseek-v3", "dgx-h100:256",
      dict(global_batch_size=4096, seq_len=4096, dp=128, pp=16, ep=64, zero_stage=1),
      (DSV3_16, DSV3_V)),
+    ("DeepSeek-V3, 2,048 H100, PP16 EP64 DP128, a2a overlap", "deepseek-v3", "dgx-h100:256",
+     dict(global_batch_size=4096, seq_len=4096, dp=128, pp=16, ep=64, zero_stage=1,
+          moe_overlap="a2a"), (DSV3_16, DSV3_V)),
 ]
 
 
 def _plans(fields: dict, layers: tuple[list[int], list[int]] | None) -> dict[str, Plan]:
     one, two = (None, None) if layers is None else (tuple(layers[0]), tuple(layers[1]))
+    if fields.get("moe_overlap") == "a2a":  # Megatron-LM's rule: not with plain 1F1B
+        return {"interleaved-1f1b x2": Plan(**fields, micro_batch_size=1, vpp=2,
+                                            schedule="interleaved-1f1b", layers_per_stage=two),
+                "dualpipev": Plan(**fields, micro_batch_size=1, vpp=2, schedule="dualpipev",
+                                  layers_per_stage=two)}
     return {"1f1b": Plan(**fields, micro_batch_size=1, layers_per_stage=one),
             "interleaved-1f1b x2": Plan(**fields, micro_batch_size=1, vpp=2,
                                         schedule="interleaved-1f1b", layers_per_stage=two),
@@ -73,13 +82,16 @@ def model_table() -> pd.DataFrame:
     for label, model, cluster, fields, layers in CASES:
         m, c = load_model(model), load_cluster(cluster)
         for name, plan in _plans(fields, layers).items():
-            r = simulate(m, c, plan, fidelity="analytic")
-            rows.append({"case": label, "schedule": name, "microbatches": plan.num_microbatches,
-                         "iteration_s": round(r.iteration_time_s, 3),
-                         "bubble_s": round(r.breakdown["bubble"], 3),
-                         "bubble_fraction": round(r.bubble_fraction, 4),
-                         "peak_memory_gib": round(r.peak_memory_gib, 1), "mfu": round(r.mfu, 4)})
-            print(f"{label}: {name} {rows[-1]['iteration_s']} s", flush=True)
+            for fid in ("analytic", "des"):
+                r = simulate(m, c, plan, fidelity=fid)
+                rows.append({"case": label, "schedule": name, "fidelity": fid,
+                             "microbatches": plan.num_microbatches,
+                             "iteration_s": round(r.iteration_time_s, 3),
+                             "bubble_s": round(r.breakdown["bubble"], 3),
+                             "bubble_fraction": round(r.bubble_fraction, 4),
+                             "peak_memory_gib": round(r.peak_memory_gib, 1),
+                             "mfu": round(r.mfu, 4)})
+                print(f"{label}: {name} ({fid}) {rows[-1]['iteration_s']} s", flush=True)
     return pd.DataFrame(rows)
 
 

@@ -23,7 +23,8 @@ def plan_label(p: Plan) -> str:
     modules = f"({'+'.join(p.recompute_modules)})" if p.recompute_modules else ""
     parts += [f"mb{p.micro_batch_size}", f"zero{p.zero_stage}", f"rc-{p.recompute}{modules}"]
     parts += ["sp"] if p.sequence_parallel else []
-    parts += [f"{p.schedule}" + (f"x{p.vpp}" if p.vpp > 1 else "")] if p.pp > 1 else []
+    parts += [f"{p.schedule}" + (f"x{p.vpp}" if p.vpp > 1 and p.schedule != "dualpipev"
+                                 else "")] if p.pp > 1 else []
     parts += ["pp-inner"] if p.placement != "tp-cp-ep-dp-pp" else []
     parts += [f"{g}:{a}" for g, a in p.collectives]
     parts += ["layers:" + "/".join(map(str, p.layers_per_stage))] if p.layers_per_stage else []

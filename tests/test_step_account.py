@@ -42,6 +42,12 @@ GPU_PLANS = {  # name -> (model, cluster, plan): every parallelism and ZeRO stag
     "uneven-replicas": ("tiny", "cpu:4", P(8, 256, dp=2, tp=2, micro_batches_per_replica=(3, 5))),
     "uneven-zero1-pp": ("tiny", "cpu:4", P(10, 256, dp=2, pp=2, zero_stage=1,
                                            micro_batches_per_replica=(4, 6))),
+    "dualpipev-tp2": ("llama3-8b", "dgx-h100:2", P(32, 2048, dp=2, tp=2, pp=4, vpp=2,
+                                                   schedule="dualpipev")),
+    "dualpipev-tied-zero3": ("tiny", "cpu:4", P(8, 256, dp=2, pp=2, vpp=2, zero_stage=3,
+                                                schedule="dualpipev")),
+    "dualpipev-moe-a2a": ("qwen3-30b-a3b", "dgx-h100:2", P(
+        32, 2048, dp=4, pp=4, vpp=2, ep=4, schedule="dualpipev", moe_overlap="a2a")),
 }
 for z in (1, 3):
     for r in ("none", "full"):

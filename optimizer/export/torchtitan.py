@@ -219,4 +219,8 @@ def files(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> dict[str, str]:
     if plan.grad_reduce_dtype is None and plan.grad_bytes < 4:
         script.insert(2, "# note: torchtitan reduces gradients in float32; trainsim timed this "
                       "plan with 16-bit reductions (set grad_reduce_dtype = \"fp32\" to match)")
+    if plan.schedule == "dualpipev" and plan.dp > 1:
+        script.insert(2, "# note: with data parallelism torch 2.13's ScheduleDualPipeV trained to "
+                      "other losses than 1F1B in trainsim's executor (docs/validation/"
+                      "pipeline.md): check the loss against a 1F1B run")
     return {f"{MODULE}.py": module_source(plan, model), "torchtitan.sh": "\n".join(script) + "\n"}

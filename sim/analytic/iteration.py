@@ -16,9 +16,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sim.analytic.dualpipev import RankTime, StagePasses, dualpipev_pipeline
 from sim.cost import compute as cm
 from sim.cost.costmodel import CostModel
-from sim.layout.dualpipe import Pass, makespan, paired_share, rank_of_stage
+from sim.layout.dualpipe import paired_share
 from sim.layout.memory import rank_params
 from sim.layout.placement import group_span
 from sim.layout.routing import dispatches
@@ -28,7 +29,6 @@ from sim.layout.stages import (
     cp_exchanges,
     edge_tp_collectives,
     pipeline_rank_layers,
-    rank_virtual_stages,
     tp_blocks,
     virtual_stage_moe,
 )
@@ -313,11 +313,11 @@ def stage_costs(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostMo
     return out
 
 
-def _chunk_passes(x: _Ctx, vs: int) -> tuple[float, float, float]:
-    """(forward, full backward, weight-gradient) compute seconds of one virtual stage per
-    micro-batch. The weight gradients are the layers' GEMMs again (``dW = X^T dY`` has a
-    forward GEMM's FLOPs): a layer's forward less its attention core, and the output
-    layer's share of the logits."""
+def _chunk_passes(x: _Ctx, vs: int) -> StagePasses:
+    """One virtual stage's passes per micro-batch (:class:`StagePasses`). The weight
+    gradients are the layers' GEMMs again (``dW = X^T dY`` has a forward GEMM's FLOPs): a
+    layer's forward less its attention core, and the output layer's share of the
+    logits."""
     flags = virtual_stage_moe(x.p, x.m)[vs]
     times = [x.moe if moe else x.dense for moe in flags]
     again = {"full": [t.forward for t in times],
@@ -331,27 +331,18 @@ def _chunk_passes(x: _Ctx, vs: int) -> tuple[float, float, float]:
     if vs == x.p.pp * x.p.vpp - 1:
         logits = cm.logits_time(x.cost, x.m, x.p)
         f, b, w = f + logits / 3, b + 2 * logits / 3, w + logits / 3
-    return f, b, w
+    fwd, bwd = _ep_pass(x, True), _ep_pass(x, False)
+    moe = sum(flags)
+    return StagePasses(f, b, w, moe * fwd,
+                       moe * (bwd + (fwd if x.p.recompute == "full" else 0.0)))
 
 
-def _dualpipev(x: _Ctx, times: Sequence[float]) -> float:
-    """The pipeline phase under DualPipeV: the ranks' programs run pass by pass
-    (:func:`sim.layout.dualpipe.makespan`), each pass its compute's share of the rank's
-    per-micro-batch time (its communication spread with it); a pair takes its two passes'
-    time (what overlaps inside it is already out of the rank's time)."""
-    passes = {vs: _chunk_passes(x, vs) for vs in range(2 * x.p.pp)}
-    scale = {}
-    for r, t in enumerate(times):
-        work = sum(f + b for f, b, _ in (passes[vs] for vs in rank_virtual_stages(x.p, r)))
-        scale[r] = t / work if work > 0 else 0.0
-
-    def seconds(p: Pass) -> float:
-        f, b, w = passes[p.stage]
-        k = scale[rank_of_stage(x.p.pp, p.stage)]
-        if p.kind == "FB":
-            return k * (f + passes[p.stage2][1])
-        return k * {"F": f, "W": w, "B": b - w if p.deferred else b}[p.kind]
-    return makespan(x.p.pp, x.p.num_microbatches, seconds)[0]
+def _dualpipev(x: _Ctx, stages: Sequence[StageCost]) -> float:
+    """The pipeline phase under DualPipeV (:mod:`sim.analytic.dualpipev`)."""
+    passes = [_chunk_passes(x, vs) for vs in range(2 * x.p.pp)]
+    ranks = [RankTime(s.per_microbatch_s, s.compute_s, s.ep_s) for s in stages]
+    return dualpipev_pipeline(x.p.pp, x.p.num_microbatches, passes, ranks,
+                              x.p.moe_overlap == "a2a", comm_sm_share(x.p, x.c.gpu.sm_count))
 
 
 def analytic_iteration(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel,
@@ -362,7 +353,7 @@ def analytic_iteration(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost:
     slow = max(range(len(stages)), key=lambda r: times[r])
     pipe = m * times[slow] + (sum(times) - times[slow]) / v
     if plan.schedule == "dualpipev":
-        pipe = _dualpipev(_Ctx(model, cluster, plan, cost), times)
+        pipe = _dualpipev(_Ctx(model, cluster, plan, cost), stages)
     tail_rank = max(range(len(stages)), key=lambda r: stages[r].tail_s)
     b, t = stages[slow], stages[tail_rank]
     breakdown = {

@@ -207,6 +207,11 @@ class Layers:
             fwd, bwd = fwd + total / 3, bwd + 2 * total / 3
         return fwd, bwd
 
+    def _weight_extra(self, vs: int) -> float:
+        """The output layer's weight gradient (its share of the logits: one GEMM's)."""
+        x = self.x
+        return cm.logits_time(x.cost, x.m, x.p) / 3 if vs == len(x.vs_layers) - 1 else 0.0
+
     # Passes -------------------------------------------------------------------------------
     def forward(self, u: Unit, vs: int, mb: int) -> Proc:
         x = self.x
@@ -229,31 +234,45 @@ class Layers:
             yield from self._comm_passes(u, moe, 1, ("F", mb, vs, i), hide)
         yield from self._edge(u, vs, "F", ("F", mb, vs))
 
-    def backward(self, u: Unit, vs: int, mb: int) -> Proc:
+    def backward(self, u: Unit, vs: int, mb: int, part: str = "full") -> Proc:
+        """``part``: ``full``, or DualPipeV's ``input`` gradient (its collectives, no
+        gradient for the data-parallel stream) and ``weight`` gradient (the layers' GEMMs
+        again, then the gradients handed on)."""
         x, dp = self.x, self.dp
         layers = x.vs_layers[vs]
         _, bwd_extra = self._extras(vs)
-        reduce_now = dp.reduces_after(u, mb)
+        w_extra = self._weight_extra(vs)
+        reduce_now = part != "input" and dp.reduces_after(u, mb)
         # replicas meet in the gradient reduction after their last micro-batch, whichever
         # it is (uneven splits); ZeRO-2 reduces after every one
         gtag = ("B", mb if x.p.zero_stage == 2 else "last", vs)
-        fast = None if reduce_now else self._fast(u, layers, backward=True)
+        fast = None if reduce_now or part != "full" else self._fast(u, layers, backward=True)
         if fast:
             yield from self._whole_chunk(u, vs, mb, "B", fast[0] + bwd_extra, fast[1])
             return
-        yield from self._layers_backward(u, vs, mb, layers, reduce_now, gtag)
-        yield from x.compute(u, bwd_extra, f"B{mb} v{vs} extra")
-        yield from self._edge(u, vs, "B", ("B", mb, vs))
+        yield from self._layers_backward(u, vs, mb, layers, reduce_now, gtag, part)
+        extra = {"full": bwd_extra, "input": bwd_extra - w_extra, "weight": w_extra}[part]
+        yield from x.compute(u, extra, f"B{mb} v{vs} extra")
+        if part != "weight":
+            yield from self._edge(u, vs, "B", ("B", mb, vs))
         if reduce_now and x.p.zero_stage < 3:
             dp.grad_ready(u, chunk_edge_params(x.m, x.p, vs), 0.0, gtag)
             dp.flush(u, gtag)
 
     def _layers_backward(self, u: Unit, vs: int, mb: int, layers: list[bool],
-                         reduce_now: bool, gtag: tuple) -> Proc:
+                         reduce_now: bool, gtag: tuple, part: str = "full") -> Proc:
         """The layers' backward in reverse, each one's gradient handed to the data-parallel
-        stream as it is ready."""
+        stream as it is ready (the weight part: the layers' GEMMs again, no collective of
+        its own and no ZeRO-3 gather, the input part having had the weights)."""
         x, dp = self.x, self.dp
         passes = 2 if x.p.recompute == "full" else 1
+        if part == "weight":
+            for i in reversed(range(len(layers))):
+                lt = x.moe_t if layers[i] else x.dense_t
+                yield from x.compute(u, lt.forward - lt.attention_forward,
+                                     f"W{mb} v{vs} L{i}")
+                self._hand_on(u, layers[i], reduce_now, gtag, ("B", mb, vs, i))
+            return
         gather = dp.z3_gather(u, layers, len(layers) - 1, ("B", mb, vs))
         for i in reversed(range(len(layers))):
             moe = layers[i]
@@ -262,15 +281,23 @@ class Layers:
                 yield from x.wait(u, "dp", gather, "zero3 gather")
                 gather = dp.z3_gather(u, layers, i - 1, ("B", mb, vs))
             hide = self._shared(moe, backward=True)
-            seconds = lt.backward + self._recompute(lt) - sum(hide)
+            weight = lt.forward - lt.attention_forward if part == "input" else 0.0
+            seconds = lt.backward + self._recompute(lt) - sum(hide) - weight
             core = lt.attention_backward + (lt.attention_forward if reruns_core(x.p) else 0.0)
             yield from self._with_cp(u, seconds, core, True, ("Bcp", mb, vs, i),
                                      f"B{mb} v{vs} L{i}")
             yield from self._comm_passes(u, moe, passes, ("B", mb, vs, i), hide, backward=True)
-            if x.p.zero_stage == 3:
-                dp.z3_reduce(u, moe, ("B", mb, vs, i))
-            elif reduce_now:
-                dp.grad_ready(u, *layer_rank_params(x.m, x.p, moe), gtag)
+            if part == "full":
+                self._hand_on(u, moe, reduce_now, gtag, ("B", mb, vs, i))
+
+    def _hand_on(self, u: Unit, moe: bool, reduce_now: bool, gtag: tuple, tag: tuple) -> None:
+        """A layer's gradient to the data-parallel stream: ZeRO-3's reduce-scatter, or
+        into the bucket when this backward reduces."""
+        x = self.x
+        if x.p.zero_stage == 3:
+            self.dp.z3_reduce(u, moe, tag)
+        elif reduce_now:
+            self.dp.grad_ready(u, *layer_rank_params(x.m, x.p, moe), gtag)
 
     def _edge(self, u: Unit, vs: int, which: str, tag: tuple) -> Proc:
         """The TP collectives of the embedding (first virtual stage) or of the output layer

@@ -15,6 +15,7 @@ from sim.des.comm import Collectives
 from sim.des.context import Context, Proc, Unit
 from sim.layout.placement import group_span
 from sim.layout.schedule import Exchange, Msg
+from sim.layout.stages import virtual_stage_rank
 from sim.network.alphabeta import default_algorithm, fabric_for
 
 __all__ = ["Pipeline"]
@@ -59,7 +60,7 @@ class Pipeline:
                                  lambda: self.x.env.process(self._transfer(a, b, msg)))
 
     def _peer(self, u: Unit, vs: int) -> Unit:
-        return self.x.unit_at(vs % self.x.p.pp, u.dp, u.cp)
+        return self.x.unit_at(virtual_stage_rank(self.x.p, vs), u.dp, u.cp)
 
     def _sender(self, u: Unit, msg: Msg) -> Unit:
         """Who sends ``msg`` to ``u``: the previous virtual stage for an activation, the
@@ -102,7 +103,8 @@ class Pipeline:
         first-stage rank all-reduces its vocab x hidden / tp gradient (training dtype) with
         the last-stage rank of the same tp/dp/cp coordinates, before the optimizer step."""
         x, p = self.x, self.x.p
-        if not x.m.tied_embeddings or p.pp == 1 or 0 < u.stage < p.pp - 1:
+        if not x.m.tied_embeddings or p.pp == 1 or 0 < u.stage < p.pp - 1 or \
+                p.schedule == "dualpipev":  # both ends on the first rank
             return
         size = x.m.vocab_size * x.m.hidden_size / p.tp * x.act
         span = group_span(p, x.c, "emb")

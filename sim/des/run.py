@@ -36,11 +36,10 @@ from sim.des.layers import Layers
 from sim.des.pipeline import Pipeline
 from sim.des.symmetry import Classes, Replica, refine
 from sim.des.watch import Watch
-from sim.errors import SpecError
 from sim.layout.memory import rank_params
 from sim.layout.placement import rank_coords
 from sim.layout.schedule import Exchange, Op, stage_program
-from sim.layout.stages import StageLayers, pipeline_rank_layers
+from sim.layout.stages import StageLayers, pipeline_rank_layers, rank_virtual_stages
 from sim.network.engine import CommEngine
 from sim.network.failures import CannotComplete, install_failures
 from sim.network.flows import AsymmetricFlows
@@ -56,12 +55,15 @@ __all__ = ["simulate_des", "issued_collectives", "reducible", "Step", "CATEGORIE
            "CountingEnv"]
 
 
+_PARTS = {"B": "full", "I": "input", "W": "weight"}
+
+
 def _program(plan: Plan, stage: int) -> list[Op | Exchange]:
     """The stage's program; with ``a2a`` overlap and no pipeline, Megatron-LM's merged order
     (the forward of micro-batch i+1 beside the backward of i: F0, F1 B0, ..., B_last)."""
     program = stage_program(plan, stage)
     if plan.moe_overlap != "a2a" or plan.pp > 1 or plan.vpp > 1:
-        return program
+        return program  # (dualpipev pairs its passes itself)
     m = plan.num_microbatches
     out: list[Op | Exchange] = [("F", 0, 0)]
     for k in range(1, m):
@@ -94,6 +96,7 @@ class Step:
         x = self.x
         items = _program(replica_plan(x.p, u.dp), u.stage)
         merging = x.p.moe_overlap == "a2a"
+        stages = rank_virtual_stages(x.p, u.stage)
         i = 0
         while i < len(items):
             item = items[i]
@@ -102,18 +105,20 @@ class Step:
                 yield from self.pipeline.exchange(u, item)
                 continue
             kind, mb, chunk = item
-            vs = chunk * x.p.pp + u.stage
+            vs = stages[chunk]
             nxt = items[i] if i < len(items) else None
             if merging and kind == "F" and isinstance(nxt, tuple) and nxt[0] == "B":
                 # a merged step: this forward and the next backward, all-to-alls aside
                 self.layers.merge(u)
                 yield from self.layers.forward(u, vs, mb)
-                yield from self.layers.backward(u, nxt[2] * x.p.pp + u.stage, nxt[1])
+                yield from self.layers.backward(u, stages[nxt[2]], nxt[1])
                 yield from self.layers.join(u)
                 i += 1
                 continue
-            run = self.layers.forward if kind == "F" else self.layers.backward
-            yield from run(u, vs, mb)
+            if kind == "F":
+                yield from self.layers.forward(u, vs, mb)
+            else:  # B: the whole backward; I, W: its input and weight gradients apart
+                yield from self.layers.backward(u, vs, mb, _PARTS[kind])
         x.acct[u].pipeline_end = x.env.now
         yield from self.finish(u, stage)
         x.acct[u].end = x.env.now
@@ -286,10 +291,6 @@ def simulate_des(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostM
     module), else every unit. ``watch`` (:class:`~sim.des.watch.Watch`) sees the run's
     progress and may stop it (:class:`~sim.des.watch.WallLimit`)."""
     _check_scale(perturbation.compute_scale, cluster)
-    if plan.schedule == "dualpipev":
-        raise SpecError("plan.schedule", "dualpipev is timed pass by pass by the analytic "
-                        "tier (sim/layout/dualpipe.py); the DES does not run it yet: use "
-                        "--fidelity analytic")
     topo = perturbation.topology or build_topology(cluster)
     if reduce:
         classes = symmetry_classes(plan, topo, perturbation)

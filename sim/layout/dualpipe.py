@@ -28,8 +28,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["Pass", "rank_of_stage", "stages_of_rank", "rank_program", "rank_ops",
-           "paired_share", "peak_activations", "makespan", "published_bubble", "uniform"]
+__all__ = ["Pass", "Msg", "Call", "rank_of_stage", "stages_of_rank", "rank_calls",
+           "rank_program", "rank_ops", "paired_share", "peak_held", "peak_activations",
+           "makespan", "published_bubble", "uniform"]
 
 
 @dataclass(frozen=True)
@@ -56,70 +57,149 @@ def stages_of_rank(pp: int, rank: int) -> tuple[int, int]:
     return rank, 2 * pp - 1 - rank
 
 
+Msg = tuple[str, int, int]  # ("F" activation | "B" gradient, micro-batch, stage it enters)
+Call = tuple[tuple[Msg, ...], tuple[Msg, ...]]  # one batched call: its sends, its receives
+
+
 class _Program:
-    """Hands out each phase's next micro-batch, in order, as the reference's counters do."""
+    """The reference's calls for one rank: each phase's next micro-batch in order (its
+    counters), the receives and sends it posts, and the batched call that commits them and
+    waits before each pass (``_commit_and_wait_comm``)."""
 
     def __init__(self, pp: int, rank: int) -> None:
+        self.pp, self.rank = pp, rank
         self.stage = stages_of_rank(pp, rank)
-        self.f, self.b = [0, 0], [0, 0]
+        self.count = {k: [0, 0] for k in ("F", "B", "rF", "rB", "sF", "sB")}
         self.queue: deque[tuple[int, int]] = deque()
-        self.out: list[Pass] = []
+        self.sends: list[Msg] = []
+        self.recvs: list[Msg] = []
+        self.items: list[Pass | Call] = []
 
-    def fwd(self, phase: int) -> Pass:
-        self.f[phase] += 1
-        return Pass("F", self.f[phase] - 1, self.stage[phase])
+    def _next(self, key: str, phase: int) -> int:
+        self.count[key][phase] += 1
+        return self.count[key][phase] - 1
 
-    def bwd(self, phase: int, defer: bool = False) -> Pass:
-        self.b[phase] += 1
-        mb, stage = self.b[phase] - 1, self.stage[phase]
+    def _alone(self, phase: int, towards_loss: bool) -> bool:
+        """No neighbour that way: the first rank's way in and its loss, the last rank's
+        turn (its two stages pass to each other on the rank)."""
+        first, last = self.rank == 0, self.rank == self.pp - 1
+        return (first and phase == (1 if towards_loss else 0)) or \
+            (last and phase == (0 if towards_loss else 1))
+
+    def recv_f(self, phase: int) -> None:
+        if not self._alone(phase, towards_loss=False):
+            self.recvs.append(("F", self._next("rF", phase), self.stage[phase]))
+
+    def send_f(self, phase: int) -> None:
+        if not self._alone(phase, towards_loss=True):
+            self.sends.append(("F", self._next("sF", phase), self.stage[phase] + 1))
+
+    def recv_b(self, phase: int) -> None:
+        if not self._alone(phase, towards_loss=True):
+            self.recvs.append(("B", self._next("rB", phase), self.stage[phase]))
+
+    def send_b(self, phase: int) -> None:
+        if not self._alone(phase, towards_loss=False):
+            self.sends.append(("B", self._next("sB", phase), self.stage[phase] - 1))
+
+    def commit(self) -> None:
+        if self.sends or self.recvs:
+            self.items.append((tuple(self.sends), tuple(self.recvs)))
+            self.sends, self.recvs = [], []
+
+    def _pass(self, kind: str, phase: int, defer: bool = False) -> Pass:
+        mb, stage = self._next(kind, phase), self.stage[phase]
         if defer:
             self.queue.append((mb, stage))
-        return Pass("B", mb, stage, defer)
+        return Pass(kind, mb, stage, defer)
 
-    def add(self, *passes: Pass) -> None:
-        self.out += passes
+    def forward(self, phase: int, recv: bool = True, send: bool = True) -> None:
+        if recv:
+            self.recv_f(phase)
+        self.commit()
+        self.items.append(self._pass("F", phase))
+        if send:
+            self.send_f(phase)
+
+    def backward(self, phase: int, defer: bool = False, recv: bool = True, send: bool = True
+                 ) -> None:
+        if recv:
+            self.recv_b(phase)
+        self.commit()
+        self.items.append(self._pass("B", phase, defer))
+        if send:
+            self.send_b(phase)
+
+    def pair(self, f_phase: int, b_phase: int, recv0: bool = True) -> None:
+        if recv0:
+            self.recv_f(f_phase)
+        self.recv_b(b_phase)
+        self.commit()
+        f, b = self._pass("F", f_phase), self._pass("B", b_phase)
+        self.items.append(Pass("FB", f.mb, f.stage, False, b.mb, b.stage))
+        self.send_f(f_phase)
+        self.send_b(b_phase)
 
     def weight(self) -> None:
+        self.commit()
         mb, stage = self.queue.popleft()
-        self.out.append(Pass("W", mb, stage))
-
-    def pair(self, f_phase: int, b_phase: int) -> None:
-        f, b = self.fwd(f_phase), self.bwd(b_phase)
-        self.out.append(Pass("FB", f.mb, f.stage, False, b.mb, b.stage))
+        self.items.append(Pass("W", mb, stage))
 
 
-def rank_program(pp: int, m: int, rank: int) -> list[Pass]:
-    """Rank ``rank``'s passes in order (module docstring)."""
+def _steps_1_to_4(g: _Program, pp: int, m: int) -> None:
+    r, down, last = g.rank, pp - g.rank - 1, g.rank == pp - 1
+    for _ in range(2 * down):
+        g.forward(0)
+    g.recv_f(0)
+    for i in range(r + 1):
+        g.forward(0, recv=False, send=False)
+        g.recv_f(0)
+        g.forward(1, send=not last or i < r)
+        g.send_f(0)
+    for _ in range(down):
+        g.backward(1, defer=True)
+        g.recv_f(1)
+        g.weight()
+        g.forward(1, recv=False)
+    for i in range(m - 2 * pp + r + 1):
+        if i == 0 and last:  # the turn: not overlapped, as in the reference
+            g.forward(0, recv=False, send=False)
+            g.send_f(1)
+            g.backward(1, send=False)
+            g.send_f(0)
+            g.send_b(1)
+        else:
+            g.pair(0, 1, recv0=i > 0)
+        g.pair(1, 0)
+
+
+def rank_calls(pp: int, m: int, rank: int) -> list[Pass | Call]:
+    """Rank ``rank``'s passes in order with the batched calls between them (module
+    docstring)."""
     if pp < 1 or m < 2 * pp:
         raise ValueError(f"DualPipeV needs m >= 2 pp micro-batches (m {m}, pp {pp})")
     g, r, down = _Program(pp, rank), rank, pp - rank - 1
-    g.add(*(g.fwd(0) for _ in range(2 * down)))
-    for _ in range(r + 1):
-        g.add(g.fwd(0), g.fwd(1))
+    _steps_1_to_4(g, pp, m)
     for _ in range(down):
-        g.add(g.bwd(1, defer=True))
-        g.weight()
-        g.add(g.fwd(1))
-    for i in range(m - 2 * pp + r + 1):
-        if i == 0 and r == pp - 1:  # the turn: not overlapped, as in the reference
-            g.add(g.fwd(0), g.bwd(1))
-        else:
-            g.pair(0, 1)
-        g.pair(1, 0)
-    for _ in range(down):
-        g.add(g.bwd(1))
+        g.backward(1)
         g.pair(1, 0)
     half = (r + 1) // 2
     for i in range(r + 1):  # the second half defers its weight gradients
-        g.add(g.bwd(1, defer=i > half or (i == half and r % 2 == 1)))
-        g.add(g.bwd(0, defer=i >= half))
+        g.backward(1, defer=i > half or (i == half and r % 2 == 1))
+        g.backward(0, defer=i >= half)
     for _ in range(down):
         g.weight()
-        g.add(g.bwd(0, defer=True))
+        g.backward(0, defer=True)
     for _ in range(r + 1):
         g.weight()
-    assert not g.queue and g.f == g.b == [m, m], "DualPipeV program inconsistent"
-    return g.out
+    g.commit()
+    assert not g.queue and g.count["F"] == g.count["B"] == [m, m], "DualPipeV inconsistent"
+    return g.items
+
+
+def rank_program(pp: int, m: int, rank: int) -> list[Pass]:
+    """Rank ``rank``'s passes in order."""
+    return [p for p in rank_calls(pp, m, rank) if isinstance(p, Pass)]
 
 
 def rank_ops(pp: int, m: int, rank: int) -> list[tuple[str, int, int]]:
@@ -139,6 +219,26 @@ def paired_share(pp: int, m: int, rank: int) -> float:
     """The share of the rank's forward and backward passes that run in pairs."""
     pairs = sum(p.kind == "FB" for p in rank_program(pp, m, rank))
     return 2 * pairs / (4 * m)
+
+
+def peak_held(pp: int, m: int, rank: int, stored: dict[int, float],
+              waiting: dict[int, float]) -> float:
+    """The most a rank holds at once, a chunk of stage ``s`` counting ``stored[s]`` from
+    its forward to its backward and ``waiting[s]`` from a backward that defers its weight
+    gradient to that ``W`` (what the weight gradient still needs: with recomputation, more
+    than the stored inputs)."""
+    held = peak = 0.0
+    for p in rank_program(pp, m, rank):
+        if p.kind in ("F", "FB"):
+            held += stored[p.stage]
+        peak = max(peak, held)
+        if p.kind in ("B", "FB"):
+            stage = p.stage2 if p.kind == "FB" else p.stage
+            held += (waiting[stage] if p.deferred else 0.0) - stored[stage]
+        elif p.kind == "W":
+            held -= waiting[p.stage]
+        peak = max(peak, held)
+    return peak
 
 
 def peak_activations(pp: int, m: int, rank: int) -> int:

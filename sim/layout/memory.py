@@ -19,11 +19,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sim.layout.dualpipe import peak_activations
+from sim.layout.dualpipe import peak_activations, peak_held
 from sim.layout.flops import attention_params, attention_replicated_params, layer_params, mlp_params
 from sim.layout.placement import stage_devices
 from sim.layout.routing import routing
-from sim.layout.stages import StageLayers, pipeline_rank_layers, virtual_stage_layers
+from sim.layout.stages import (
+    StageLayers,
+    pipeline_rank_layers,
+    rank_virtual_stages,
+    virtual_stage_layers,
+    virtual_stage_moe,
+)
 from sim.spec.cluster import ClusterSpec
 from sim.spec.experts import expert_tp
 from sim.spec.hardware import HardwareSpec
@@ -145,6 +151,18 @@ def inflight_microbatches(plan: Plan, rank: int) -> float:
     return chunks / plan.vpp
 
 
+def _dualpipev_activations(m: ModelSpec, plan: Plan, rank: int) -> float:
+    """The most DualPipeV's program holds at once on ``rank``, stage by stage: a chunk's
+    stored activations until its backward, and what a deferred weight gradient needs
+    (the layers' activations, recomputed ones too) until its ``W``."""
+    flags = virtual_stage_moe(plan, m)
+    stored = {vs: sum(_stored_layer_bytes(m, plan, f) for f in flags[vs])
+              for vs in rank_virtual_stages(plan, rank)}
+    waiting = {vs: sum(layer_activation_bytes(m, plan, f) for f in flags[vs])
+               for vs in rank_virtual_stages(plan, rank)}
+    return peak_held(plan.pp, plan.num_microbatches, rank, stored, waiting)
+
+
 def layer_rank_params(m: ModelSpec, plan: Plan, moe: bool) -> tuple[float, float]:
     """(dense, expert) parameters of one layer on one rank: matrices split over TP, norms
     replicated, experts split over EP (and TP), router and shared-expert gate replicated."""
@@ -218,7 +236,8 @@ def rank_memory(m: ModelSpec, plan: Plan, st: StageLayers, rank: int, reserved_g
                                              plan.grad_bytes)
     per_mb = (st.dense * _stored_layer_bytes(m, plan, False)
               + st.moe * _stored_layer_bytes(m, plan, True))
-    acts = per_mb * inflight_microbatches(plan, rank)
+    acts = per_mb * inflight_microbatches(plan, rank) if plan.schedule != "dualpipev" else \
+        _dualpipev_activations(m, plan, rank)
     return MemoryBreakdown(rank, dense * wd + expert * we, dense * gd + expert * ge,
                            dense * od + expert * oe, acts, _transient_bytes(m, plan, st),
                            reserved_gib * GIB)

@@ -2,9 +2,11 @@
 pipeline exchanges between them.
 
 Ops are ``("F" | "B", micro_batch, chunk)``; a rank's virtual stage for ``chunk`` is
-``chunk * pp + stage``. GPipe runs every forward, then every backward; 1F1B warms up with
-``pp - stage - 1`` forwards and alternates; interleaved 1F1B follows Megatron-LM: chunks
-change every ``pp`` micro-batches and the warm-up is ``2 * (pp - stage - 1) + (vpp - 1) * pp``.
+``chunk * pp + stage`` (DualPipeV's V: :func:`sim.layout.stages.rank_virtual_stages`, and
+its weight-gradient ops, :mod:`sim.layout.dualpipe`). GPipe runs every forward, then
+every backward; 1F1B warms up with ``pp - stage - 1`` forwards and alternates;
+interleaved 1F1B follows Megatron-LM: chunks change every ``pp`` micro-batches and the
+warm-up is ``2 * (pp - stage - 1) + (vpp - 1) * pp``.
 
 :func:`stage_program` puts Megatron-LM's blocking, batched point-to-point calls
 (``megatron/core/pipeline_parallel/schedules.py`` without ``overlap_p2p_comm``) between the
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sim.layout.dualpipe import rank_ops
+from sim.layout.dualpipe import Pass, rank_calls, rank_ops
 from sim.layout.stages import rank_virtual_stages
 from sim.spec.plan import Plan
 
@@ -117,13 +119,28 @@ def _steps(plan: Plan, stage: int) -> tuple[list[list[Op]], list[list[Op]], list
 def stage_program(plan: Plan, stage: int) -> list[Op | Exchange]:
     """The stage's ops with Megatron-LM's point-to-point calls between them (module doc)."""
     if plan.schedule == "dualpipev":
-        raise ValueError("dualpipev has no Megatron-LM point-to-point program (the DES does "
-                         "not run it; sim.layout.dualpipe times it)")
+        return _dualpipev_program(plan, stage)
     if plan.pp == 1:
         return list(stage_ops(plan, stage))
     if plan.vpp > 1 or plan.schedule == "gpipe":
         return _batched_program(plan, stage)
     return _one_f_one_b_program(plan, stage)
+
+
+def _dualpipev_program(plan: Plan, stage: int) -> list[Op | Exchange]:
+    """DualPipeV's passes with the reference's batched calls between them
+    (:func:`sim.layout.dualpipe.rank_calls`); a backward whose weight gradient waits is
+    ``I`` (the input gradient), the weight gradient ``W``."""
+    chunk = {vs: c for c, vs in enumerate(rank_virtual_stages(plan, stage))}
+    out: list[Op | Exchange] = []
+    for item in rank_calls(plan.pp, plan.num_microbatches, stage):
+        if not isinstance(item, Pass):
+            out.append(Exchange(*item))
+        elif item.kind == "FB":
+            out += [("F", item.mb, chunk[item.stage]), ("B", item.mb2, chunk[item.stage2])]
+        else:
+            out.append(("I" if item.deferred else item.kind, item.mb, chunk[item.stage]))
+    return out
 
 
 def _inputs(plan: Plan, stage: int, ops: list[Op]) -> tuple[Msg, ...]:

@@ -81,12 +81,16 @@ def check_schedule(plan: Plan) -> None:
 
 
 def _check_dualpipev(plan: Plan) -> None:
-    """DualPipeV: two virtual stages a rank, in a V, and at least two micro-batches per
-    stage (DeepSeek's and torch's rule)."""
-    if plan.pp < 2 or plan.vpp != 2:
-        raise SpecError("plan.vpp", f"dualpipev needs pp >= 2 and vpp = 2 (two stages a rank, "
-                        f"in a V), got pp={plan.pp}, vpp={plan.vpp}")
+    """DualPipeV: two virtual stages a rank, in a V, and at least one micro-batch per
+    virtual stage, ``2 pp`` (DeepSeek's and torch's rule)."""
+    if plan.pp < 2:
+        raise SpecError("plan.pp", f"dualpipev needs pp >= 2, got {plan.pp}")
+    if plan.vpp != 2:
+        raise SpecError("plan.vpp", f"dualpipev needs vpp = 2 (two stages a rank, in a V), "
+                        f"got {plan.vpp}")
+    field = "plan.micro_batches_per_replica" if plan.micro_batches_per_replica else \
+        "plan.global_batch_size"
     counts = plan.micro_batches_per_replica or (plan.num_microbatches,)
     if min(counts) < 2 * plan.pp:
-        raise SpecError("plan.global_batch_size", f"dualpipev needs at least 2*pp = "
-                        f"{2 * plan.pp} micro-batches per replica, got {min(counts)}")
+        raise SpecError(field, f"dualpipev needs at least 2*pp = {2 * plan.pp} micro-batches "
+                        f"per replica, got {min(counts)}")

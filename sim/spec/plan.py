@@ -61,7 +61,7 @@ class Plan:
     pp: int = 1  # pipeline-parallel degree
     cp: int = 1  # context-parallel degree
     ep: int = 1  # expert-parallel degree; etp*ep divides tp*cp*dp
-    vpp: int = 1  # virtual stages per pipeline rank (interleaved-1f1b)
+    vpp: int = 1  # virtual stages per pipeline rank (interleaved-1f1b; 2 for dualpipev)
     schedule: str = "1f1b"  # `gpipe`, `1f1b`, `interleaved-1f1b` or `dualpipev`
     zero_stage: int = 0  # ZeRO stage 0-3
     recompute: str = "none"  # activation recomputation: `none`, `selective` or `full`

@@ -18,7 +18,7 @@ _PLAN_INT_HELP = {
     "pp": "pipeline-parallel degree (default 1)", "cp": "context-parallel degree (default 1)",
     "ep": "expert-parallel degree; etp*ep divides tp*cp*dp (default 1)",
     "etp": "MoE: expert-tensor-parallel degree, 1 or tp (default: tp)",
-    "vpp": "virtual stages per pipeline rank, interleaved-1f1b only (default 1)",
+    "vpp": "virtual stages per pipeline rank: interleaved-1f1b, or 2 for dualpipev (default 1)",
     "zero_stage": "ZeRO stage 0-3 (default 0)",
 }
 _PLAN_INTS = tuple(_PLAN_INT_HELP)

@@ -1,0 +1,95 @@
+"""The pipeline phase under DualPipeV in the analytic tier: every rank's program run pass
+by pass (:func:`sim.layout.dualpipe.makespan`) with each pass's duration built from its
+stage's compute and the rank's communication.
+
+A pass's compute is its stage's: forward ``f``, backward ``b`` (a deferred one ``b - w``),
+weight gradient ``w`` (the layers' GEMMs again), times the rank's compute scale. Its
+expert all-to-alls are its stage's (``e_f`` forward, ``e_b`` backward; none in a weight
+pass): whole, or scaled to the rank's exposed share under shared-expert overlap; under the
+``a2a`` overlap a pair's hide behind the pair's compute (``max(0, E - C)``, each hidden
+second costing the exchange kernels' SM share) and an unpaired pass waits for its own,
+which is where DualPipeV's overlap differs from interleaved 1F1B's. The rank's other
+per-micro-batch communication (TP, CP, pipeline transfers, ZeRO's per-micro-batch
+collectives) is spread over its forward and input-gradient passes by their compute.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from sim.layout.dualpipe import Pass, makespan, rank_of_stage, stages_of_rank
+
+__all__ = ["StagePasses", "RankTime", "dualpipev_pipeline"]
+
+
+@dataclass(frozen=True)
+class StagePasses:
+    """Seconds of one virtual stage per micro-batch, unscaled: compute of the forward,
+    the full backward and its weight part, and the forward's and backward's expert
+    all-to-alls."""
+
+    f: float
+    b: float
+    w: float
+    e_f: float = 0.0
+    e_b: float = 0.0
+
+
+@dataclass(frozen=True)
+class RankTime:
+    """A pipeline rank per micro-batch: its whole time, its compute (scaled), and its
+    exposed expert all-to-all time (as the tier's averaged account has them)."""
+
+    total: float
+    compute: float
+    ep_exposed: float
+
+
+def dualpipev_pipeline(pp: int, m: int, stages: Sequence[StagePasses],
+                       ranks: Sequence[RankTime], a2a_overlap: bool, sm_share: float
+                       ) -> float:
+    """Seconds of the pipeline phase (module docstring)."""
+    durations = [_rank_durations(pp, r, stages, ranks[r], a2a_overlap, sm_share)
+                 for r in range(pp)]
+
+    def seconds(p: Pass) -> float:
+        return durations[rank_of_stage(pp, p.stage)](p)
+    return makespan(pp, m, seconds)[0]
+
+
+def _rank_durations(pp: int, r: int, stages: Sequence[StagePasses], rank: RankTime,
+                    a2a_overlap: bool, sm_share: float) -> Callable[[Pass], float]:
+    mine = [stages[s] for s in stages_of_rank(pp, r)]
+    work = sum(s.f + s.b for s in mine)
+    if work <= 0:  # no layers: the rank's time spread evenly over its four passes a chunk
+        even = rank.total / 4
+
+        def flat(p: Pass) -> float:
+            return 2 * even if p.kind == "FB" else even
+        return flat
+    k = rank.compute / work
+    exchange = sum(s.e_f + s.e_b for s in mine)
+    e_scale = 1.0 if a2a_overlap or exchange == 0 else rank.ep_exposed / exchange
+    other = max(0.0, rank.total - rank.compute - rank.ep_exposed)
+    inputs = sum(s.f + s.b - s.w for s in mine)
+    spread = other / inputs if inputs > 0 else 0.0
+
+    def own(s: StagePasses, kind: str, deferred: bool) -> tuple[float, float]:
+        """(compute with its share of the other communication, all-to-all) of a pass."""
+        if kind == "W":
+            return k * s.w, 0.0
+        c = s.f if kind == "F" else s.b - s.w
+        full = 0.0 if kind == "F" or deferred else k * s.w
+        return k * c + spread * c + full, (s.e_f if kind == "F" else s.e_b) * e_scale
+
+    def seconds(p: Pass) -> float:
+        if p.kind != "FB":
+            c, e = own(stages[p.stage], p.kind, p.deferred)
+            return c + e
+        (cf, ef), (cb, eb) = own(stages[p.stage], "F", False), own(stages[p.stage2], "B", False)
+        if not a2a_overlap:
+            return cf + ef + cb + eb
+        hidden = min(ef + eb, cf + cb)
+        return cf + cb + (ef + eb - hidden) + hidden * sm_share
+    return seconds
