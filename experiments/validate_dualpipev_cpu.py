@@ -18,13 +18,14 @@ import argparse
 import sys
 from pathlib import Path
 
-import pandas as pd
-
 from executor.launch import _config, launch, summarize_ranks
 from executor.parallel import mesh_ranks
 from sim.layout.inventory import compare_inventory, expected_collectives
 from sim.spec.plan import Plan
 from sim.spec.zoo import load_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from validate_executor_moe_cpu import loss_table  # noqa: E402 - the same loss comparison
 
 TINY = load_model("tiny")
 ONE = {"seq_len": 128, "dtype": "fp32", "micro_batch_size": 1}
@@ -70,17 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path,
                     default=Path(__file__).parent / "results" / "dualpipev_cpu.csv")
     args = ap.parse_args(argv)
-    rows, losses = [], {}
-    for i, (name, (plan, ref)) in enumerate(PLANS.items(), 1):
-        print(f"[{i}/{len(PLANS)}] {name} ({plan.world_size} ranks)", flush=True)
-        row, losses[name] = check(name, plan)
-        row["loss_step1"], row["loss_step2"] = (round(v, 6) for v in losses[name])
-        row["reference"] = ref or "-"
-        base = losses[ref] if ref else losses[name]
-        row["max_rel_loss_diff"] = max(abs(a - b) / abs(b)
-                                       for a, b in zip(losses[name], base, strict=True))
-        rows.append(row)
-    table = pd.DataFrame(rows)
+    table = loss_table(PLANS, check)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out, index=False)
     print(table.to_string(index=False))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -87,21 +88,30 @@ def check(name: str, plan: Plan) -> tuple[dict, list[float]]:
     return out, list(res["loss"])
 
 
+def loss_table(plans: dict[str, tuple[Plan, str | None]],
+               check: Callable[[str, Plan], tuple[dict, list[float]]]) -> pd.DataFrame:
+    """Run every plan (``check``: its row and losses) and set its losses beside those of
+    the plan it must match (absolute and relative differences)."""
+    rows, losses = [], {}
+    for i, (name, (plan, same_as)) in enumerate(plans.items(), 1):
+        print(f"[{i}/{len(plans)}] {name} ({plan.world_size} ranks)", flush=True)
+        row, losses[name] = check(name, plan)
+        pairs = list(zip(losses[name], losses[same_as] if same_as else losses[name],
+                         strict=True))
+        row["loss_step1"], row["loss_step2"] = (round(v, 6) for v in losses[name])
+        row["same_losses_as"] = same_as or "-"
+        row["max_loss_diff"] = max(abs(a - b) for a, b in pairs)
+        row["max_rel_loss_diff"] = max(abs(a - b) / abs(b) for a, b in pairs)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path,
                     default=Path(__file__).parent / "results" / "executor_moe_cpu.csv")
     args = ap.parse_args(argv)
-    rows, losses = [], {}
-    for i, (name, (plan, same_as)) in enumerate(PLANS.items(), 1):
-        print(f"[{i}/{len(PLANS)}] {name} ({plan.world_size} ranks)", flush=True)
-        row, losses[name] = check(name, plan)
-        ref = losses[same_as] if same_as else losses[name]
-        row["loss_step1"], row["loss_step2"] = (round(v, 6) for v in losses[name])
-        row["same_losses_as"] = same_as or "-"
-        row["max_loss_diff"] = max(abs(a - b) for a, b in zip(losses[name], ref, strict=True))
-        rows.append(row)
-    table = pd.DataFrame(rows)
+    table = loss_table(PLANS, check)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out, index=False)
     print(table.to_string(index=False))
