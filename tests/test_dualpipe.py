@@ -167,3 +167,41 @@ def test_torchtitan_takes_it_megatron_refuses_it():
     assert get_schedule_class("DualPipeV") is ScheduleDualPipeV
     with pytest.raises(SpecError, match="^plan.schedule: dualpipev is not expressible"):
         export("megatron", V, LLAMA, H100)
+
+
+def test_analytic_passes_add_up_to_each_ranks_time():
+    """Without the a2a overlap a rank's passes over a step add up to its per-micro-batch
+    time m times, a rank without layers included (its time over its forward and backward
+    passes, none in a weight pass)."""
+    from sim.analytic.dualpipev import RankTime, StagePasses, _rank_durations
+
+    pp, m = 4, 11
+    stages = [StagePasses(1.0, 2.0, 0.8, 0.3, 0.5)] * 2 * pp
+    stages[1] = stages[6] = StagePasses(0.0, 0.0, 0.0)  # rank 1 holds no layers
+    ranks = [RankTime(4.0, 3.0, 0.6, 0.2)] * pp
+    for r in range(pp):
+        seconds = _rank_durations(pp, r, stages, ranks[r], False, 0.15)
+        total = sum(seconds(p) for p in rank_program(pp, m, r))
+        assert total == pytest.approx(m * ranks[r].total), r
+
+
+def test_the_des_runs_odd_pipelines_and_uneven_replicas():
+    """pp 3 (the turn on rank 2, here holding no layers), and two replicas of 7 and 9
+    micro-batches (the DES then runs unreduced): it completes and issues the account's
+    transfers."""
+    from sim.cost.profiled import cost_model_for
+    from sim.des.run import issued_collectives
+
+    plan = Plan(16, 256, 1, dp=2, pp=3, vpp=2, schedule="dualpipev", layers_per_stage=(
+        1, 1, 0, 0, 1, 1), micro_batches_per_replica=(7, 9))
+    cluster = load_cluster("cpu:6")
+    tiny = load_model("tiny")
+    times = [simulate(tiny, cluster, plan, fidelity=f).iteration_time_s
+             for f in ("analytic", "des")]
+    assert times[1] == pytest.approx(times[0], rel=0.02)
+    for replica in (0, 1):
+        issued = issued_collectives(tiny, cluster, plan, cost_model_for(cluster), replica)
+        for stage in range(3):
+            sends = {r["kind"]: r["count"] for r in issued[stage] if r["group"] == "pp"}
+            per_mb = 4 if stage == 1 else 2
+            assert sends["send"] == per_mb * plan.micro_batches_per_replica[replica]

@@ -5,10 +5,11 @@ stage's compute and the rank's communication.
 A pass's compute is its stage's: forward ``f``, backward ``b`` (a deferred one ``b - w``),
 weight gradient ``w`` (the layers' GEMMs again), times the rank's compute scale. Its
 expert all-to-alls are its stage's (``e_f`` forward, ``e_b`` backward; none in a weight
-pass): whole, or scaled to the rank's exposed share under shared-expert overlap; under the
-``a2a`` overlap a pair's hide behind the pair's compute (``max(0, E - C)``, each hidden
-second costing the exchange kernels' SM share) and an unpaired pass waits for its own,
-which is where DualPipeV's overlap differs from interleaved 1F1B's. The rank's other
+pass): whole, or scaled to the rank's exposed share under shared-expert overlap; under
+the ``a2a`` overlap a pair's hide behind the pair's compute and TP collectives
+(``max(0, E - C)``, each hidden second costing the exchange kernels' SM share) and an
+unpaired pass waits for its own, which is where DualPipeV's overlap differs from
+interleaved 1F1B's. The rank's other
 per-micro-batch communication (TP, CP, pipeline transfers, ZeRO's per-micro-batch
 collectives) is spread over its forward and input-gradient passes by their compute.
 """
@@ -38,12 +39,14 @@ class StagePasses:
 
 @dataclass(frozen=True)
 class RankTime:
-    """A pipeline rank per micro-batch: its whole time, its compute (scaled), and its
-    exposed expert all-to-all time (as the tier's averaged account has them)."""
+    """A pipeline rank per micro-batch: its whole time, its compute (scaled), its exposed
+    expert all-to-all time (as the tier's averaged account has them) and its TP
+    collectives (on the compute stream: what a pair's all-to-alls may hide behind)."""
 
     total: float
     compute: float
     ep_exposed: float
+    tp: float = 0.0
 
 
 def dualpipev_pipeline(pp: int, m: int, stages: Sequence[StagePasses],
@@ -62,11 +65,11 @@ def _rank_durations(pp: int, r: int, stages: Sequence[StagePasses], rank: RankTi
                     a2a_overlap: bool, sm_share: float) -> Callable[[Pass], float]:
     mine = [stages[s] for s in stages_of_rank(pp, r)]
     work = sum(s.f + s.b for s in mine)
-    if work <= 0:  # no layers: the rank's time spread evenly over its four passes a chunk
-        even = rank.total / 4
+    if work <= 0:  # no layers: the rank's time over its forward and backward passes (four
+        even = rank.total / 4  # a micro-batch: two chunks); a weight pass has nothing
 
         def flat(p: Pass) -> float:
-            return 2 * even if p.kind == "FB" else even
+            return {"FB": 2 * even, "W": 0.0}.get(p.kind, even)
         return flat
     k = rank.compute / work
     exchange = sum(s.e_f + s.e_b for s in mine)
@@ -74,6 +77,7 @@ def _rank_durations(pp: int, r: int, stages: Sequence[StagePasses], rank: RankTi
     other = max(0.0, rank.total - rank.compute - rank.ep_exposed)
     inputs = sum(s.f + s.b - s.w for s in mine)
     spread = other / inputs if inputs > 0 else 0.0
+    tp_share = rank.tp / inputs if inputs > 0 else 0.0
 
     def own(s: StagePasses, kind: str, deferred: bool) -> tuple[float, float]:
         """(compute with its share of the other communication, all-to-all) of a pass."""
@@ -90,6 +94,7 @@ def _rank_durations(pp: int, r: int, stages: Sequence[StagePasses], rank: RankTi
         (cf, ef), (cb, eb) = own(stages[p.stage], "F", False), own(stages[p.stage2], "B", False)
         if not a2a_overlap:
             return cf + ef + cb + eb
-        hidden = min(ef + eb, cf + cb)
+        sf, sb = stages[p.stage], stages[p.stage2]  # the pair's compute and TP collectives
+        hidden = min(ef + eb, k * (sf.f + sb.b) + tp_share * (sf.f + sb.b - sb.w))
         return cf + cb + (ef + eb - hidden) + hidden * sm_share
     return seconds

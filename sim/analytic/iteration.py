@@ -340,7 +340,7 @@ def _chunk_passes(x: _Ctx, vs: int) -> StagePasses:
 def _dualpipev(x: _Ctx, stages: Sequence[StageCost]) -> float:
     """The pipeline phase under DualPipeV (:mod:`sim.analytic.dualpipev`)."""
     passes = [_chunk_passes(x, vs) for vs in range(2 * x.p.pp)]
-    ranks = [RankTime(s.per_microbatch_s, s.compute_s, s.ep_s) for s in stages]
+    ranks = [RankTime(s.per_microbatch_s, s.compute_s, s.ep_s, s.tp_s) for s in stages]
     return dualpipev_pipeline(x.p.pp, x.p.num_microbatches, passes, ranks,
                               x.p.moe_overlap == "a2a", comm_sm_share(x.p, x.c.gpu.sm_count))
 

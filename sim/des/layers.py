@@ -25,6 +25,9 @@ from sim.spec.routing import comm_sm_share
 __all__ = ["Layers"]
 
 
+_PASS = {"full": "B", "input": "I", "weight": "W"}  # trace names of a backward's parts
+
+
 class Layers:
     """Forward and backward passes over a unit's layers."""
 
@@ -252,7 +255,7 @@ class Layers:
             return
         yield from self._layers_backward(u, vs, mb, layers, reduce_now, gtag, part)
         extra = {"full": bwd_extra, "input": bwd_extra - w_extra, "weight": w_extra}[part]
-        yield from x.compute(u, extra, f"B{mb} v{vs} extra")
+        yield from x.compute(u, extra, f"{_PASS[part]}{mb} v{vs} extra")
         if part != "weight":
             yield from self._edge(u, vs, "B", ("B", mb, vs))
         if reduce_now and x.p.zero_stage < 3:
@@ -282,7 +285,7 @@ class Layers:
                 gather = dp.z3_gather(u, layers, i - 1, ("B", mb, vs))
             hide = self._shared(moe, backward=True)
             weight = lt.forward - lt.attention_forward if part == "input" else 0.0
-            seconds = lt.backward + self._recompute(lt) - sum(hide) - weight
+            seconds = max(0.0, lt.backward + self._recompute(lt) - sum(hide) - weight)
             core = lt.attention_backward + (lt.attention_forward if reruns_core(x.p) else 0.0)
             yield from self._with_cp(u, seconds, core, True, ("Bcp", mb, vs, i),
                                      f"B{mb} v{vs} L{i}")

@@ -1,7 +1,8 @@
-"""The pipeline part of a step: Megatron-LM's blocking batched point-to-point calls between
-stages (:func:`sim.layout.schedule.stage_program`), whose transfers start once sender and
-receiver are both in their calls and run as flows on the network, and the embedding group's
-all-reduce of the tied word embedding between the first and last stage.
+"""The pipeline part of a step: the blocking batched point-to-point calls between stages
+(:func:`sim.layout.schedule.stage_program`: Megatron-LM's, or DualPipeV's reference's),
+whose transfers start once sender and receiver are both in their calls and run as flows on
+the network, and the embedding group's all-reduce of the tied word embedding between the
+first and last stage (none under DualPipeV, whose first rank holds both).
 """
 
 from __future__ import annotations
@@ -29,12 +30,12 @@ class Pipeline:
         self._p2p_copies: dict[tuple[int, int, int], list[list[int]]] = {}
 
     def exchange(self, u: Unit, msgs: Exchange) -> Proc:
-        """One of Megatron-LM's blocking batched point-to-point calls: each transfer starts
-        once its sender and receiver are both in their calls, and the call returns when all
-        of its transfers are done. Waiting for a peer to arrive is bubble, the transfers
-        pipeline communication. Without sequence parallelism each TP rank received 1/tp of
-        a tensor, so the TP group then all-gathers each one (Megatron-LM's scatter/gather),
-        which counts as pipeline communication too."""
+        """One blocking batched point-to-point call (Megatron-LM's or DualPipeV's): each
+        transfer starts once its sender and receiver are both in their calls, and the call
+        returns when all of its transfers are done. Waiting for a peer to arrive is bubble,
+        the transfers pipeline communication. Without sequence parallelism each TP rank
+        received 1/tp of a tensor, so the TP group then all-gathers each one (Megatron-LM's
+        scatter/gather), which counts as pipeline communication too."""
         x = self.x
         t0 = x.env.now
         self.comm.note(u, "pp", "send", x.tp_bytes() / x.p.tp, len(msgs.sends))

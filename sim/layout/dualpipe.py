@@ -174,10 +174,12 @@ def _steps_1_to_4(g: _Program, pp: int, m: int) -> None:
 
 
 def rank_calls(pp: int, m: int, rank: int) -> list[Pass | Call]:
-    """Rank ``rank``'s passes in order with the batched calls between them (module
-    docstring)."""
-    if pp < 1 or m < 2 * pp:
-        raise ValueError(f"DualPipeV needs m >= 2 pp micro-batches (m {m}, pp {pp})")
+    """Rank ``rank``'s passes in order with the batched calls between them: as the
+    reference, each pass first commits what was posted since the last call (the sends of
+    the passes before it, the receives it and the next ones need) and waits for it."""
+    if pp < 2 or m < 2 * pp:
+        raise ValueError(f"DualPipeV needs pp >= 2 and m >= 2 pp micro-batches (m {m}, "
+                         f"pp {pp})")
     g, r, down = _Program(pp, rank), rank, pp - rank - 1
     _steps_1_to_4(g, pp, m)
     for _ in range(down):

@@ -138,7 +138,9 @@ def inflight_microbatches(plan: Plan, rank: int) -> float:
     them under GPipe, ``pp - rank`` under 1F1B, Megatron-LM's warm-up count of virtual
     chunks (in whole micro-batches through this rank's layers) when interleaved; one more
     micro-batch (or chunk) with all-to-all overlap's merged steps. DualPipeV: the most
-    chunks its program holds at once (``2 pp + 1``, DeepSeek's ``PP + 1``), halved."""
+    chunks its program holds at once (``2 pp + 1``, DeepSeek's ``PP + 1``), halved; its
+    bytes are counted stage by stage (:func:`_dualpipev_activations`: deferred weight
+    gradients hold more than a chunk's stored activations)."""
     m = plan.num_microbatches
     merged = 1 if plan.moe_overlap == "a2a" else 0  # a merged step's second micro-batch
     if plan.schedule == "gpipe":
@@ -151,15 +153,34 @@ def inflight_microbatches(plan: Plan, rank: int) -> float:
     return chunks / plan.vpp
 
 
+def _output_grad_bytes(m: ModelSpec, plan: Plan, moe: bool) -> float:
+    """Bytes of one layer's GEMM output gradients on one rank per micro-batch: what a
+    weight gradient (``dW = X^T dY``) needs beside its inputs. Column-parallel outputs
+    split over TP (QKV, up/gate), row-parallel ones whole (O, down); routed experts as the
+    routed activations are counted."""
+    up = 2 if m.gated_mlp else 1
+    t, h = plan.tp, m.hidden_size
+    elems = (m.q_dim + m.kv_dim + m.v_dim) / t + h
+    if moe:
+        shared = m.shared_expert_ffn_hidden_size
+        elems += (up * shared / t + h) if shared else 0.0
+        elems += m.top_k * routing(m, plan).load_factor * (up * m.expert_ffn / t
+                                                           + h * expert_tp(plan) / t)
+    else:
+        elems += up * m.ffn_hidden_size / t + h
+    return plan.micro_batch_size * plan.seq_len / plan.cp * elems * plan.activation_bytes
+
+
 def _dualpipev_activations(m: ModelSpec, plan: Plan, rank: int) -> float:
     """The most DualPipeV's program holds at once on ``rank``, stage by stage: a chunk's
-    stored activations until its backward, and what a deferred weight gradient needs
-    (the layers' activations, recomputed ones too) until its ``W``."""
+    stored activations until its backward, and what a deferred weight gradient needs (its
+    layers' activations, recomputed ones too, and their GEMMs' output gradients) until its
+    ``W``."""
     flags = virtual_stage_moe(plan, m)
     stored = {vs: sum(_stored_layer_bytes(m, plan, f) for f in flags[vs])
               for vs in rank_virtual_stages(plan, rank)}
-    waiting = {vs: sum(layer_activation_bytes(m, plan, f) for f in flags[vs])
-               for vs in rank_virtual_stages(plan, rank)}
+    waiting = {vs: sum(layer_activation_bytes(m, plan, f) + _output_grad_bytes(m, plan, f)
+                       for f in flags[vs]) for vs in rank_virtual_stages(plan, rank)}
     return peak_held(plan.pp, plan.num_microbatches, rank, stored, waiting)
 
 

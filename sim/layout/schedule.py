@@ -2,8 +2,10 @@
 pipeline exchanges between them.
 
 Ops are ``("F" | "B", micro_batch, chunk)``; a rank's virtual stage for ``chunk`` is
-``chunk * pp + stage`` (DualPipeV's V: :func:`sim.layout.stages.rank_virtual_stages`, and
-its weight-gradient ops, :mod:`sim.layout.dualpipe`). GPipe runs every forward, then
+``chunk * pp + stage``. DualPipeV (:mod:`sim.layout.dualpipe`) places them in a V
+(:func:`sim.layout.stages.rank_virtual_stages`) and adds ``W``, a deferred weight
+gradient: :func:`stage_ops` marks the backward before it ``B`` as any, the DES program
+(:func:`stage_program`) ``I`` (the input gradient alone). GPipe runs every forward, then
 every backward; 1F1B warms up with ``pp - stage - 1`` forwards and alternates;
 interleaved 1F1B follows Megatron-LM: chunks change every ``pp`` micro-batches and the
 warm-up is ``2 * (pp - stage - 1) + (vpp - 1) * pp``.
@@ -25,14 +27,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sim.layout.dualpipe import Pass, rank_calls, rank_ops
+from sim.layout.dualpipe import Msg, Pass, rank_calls, rank_ops
 from sim.layout.stages import rank_virtual_stages
 from sim.spec.plan import Plan
 
 __all__ = ["stage_ops", "stage_program", "warmup_forwards", "Op", "Msg", "Exchange"]
 
 Op = tuple[str, int, int]
-Msg = tuple[str, int, int]  # ("F" activation | "B" gradient, micro-batch, virtual stage it enters)
 
 
 @dataclass(frozen=True)
