@@ -71,10 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path,
                     default=Path(__file__).parent / "results" / "dualpipev_cpu.csv")
     args = ap.parse_args(argv)
-    table = loss_table(PLANS, check)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    table.to_csv(args.out, index=False)
-    print(table.to_string(index=False))
+    table = loss_table(PLANS, check, args.out)
     run_ok = table[~table.refused_by_executor]
     ok = (run_ok.rows_matching == run_ok.collective_rows).all() and \
         (run_ok.max_rel_loss_diff < 1e-6).all()

@@ -89,9 +89,11 @@ def check(name: str, plan: Plan) -> tuple[dict, list[float]]:
 
 
 def loss_table(plans: dict[str, tuple[Plan, str | None]],
-               check: Callable[[str, Plan], tuple[dict, list[float]]]) -> pd.DataFrame:
-    """Run every plan (``check``: its row and losses) and set its losses beside those of
-    the plan it must match (absolute and relative differences)."""
+               check: Callable[[str, Plan], tuple[dict, list[float]]], out: Path
+               ) -> pd.DataFrame:
+    """Run every plan (``check``: its row and losses), set its losses beside those of the
+    plan it must match (absolute and relative differences), write the table to ``out``
+    and print it."""
     rows, losses = [], {}
     for i, (name, (plan, same_as)) in enumerate(plans.items(), 1):
         print(f"[{i}/{len(plans)}] {name} ({plan.world_size} ranks)", flush=True)
@@ -103,7 +105,11 @@ def loss_table(plans: dict[str, tuple[Plan, str | None]],
         row["max_loss_diff"] = max(abs(a - b) for a, b in pairs)
         row["max_rel_loss_diff"] = max(abs(a - b) / abs(b) for a, b in pairs)
         rows.append(row)
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    table.to_csv(out, index=False)
+    print(table.to_string(index=False))
+    return table
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,10 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path,
                     default=Path(__file__).parent / "results" / "executor_moe_cpu.csv")
     args = ap.parse_args(argv)
-    table = loss_table(PLANS, check)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    table.to_csv(args.out, index=False)
-    print(table.to_string(index=False))
+    table = loss_table(PLANS, check, args.out)
     ok = (table.rows_matching == table.collective_rows).all() and \
         (table.max_loss_diff < 1e-5).all()
     print(f"every collective matches and every loss agrees: {bool(ok)}; wrote {args.out}")

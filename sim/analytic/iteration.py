@@ -296,7 +296,11 @@ def stage_costs(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostMo
                 stage_scale: Sequence[float] | None = None) -> list[StageCost]:
     """Per pipeline rank; ``stage_scale`` multiplies a stage's compute and optimizer step
     (stragglers: the stage's slowest rank, :func:`sim.network.failures.stage_scales`)."""
-    x = _Ctx(model, cluster, plan, cost)
+    return _stage_costs(_Ctx(model, cluster, plan, cost), stage_scale)
+
+
+def _stage_costs(x: _Ctx, stage_scale: Sequence[float] | None) -> list[StageCost]:
+    plan, model = x.p, x.m
     tp_d, tp_m = _tp_per_layer(x), _tp_per_layer(x, moe=True)
     cp_d, cp_e = _cp_per_layer(x, x.dense), _cp_per_layer(x, x.moe)
     out: list[StageCost] = []
@@ -323,14 +327,14 @@ def _chunk_passes(x: _Ctx, vs: int) -> StagePasses:
     again = {"full": [t.forward for t in times],
              "selective": [t.recompute_forward for t in times]}.get(x.p.recompute, [])
     f, b = sum(t.forward for t in times), sum(t.backward for t in times) + sum(again)
-    w = sum(t.forward - t.attention_forward for t in times)
+    w = sum(t.weight_grad for t in times)
     if vs == 0:
         ef, eb = x.cost.embedding(x.tokens, x.m.hidden_size, x.m.vocab_size,
                                   x.p.activation_dtype)
         f, b = f + ef, b + eb
     if vs == x.p.pp * x.p.vpp - 1:
-        logits = cm.logits_time(x.cost, x.m, x.p)
-        f, b, w = f + logits / 3, b + 2 * logits / 3, w + logits / 3
+        logits, weight = cm.logits_time(x.cost, x.m, x.p), cm.logits_weight_time(x.cost, x.m, x.p)
+        f, b, w = f + logits / 3, b + 2 * logits / 3, w + weight
     fwd, bwd = _ep_pass(x, True), _ep_pass(x, False)
     moe = sum(flags)
     return StagePasses(f, b, w, moe * fwd,
@@ -347,13 +351,14 @@ def _dualpipev(x: _Ctx, stages: Sequence[StageCost]) -> float:
 
 def analytic_iteration(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel,
                        stage_scale: Sequence[float] | None = None) -> Timing:
-    stages = stage_costs(model, cluster, plan, cost, stage_scale)
+    x = _Ctx(model, cluster, plan, cost)
+    stages = _stage_costs(x, stage_scale)
     m, v = plan.num_microbatches, plan.vpp
     times = [s.per_microbatch_s for s in stages]
     slow = max(range(len(stages)), key=lambda r: times[r])
     pipe = m * times[slow] + (sum(times) - times[slow]) / v
     if plan.schedule == "dualpipev":
-        pipe = _dualpipev(_Ctx(model, cluster, plan, cost), stages)
+        pipe = _dualpipev(x, stages)
     tail_rank = max(range(len(stages)), key=lambda r: stages[r].tail_s)
     b, t = stages[slow], stages[tail_rank]
     breakdown = {

@@ -41,6 +41,12 @@ class LayerTime:
     # the forward of the modules selective recomputation re-runs (sim.spec.recompute)
     recompute_forward: float = 0.0
 
+    @property
+    def weight_grad(self) -> float:
+        """The backward's weight-gradient part (``dW = X^T dY``: a forward GEMM's FLOPs per
+        GEMM): the forward less its attention core (DualPipeV defers it)."""
+        return self.forward - self.attention_forward
+
 
 def _add(*costs: Cost) -> Cost:
     return sum(c[0] for c in costs), sum(c[1] for c in costs)
@@ -244,6 +250,12 @@ def logits_time(cm: CostModel, m: ModelSpec, plan: Plan) -> float:
     extra = _add(_scale(cm.elementwise(m.norm, local, h, plan.activation_dtype), 2),
                  cm.gemm(plan.local_tokens, h / plan.tp, 2 * h, plan.dtype))
     return head + m.num_mtp_layers * (head + sum(extra))
+
+
+def logits_weight_time(cm: CostModel, m: ModelSpec, plan: Plan) -> float:
+    """The output layer's weight gradient: a third of :func:`logits_time` (the tiers split
+    it one third forward, two thirds backward; one GEMM's worth of the backward)."""
+    return logits_time(cm, m, plan) / 3
 
 
 def embedding_time(cm: CostModel, m: ModelSpec, plan: Plan) -> float:

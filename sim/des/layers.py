@@ -213,7 +213,7 @@ class Layers:
     def _weight_extra(self, vs: int) -> float:
         """The output layer's weight gradient (its share of the logits: one GEMM's)."""
         x = self.x
-        return cm.logits_time(x.cost, x.m, x.p) / 3 if vs == len(x.vs_layers) - 1 else 0.0
+        return cm.logits_weight_time(x.cost, x.m, x.p) if vs == len(x.vs_layers) - 1 else 0.0
 
     # Passes -------------------------------------------------------------------------------
     def forward(self, u: Unit, vs: int, mb: int) -> Proc:
@@ -272,8 +272,7 @@ class Layers:
         if part == "weight":
             for i in reversed(range(len(layers))):
                 lt = x.moe_t if layers[i] else x.dense_t
-                yield from x.compute(u, lt.forward - lt.attention_forward,
-                                     f"W{mb} v{vs} L{i}")
+                yield from x.compute(u, lt.weight_grad, f"W{mb} v{vs} L{i}")
                 self._hand_on(u, layers[i], reduce_now, gtag, ("B", mb, vs, i))
             return
         gather = dp.z3_gather(u, layers, len(layers) - 1, ("B", mb, vs))
@@ -284,7 +283,7 @@ class Layers:
                 yield from x.wait(u, "dp", gather, "zero3 gather")
                 gather = dp.z3_gather(u, layers, i - 1, ("B", mb, vs))
             hide = self._shared(moe, backward=True)
-            weight = lt.forward - lt.attention_forward if part == "input" else 0.0
+            weight = lt.weight_grad if part == "input" else 0.0
             seconds = max(0.0, lt.backward + self._recompute(lt) - sum(hide) - weight)
             core = lt.attention_backward + (lt.attention_forward if reruns_core(x.p) else 0.0)
             yield from self._with_cp(u, seconds, core, True, ("Bcp", mb, vs, i),

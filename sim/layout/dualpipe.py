@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 __all__ = ["Pass", "Msg", "Call", "rank_of_stage", "stages_of_rank", "rank_calls",
-           "rank_program", "rank_ops", "paired_share", "peak_held", "peak_activations",
+           "rank_program", "paired_share", "peak_held", "peak_activations",
            "makespan", "published_bubble", "uniform"]
 
 
@@ -204,19 +204,6 @@ def rank_program(pp: int, m: int, rank: int) -> list[Pass]:
     return [p for p in rank_calls(pp, m, rank) if isinstance(p, Pass)]
 
 
-def rank_ops(pp: int, m: int, rank: int) -> list[tuple[str, int, int]]:
-    """The program as ``(kind, micro_batch, chunk)`` ops in order (chunk 0: the way down,
-    1: the way back); a pair is its forward, then its backward."""
-    chunk = {s: c for c, s in enumerate(stages_of_rank(pp, rank))}
-    out: list[tuple[str, int, int]] = []
-    for p in rank_program(pp, m, rank):
-        if p.kind == "FB":
-            out += [("F", p.mb, chunk[p.stage]), ("B", p.mb2, chunk[p.stage2])]
-        else:
-            out.append((p.kind, p.mb, chunk[p.stage]))
-    return out
-
-
 def paired_share(pp: int, m: int, rank: int) -> float:
     """The share of the rank's forward and backward passes that run in pairs."""
     pairs = sum(p.kind == "FB" for p in rank_program(pp, m, rank))
@@ -246,14 +233,8 @@ def peak_held(pp: int, m: int, rank: int, stored: dict[int, float],
 def peak_activations(pp: int, m: int, rank: int) -> int:
     """The most chunk activations the rank holds at once: each from its forward until its
     weight gradient is done (with its backward, or the deferred ``W``)."""
-    live = peak = 0
-    for p in rank_program(pp, m, rank):
-        if p.kind in ("F", "FB"):
-            live += 1
-            peak = max(peak, live)
-        if (p.kind in ("B", "FB") and not p.deferred) or p.kind == "W":
-            live -= 1
-    return peak
+    one = dict.fromkeys(stages_of_rank(pp, rank), 1.0)
+    return int(peak_held(pp, m, rank, one, one))
 
 
 Durations = Callable[[Pass], float]

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sim.layout.dualpipe import Msg, Pass, rank_calls, rank_ops
+from sim.layout.dualpipe import Msg, Pass, rank_calls
 from sim.layout.stages import rank_virtual_stages
 from sim.spec.plan import Plan
 
@@ -75,8 +75,9 @@ def stage_ops(plan: Plan, stage: int) -> list[Op]:
     gradient (:mod:`sim.layout.dualpipe`)."""
     pp, vpp = plan.pp, plan.vpp
     total = plan.num_microbatches * vpp
-    if plan.schedule == "dualpipev":
-        return rank_ops(pp, plan.num_microbatches, stage)
+    if plan.schedule == "dualpipev":  # its program's passes, a deferred backward as any
+        return [("B" if op[0] == "I" else op[0], op[1], op[2])
+                for op in _dualpipev_program(plan, stage) if not isinstance(op, Exchange)]
     if plan.schedule == "gpipe":
         return [("F", i, 0) for i in range(total)] + [("B", i, 0) for i in range(total)]
     warm = warmup_forwards(plan, stage)

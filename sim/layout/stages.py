@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sim.layout.dualpipe import rank_of_stage, stages_of_rank
 from sim.layout.routing import routing
 from sim.spec.experts import expert_tp
 from sim.spec.model import ModelSpec
@@ -90,13 +91,13 @@ def rank_virtual_stages(plan: Plan, rank: int) -> list[int]:
     (Megatron-LM's interleaving), or under ``dualpipev`` a V (``rank`` and ``2 pp - 1 -
     rank``, :mod:`sim.layout.dualpipe`)."""
     if plan.schedule == "dualpipev":
-        return [rank, 2 * plan.pp - 1 - rank]
+        return list(stages_of_rank(plan.pp, rank))
     return [rank + c * plan.pp for c in range(plan.vpp)]
 
 
 def virtual_stage_rank(plan: Plan, vs: int) -> int:
-    if plan.schedule == "dualpipev" and vs >= plan.pp:
-        return 2 * plan.pp - 1 - vs
+    if plan.schedule == "dualpipev":
+        return rank_of_stage(plan.pp, vs)
     return vs % plan.pp
 
 
