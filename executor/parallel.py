@@ -286,9 +286,11 @@ def apply_ep(chunk: Transformer, grid: ExpertGrid) -> None:
             grid.etp_group
 
 
-def apply_recompute(chunk: Transformer, mode: str) -> None:
-    """``full``: each layer checkpointed whole; ``selective``: the attention core only
-    (Megatron-LM's selective recomputation; no collective runs twice)."""
+def apply_recompute(chunk: Transformer, mode: str, replay: str = "whole") -> None:
+    """``full``: each layer checkpointed whole, its replay whole or stopped early (torch's
+    ``early_stop``: at the last tensor the backward needs, ``plan.recompute_replay``);
+    ``selective``: the attention core only (Megatron-LM's selective recomputation; no
+    collective runs twice)."""
     if mode == "selective":
         for layer in chunk.layers.values():
             layer.attention.recompute_core = True
@@ -296,7 +298,8 @@ def apply_recompute(chunk: Transformer, mode: str) -> None:
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
     for name, layer in list(chunk.layers.items()):
-        chunk.layers[name] = checkpoint_wrapper(layer, preserve_rng_state=False)
+        chunk.layers[name] = checkpoint_wrapper(layer, preserve_rng_state=False,
+                                                early_stop=replay == "early-stop")
 
 
 def _fsdp(chunk: nn.Module, plan: Plan, dp_mesh: DeviceMesh, edp: Any) -> nn.Module:
@@ -376,7 +379,7 @@ def parallelize(model: Transformer, plan: Plan, device_type: str, check: bool = 
         if grid is not None and grid.block is not None:
             apply_ep(chunk, grid)
         if plan.recompute != "none":
-            apply_recompute(chunk, plan.recompute)
+            apply_recompute(chunk, plan.recompute, plan.recompute_replay)
         if plan.dp > 1:
             par.chunks[i] = apply_dp(chunk, plan, mesh, par.groups["dp"],
                                      par.expert_dp_group)

@@ -68,12 +68,15 @@ GPT_OSS_20B = {"model_type": "gpt_oss", "hidden_size": 2880, "intermediate_size"
 
 # Automodel's benchmark configs (see the module docstring): plan fields per row
 _AUTOMODEL = {"moe_dispatcher": "deepep", "grad_reduce_dtype": "fp32"}
+# activation_checkpointing: each block in torch's checkpoint_wrapper (non-reentrant, torch's
+# default early stop: the replay ends before DeepEP's combine)
+_CHECKPOINT = {"recompute": "full", "recompute_replay": "early-stop"}
 CONFIGURED: dict[str, dict[str, object]] = {
-    "AM-1": {**_AUTOMODEL, "recompute": "full"},
-    "AM-2": {**_AUTOMODEL, "recompute": "full"},
-    "AM-3": {**_AUTOMODEL, "recompute": "full"},
+    "AM-1": {**_AUTOMODEL, **_CHECKPOINT},
+    "AM-2": {**_AUTOMODEL, **_CHECKPOINT},
+    "AM-3": {**_AUTOMODEL, **_CHECKPOINT},
     "AM-4": {**_AUTOMODEL, "ep": 64, "recompute": "none"},
-    "AM-5": {**_AUTOMODEL, "ep": 8, "recompute": "full"},
+    "AM-5": {**_AUTOMODEL, "ep": 8, **_CHECKPOINT},
 }
 
 

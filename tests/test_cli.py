@@ -210,7 +210,7 @@ HELP_OPTIONS: dict[tuple[str, ...], list[str]] = {
                       "--placement",
                       "--sequence-parallel", "--moe-max-load", "--moe-capacity-factor",
                       "--moe-dispatcher", "--moe-dispatch-dtype", "--moe-comm-sms", "--cp-comm",
-                      "--recompute-modules",
+                      "--recompute-modules", "--recompute-replay",
                       "--moe-overlap", "--sync",
                       "--communication",
                       "--compression", "--model", "--cluster", "--out"],

@@ -193,6 +193,23 @@ def test_selective_recompute_reruns_the_attention_core_and_no_collective():
     assert res["loss"] == pytest.approx(plain["loss"], rel=1e-6)
 
 
+def test_full_recompute_replays_as_the_plan_says():
+    """torch's checkpoint with ``early_stop`` as ``plan.recompute_replay``: the whole replay
+    runs every TP collective again, the early one all but each layer's last reduce-scatter
+    (the MLP's); each run issues its account's collectives, and both train alike."""
+    plan = Plan(global_batch_size=4, seq_len=128, micro_batch_size=2, tp=2,
+                sequence_parallel=True, dtype="fp32", recompute="full")
+    losses = []
+    for replay in ("whole", "early-stop"):
+        run = dataclasses.replace(plan, recompute_replay=replay)
+        res = execute(TINY, run, steps=1, warmup=1, timeout_s=90)
+        for rank, measured in res["collectives"].items():
+            rows = compare_inventory(expected_collectives(TINY, run, 0), measured)
+            assert rows and all(r["match"] for r in rows), (replay, rank, rows)
+        losses.append(res["loss"])
+    assert losses[0] == pytest.approx(losses[1], rel=1e-6)
+
+
 def test_dualpipev_runs_for_real_and_trains_as_one_rank():
     """torch's ScheduleDualPipeV on two ranks (four stages in a V, the tied embedding's two
     copies summed on rank 0): the single rank's losses under SGD, the simulated transfers

@@ -36,6 +36,11 @@ GPU_PLANS = {  # name -> (model, cluster, plan): every parallelism and ZeRO stag
     "tiny-cp-cpu": ("tiny", "cpu:4", P(8, 256, cp=2, dp=2)),
     # the memoised path: TP groups alone on their links, chunks replayed as one delay
     "tiny-tp2-recompute": ("tiny", "cpu:2", P(8, 256, tp=2, recompute="full")),
+    "tiny-tp2-early-stop": ("tiny", "cpu:2", P(8, 256, tp=2, recompute="full",
+                                               recompute_replay="early-stop")),
+    "moe-sp-early-stop": ("mixtral-8x7b", "dgx-h100:2", P(
+        16, 2048, dp=2, tp=8, ep=2, sequence_parallel=True, recompute="full",
+        recompute_replay="early-stop")),
     "moe-tp8-ep2": ("mixtral-8x7b", "dgx-h100:2",
                     P(16, 2048, dp=2, tp=8, ep=2, sequence_parallel=True, recompute="full")),
     # replicas running different numbers of micro-batches (the DES then runs unreduced)

@@ -56,6 +56,9 @@ def check(plan: Plan, model: ModelSpec) -> None:
     if plan.zero_stage >= 2 and plan.pp > 1:
         raise SpecError("plan.zero_stage", f"ZeRO-{plan.zero_stage} (Megatron-FSDP) with pp = "
                         f"{plan.pp} is not expressible: Megatron-FSDP does not pipeline")
+    if plan.recompute_replay != "whole":
+        raise SpecError("plan.recompute_replay", f"{plan.recompute_replay} is not expressible "
+                        "in Megatron-LM: its recomputation replays the whole layer (use whole)")
     late = {"layernorm", "moe_act"} & set(plan.recompute_modules or ())
     if plan.dtype == "fp8" and late:
         raise SpecError("plan.recompute_modules", f"{' and '.join(sorted(late))} with fp8 is "

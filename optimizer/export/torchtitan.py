@@ -81,6 +81,10 @@ def check(plan: Plan, model: ModelSpec) -> None:
         raise SpecError("plan.grad_reduce_dtype", f"{plan.grad_reduce_dtype} is not expressible "
                         "in torchtitan 0.3.0: it reduces gradients in float32 only "
                         "(mixed_precision_reduce; use grad_reduce_dtype fp32)")
+    if plan.recompute_replay != "whole":
+        raise SpecError("plan.recompute_replay", f"{plan.recompute_replay} is not expressible "
+                        "in torchtitan 0.3.0: its full activation checkpointing passes "
+                        "early_stop=False, so the replay runs the whole block (use whole)")
 
 
 def _split(plan: Plan, model: ModelSpec) -> list[list[str]] | None:

@@ -22,14 +22,14 @@ from sim.cost.costmodel import CostModel
 from sim.layout.dualpipe import paired_share
 from sim.layout.memory import rank_params
 from sim.layout.placement import group_span
-from sim.layout.routing import dispatches
+from sim.layout.routing import dispatches, replay_dispatches
 from sim.layout.schedule import warmup_forwards
 from sim.layout.stages import (
     StageLayers,
     cp_exchanges,
     edge_tp_collectives,
     pipeline_rank_layers,
-    tp_blocks,
+    tp_pass,
     virtual_stage_moe,
 )
 from sim.network.algorithms import collective_time
@@ -38,7 +38,7 @@ from sim.result import Timing
 from sim.spec.cluster import ClusterSpec
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
-from sim.spec.recompute import reruns_core
+from sim.spec.recompute import reruns_core, stops_early
 from sim.spec.routing import comm_sm_share
 
 __all__ = ["StageCost", "Timing", "stage_costs", "analytic_iteration"]
@@ -106,16 +106,16 @@ class _Ctx:
 
 
 def _tp_per_layer(x: _Ctx, moe: bool = False) -> float:
-    """TP collectives of one layer, forward + backward (+ forward again if recomputed): the
-    attention's and the MLP's, or an MoE layer's (:func:`sim.layout.stages.tp_blocks`)."""
-    if x.p.tp == 1:
-        return 0.0
+    """TP collectives of one layer, forward + backward (+ the replay if recomputed): the
+    attention's and the MLP's, or an MoE layer's (:func:`sim.layout.stages.tp_pass`)."""
     act = x.tokens * x.m.hidden_size * x.e
-    kinds = ("all_gather", "reduce_scatter") if x.p.sequence_parallel else ("all_reduce",)
-    one = sum(x.coll("tp", kind, act * scale)
-              for scale in tp_blocks(x.m, x.p, moe) for kind in kinds)
-    passes = 3 if x.p.recompute == "full" else 2  # forward, backward, recomputed forward
-    return one * passes
+
+    def one(replay: bool) -> float:
+        return sum(x.coll("tp", kind, act * scale)
+                   for kind, scale in tp_pass(x.m, x.p, moe, replay))
+    if stops_early(x.p):  # the replay has fewer
+        return 2 * one(False) + one(True)
+    return one(False) * (3 if x.p.recompute == "full" else 2)
 
 
 def _tp_layers(st: StageLayers, dense_s: float, moe_s: float) -> float:
@@ -186,11 +186,14 @@ def _cp_per_layer(x: _Ctx, layer: cm.LayerTime) -> tuple[float, float]:
     return max(0.0, comm - hide), min(comm, hide)
 
 
-def _ep_pass(x: _Ctx, forward: bool) -> float:
-    """One MoE layer's dispatch and combine in one forward or backward pass."""
+def _ep_pass(x: _Ctx, forward: bool, replay: bool = False) -> float:
+    """One MoE layer's dispatch and combine in one forward or backward pass, or in
+    recomputation's replay (:func:`sim.layout.routing.replay_dispatches`)."""
     if x.p.ep == 1:
         return 0.0
-    ways = dispatches(x.m, x.p, x.fabric["ep"].span.nodes, forward)  # dispatch, combine
+    nodes = x.fabric["ep"].span.nodes
+    ways = replay_dispatches(x.m, x.p, nodes) if replay else dispatches(x.m, x.p, nodes,
+                                                                         forward)
     return sum(max(x.coll("ep", kind, size) for kind, size in parts) for parts in ways)
 
 
@@ -209,7 +212,7 @@ def _ep_stage(x: _Ctx, st: StageLayers, rank: int, k: float, tp_s: float
       warm-up's, at least one each) wait as ``none``."""
     fwd, bwd = _ep_pass(x, True), _ep_pass(x, False)
     full = x.p.recompute == "full"
-    each = [fwd, bwd] + ([fwd] if full else [])  # forward, backward, recomputed forward
+    each = [fwd, bwd] + ([_ep_pass(x, True, replay=True)] if full else [])  # and the replay
     total = st.moe * sum(each)
     if x.p.moe_overlap == "shared-expert":
         e = x.moe
@@ -336,9 +339,9 @@ def _chunk_passes(x: _Ctx, vs: int) -> StagePasses:
         logits, weight = cm.logits_time(x.cost, x.m, x.p), cm.logits_weight_time(x.cost, x.m, x.p)
         f, b, w = f + logits / 3, b + 2 * logits / 3, w + weight
     fwd, bwd = _ep_pass(x, True), _ep_pass(x, False)
+    replay = _ep_pass(x, True, replay=True) if x.p.recompute == "full" else 0.0
     moe = sum(flags)
-    return StagePasses(f, b, w, moe * fwd,
-                       moe * (bwd + (fwd if x.p.recompute == "full" else 0.0)))
+    return StagePasses(f, b, w, moe * fwd, moe * (bwd + replay))
 
 
 def _dualpipev(x: _Ctx, stages: Sequence[StageCost]) -> float:

@@ -17,8 +17,8 @@ from sim.des.context import Context, Proc, Unit
 from sim.des.data_parallel import DataParallel
 from sim.layout.memory import chunk_edge_params, layer_rank_params
 from sim.layout.placement import group_span
-from sim.layout.routing import dispatches
-from sim.layout.stages import cp_exchanges, edge_tp_collectives, tp_blocks
+from sim.layout.routing import dispatches, replay_dispatches
+from sim.layout.stages import cp_exchanges, edge_tp_collectives, tp_pass
 from sim.spec.recompute import reruns_core
 from sim.spec.routing import comm_sm_share
 
@@ -33,30 +33,28 @@ class Layers:
 
     def __init__(self, x: Context, comm: Collectives, dp: DataParallel) -> None:
         self.x, self.comm, self.dp = x, comm, dp
-        self._ways: dict[bool, list[list[tuple[str, float]]]] = {}
+        self._ways: dict[tuple[bool, bool], list[list[tuple[str, float]]]] = {}
         # units in a merged forward/backward step (moe_overlap a2a): their expert
         # all-to-alls, started and not waited for, as (start, process) pairs
         self.merged: dict[Unit, list[tuple[float, simpy.Process]]] = {}
 
     # Sizes and passes -----------------------------------------------------------------------
-    def _tp_ops(self, moe: bool = False) -> list[tuple[str, float]]:
+    def _tp_ops(self, moe: bool = False, replay: bool = False) -> list[tuple[str, float]]:
         """One TP pass over a layer, as (collective, bytes): an all-reduce, or an all-gather
-        and a reduce-scatter, per block (:func:`sim.layout.stages.tp_blocks`)."""
-        p = self.x.p
-        if p.tp == 1:
-            return []
-        kinds = ("all_gather", "reduce_scatter") if p.sequence_parallel else ("all_reduce",)
+        and a reduce-scatter, per block (:func:`sim.layout.stages.tp_pass`)."""
         act = self.x.tp_bytes()
-        return [(kind, act * scale) for scale in tp_blocks(self.x.m, p, moe) for kind in kinds]
+        return [(kind, act * scale) for kind, scale in tp_pass(self.x.m, self.x.p, moe, replay)]
 
-    def _dispatches(self, forward: bool) -> list[list[tuple[str, float]]]:
-        """Dispatch and combine of one MoE layer in a forward or backward pass
-        (:func:`sim.layout.routing.dispatches`)."""
-        if forward not in self._ways:
+    def _dispatches(self, forward: bool, replay: bool = False) -> list[list[tuple[str, float]]]:
+        """Dispatch and combine of one MoE layer in a forward or backward pass, or in the
+        replay (:func:`sim.layout.routing.dispatches`, ``replay_dispatches``)."""
+        key = (forward, replay)
+        if key not in self._ways:
             x = self.x
-            self._ways[forward] = dispatches(x.m, x.p, group_span(x.p, x.c, "ep").nodes,
-                                             forward)
-        return self._ways[forward]
+            nodes = group_span(x.p, x.c, "ep").nodes
+            self._ways[key] = replay_dispatches(x.m, x.p, nodes) if replay else \
+                dispatches(x.m, x.p, nodes, forward)
+        return self._ways[key]
 
     def _comm_passes(self, u: Unit, moe: bool, passes: int, tag: tuple,
                      hide: tuple[float, ...] = (), backward: bool = False) -> Proc:
@@ -66,17 +64,18 @@ class Layers:
         backward with two passes the first is the recomputed forward."""
         x = self.x
         for i in range(passes):
-            forward = not backward or (passes == 2 and i == 0)
-            for j, (coll, size) in enumerate(self._tp_ops(moe)):
+            replay = backward and passes == 2 and i == 0
+            forward = not backward or replay
+            for j, (coll, size) in enumerate(self._tp_ops(moe, replay)):
                 yield from self.comm.blocking(u, "tp", coll, size, tag + (i, j))
             if not (moe and x.p.ep > 1):
                 continue
             if u in self.merged:
                 self.merged[u].append((x.env.now, x.env.process(
-                    self._ep_chain(u, tag + (i,), forward))))
+                    self._ep_chain(u, tag + (i,), forward, replay))))
             elif hide:
                 t0 = x.env.now
-                chain = x.env.process(self._ep_chain(u, tag + (i,), forward))
+                chain = x.env.process(self._ep_chain(u, tag + (i,), forward, replay))
                 yield from x.compute(u, hide[i], f"shared expert {tag}")
                 ended = cast(float, chain.value) if chain.triggered else x.env.now
                 beside = min(x.env.now, ended) - t0
@@ -84,13 +83,13 @@ class Layers:
                 x.acct[u].comm_total["ep"] += cast(float, chain.value) - t0
                 yield from self._sm_share(u, beside)
             else:
-                for j, parts in enumerate(self._dispatches(forward)):
+                for j, parts in enumerate(self._dispatches(forward, replay)):
                     yield from self.comm.blocking_all(u, "ep", parts, tag + (i, "ep", j))
 
-    def _ep_chain(self, u: Unit, tag: tuple, forward: bool) -> Proc:
+    def _ep_chain(self, u: Unit, tag: tuple, forward: bool, replay: bool = False) -> Proc:
         """Dispatch then combine, off the unit's critical path; returns when it ended."""
         x = self.x
-        for j, parts in enumerate(self._dispatches(forward)):
+        for j, parts in enumerate(self._dispatches(forward, replay)):
             events = [self.comm.collective(u, "ep", coll, size,
                                            tag + ("ep", j) + ((coll,) if len(parts) > 1 else ()))
                       for coll, size in parts]
@@ -186,11 +185,17 @@ class Layers:
                 any(layers) and p.tp > 1):
             return None
         passes = (2 if p.recompute == "full" else 1) if backward else 1
-        tp1 = sum(comm.solo(u, "tp", c, size, passes * len(layers))
-                  for c, size in self._tp_ops())
+        ops = self._tp_ops()
+        replayed = self._tp_ops(replay=True) if passes == 2 else ops
+        if replayed == ops:
+            tp = passes * len(layers) * sum(comm.solo(u, "tp", c, size, passes * len(layers))
+                                            for c, size in ops)
+        else:  # a replay that stops early (sim.layout.stages.tp_pass)
+            tp = len(layers) * sum(comm.solo(u, "tp", c, size, len(layers))
+                                   for c, size in ops + replayed)
         compute = sum((lt.backward + self._recompute(lt)) if backward else lt.forward
                       for lt in (x.moe_t if moe else x.dense_t for moe in layers))
-        return compute, passes * len(layers) * tp1
+        return compute, tp
 
     def _recompute(self, lt: cm.LayerTime) -> float:
         return {"full": lt.forward, "selective": lt.recompute_forward}.get(self.x.p.recompute,

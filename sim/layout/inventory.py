@@ -47,10 +47,9 @@ tier issues (a test checks the DES against it for every test plan):
   block (``etp x ep`` ranks: the ``ep`` group when ``etp`` is 1, ``tp`` when ``ep`` is,
   else ``tp_ep``), and with sequence parallelism all-reduces the router's weight gradient
   as a norm's; FSDP2 reduces those every micro-batch; the DES leaves them out (small);
-- full recompute: torch's checkpoint replays a layer's forward up to the last tensor its
-  backward needs, so not the layer's last TP reduction (the MLP's, or an MoE layer's shared
-  expert's), which only feeds the residual stream; the DES replays the whole forward, as
-  Megatron-LM's recomputation does;
+- full recompute: both follow ``plan.recompute_replay`` (the executor passes torch's
+  ``early_stop``): a replay that stops early leaves out the layer's last TP reduction
+  (:func:`sim.layout.stages.tp_pass`);
 - not simulated by the DES (small): the sequence-parallel norm-gradient all-reduces, and
   ZeRO-3's gathers and reduce-scatters of the embedding and output parameters.
 """
@@ -76,6 +75,7 @@ from sim.layout.stages import (
 from sim.spec.experts import expert_tp, experts_follow_dense
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan, replica_plan
+from sim.spec.recompute import stops_early
 
 __all__ = ["dp_bucket_params", "expected_collectives", "compare_inventory", "Conventions",
            "TORCH", "SIMULATED"]
@@ -101,11 +101,10 @@ class Conventions:
     sp_norm_grads: bool  # SP: norm and router weight gradients all-reduced
     zero3_edges: bool  # ZeRO-3 gathers/reduce-scatters the embedding and output too
     expert_counts: bool  # MoE: per-expert token counts all-gathered over the expert block
-    replays_last_reduce: bool  # full recompute replays a layer's last TP reduction too
 
 
-TORCH = Conventions("torch", False, False, False, True, True, True, True, False)
-SIMULATED = Conventions("des", True, True, True, True, False, False, False, True)
+TORCH = Conventions("torch", False, False, False, True, True, True, True)
+SIMULATED = Conventions("des", True, True, True, True, False, False, False)
 
 
 class _Tally:
@@ -141,10 +140,8 @@ def _tp(t: _Tally, m: ModelSpec, p: Plan, st: StageLayers, conv: Conventions) ->
         for count, moe in ((st.dense, False), (st.moe, True)):
             for scale in tp_blocks(m, p, moe) if count else ():
                 t.add("tp", kind, act * scale, count * passes * n)
-    if p.recompute == "full" and not conv.replays_last_reduce:
-        # torch's checkpoint stops its replay at the last tensor backward needs: a layer's
-        # last reduction (the MLP's, or an MoE layer's shared expert's), whose output is
-        # only added to the residual stream, is not run again
+    if stops_early(p):  # the replay leaves out a layer's last reduction (the MLP's, or an
+        # MoE layer's shared expert's): sim.layout.stages.tp_pass
         ending = st.dense + (st.moe if m.shared_expert_ffn_hidden_size else 0)
         t.remove("tp", kinds[-1], act, ending * n)
     if first:  # embedding: forward reduce (SP: a reduce-scatter, gathered in backward)

@@ -28,9 +28,11 @@ from math import comb
 from sim.spec.experts import expert_tp
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
+from sim.spec.recompute import stops_early
 from sim.spec.routing import routing_is_balanced
 
 __all__ = ["Routing", "routing", "gini", "ep_bytes", "expected_nodes", "dispatches",
+           "replay_dispatches",
            "dispatch_scale", "FP8_GROUP"]
 
 FP8_GROUP = 128  # channels sharing one fp32 scale in an fp8 dispatch (DeepEP's)
@@ -177,3 +179,11 @@ def dispatches(m: ModelSpec, plan: Plan, nodes: int, forward: bool = True
                     ("dispatch_nvl", size * scale * copies)]
         return [parts(k), parts(1.0)]
     return [[("all_to_all", size * k)], [("all_to_all", size)]]
+
+
+def replay_dispatches(m: ModelSpec, plan: Plan, nodes: int) -> list[list[tuple[str, float]]]:
+    """The exchanges of full recomputation's replay of an MoE layer: the forward's
+    (:func:`dispatches`), less DeepEP's combine when the replay stops early
+    (:func:`sim.spec.recompute.stops_early`)."""
+    ways = dispatches(m, plan, nodes, True)
+    return ways[:1] if stops_early(plan) and plan.moe_dispatcher == "deepep" else ways

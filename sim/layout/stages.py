@@ -9,11 +9,11 @@ from sim.layout.routing import routing
 from sim.spec.experts import expert_tp
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
-from sim.spec.recompute import reruns_core
+from sim.spec.recompute import reruns_core, stops_early
 
-__all__ = ["StageLayers", "even_split", "tp_blocks", "virtual_stage_layers", "virtual_stage_moe",
-           "rank_virtual_stages", "virtual_stage_rank", "pipeline_rank_layers",
-           "edge_tp_collectives", "cp_exchanges"]
+__all__ = ["StageLayers", "even_split", "tp_blocks", "tp_pass", "virtual_stage_layers",
+           "virtual_stage_moe", "rank_virtual_stages", "virtual_stage_rank",
+           "pipeline_rank_layers", "edge_tp_collectives", "cp_exchanges"]
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,22 @@ def tp_blocks(model: ModelSpec, plan: Plan, moe: bool) -> tuple[float, ...]:
     if plan.moe_dispatcher == "allgather":
         return blocks + (float(plan.ep),)
     return blocks + (model.top_k * routing(model, plan).load_factor,)
+
+
+def tp_pass(model: ModelSpec, plan: Plan, moe: bool, replay: bool = False
+            ) -> list[tuple[str, float]]:
+    """One pass's tensor-parallel collectives over a layer, as (kind, activation scale): an
+    all-reduce, or an all-gather and a reduce-scatter, per block (:func:`tp_blocks`). The
+    ``replay`` of a recomputation that stops early (:func:`sim.spec.recompute.stops_early`)
+    leaves out the layer's last reduction, the MLP's or an MoE layer's shared expert's
+    (block 1): its output is only added to the residual stream."""
+    if plan.tp == 1:
+        return []
+    kinds = ("all_gather", "reduce_scatter") if plan.sequence_parallel else ("all_reduce",)
+    ops = [(kind, scale) for scale in tp_blocks(model, plan, moe) for kind in kinds]
+    if replay and stops_early(plan) and (not moe or model.shared_expert_ffn_hidden_size):
+        del ops[2 * len(kinds) - 1]
+    return ops
 
 
 def virtual_stage_layers(plan: Plan, model: ModelSpec) -> list[int]:

@@ -108,6 +108,9 @@ class Plan:
     # selective recomputation's modules (Megatron-LM's --recompute-modules: core_attn,
     # layernorm, mlp, moe_act, shared_experts); null: the attention core
     recompute_modules: tuple[str, ...] | None = None
+    # full recomputation's replay: `whole` (Megatron-LM, torchtitan) or `early-stop` (torch's
+    # non-reentrant checkpoint, e.g. NeMo Automodel: stops at the last tensor backward needs)
+    recompute_replay: str = "whole"
 
     def __post_init__(self) -> None:
         coerce_sync(self)

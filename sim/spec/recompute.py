@@ -12,14 +12,19 @@ from sim.errors import SpecError
 # as Any: plan.py imports this module for its rules).
 Plan = Any
 
-__all__ = ["MODULES", "recomputed", "reruns_core", "recomputed_norms", "check_recompute",
-           "check_recompute_model", "order_modules"]
+__all__ = ["MODULES", "REPLAYS", "recomputed", "reruns_core", "recomputed_norms",
+           "stops_early", "check_recompute", "check_recompute_model", "order_modules"]
 
 # Megatron-LM's names. core_attn: the attention core; layernorm: the two norms (their
 # outputs, the QKV and MLP inputs, are not kept); mlp: a dense layer's MLP; moe_act: the
 # routed experts' activation function (its output, the down projection's input, is not
 # kept); shared_experts: an MoE layer's shared expert.
 MODULES = ("core_attn", "layernorm", "mlp", "moe_act", "shared_experts")
+# how full recomputation replays a layer: the whole forward (Megatron-LM's checkpoint
+# function; torchtitan 0.3.0 passes early_stop=False), or torch's non-reentrant checkpoint
+# with its default early stop, which ends the replay once the last tensor the backward
+# needs is recomputed (what follows it, only added to the residual stream, is not re-run)
+REPLAYS = ("whole", "early-stop")
 _NOT_MODELLED = {"moe": "the whole MoE layer, whose recomputation replays the dispatch",
                  "mla_up_proj": "MLA's up-projections"}
 
@@ -46,6 +51,15 @@ def reruns_core(plan: Plan) -> bool:
     return plan.recompute == "full" or "core_attn" in recomputed(plan)
 
 
+def stops_early(plan: Plan) -> bool:
+    """Whether full recomputation's replay stops early: a layer's last tensor-parallel
+    reduction (the MLP's, or an MoE layer's shared expert's) and DeepEP's combine (whose
+    tokens were weighted and un-permuted before it: NeMo Automodel's and Megatron-LM's
+    flex dispatcher) are not re-run; with the ``alltoall`` and ``allgather`` dispatchers
+    the un-permute after the combine keeps its indices, so the combine is."""
+    return plan.recompute == "full" and plan.recompute_replay == "early-stop"
+
+
 def recomputed_norms(model: Any, plan: Plan, moe: bool) -> int:
     """Norms of a layer that ``layernorm`` re-runs, whose outputs are then not kept.
     Megatron-LM re-runs only norms that stand alone: with Transformer Engine's layer spec
@@ -61,6 +75,13 @@ def recomputed_norms(model: Any, plan: Plan, moe: bool) -> int:
 
 
 def check_recompute(plan: Plan) -> None:
+    if plan.recompute_replay not in REPLAYS:
+        raise SpecError("plan.recompute_replay", f"must be one of {', '.join(REPLAYS)}, got "
+                        f"{plan.recompute_replay!r}")
+    if plan.recompute_replay != "whole" and plan.recompute != "full":
+        raise SpecError("plan.recompute_replay", f"{plan.recompute_replay} needs recompute = "
+                        f"full (it is how a whole layer's replay ends), got recompute = "
+                        f"{plan.recompute}")
     mods, name = plan.recompute_modules, "plan.recompute_modules"
     if mods is None:
         return

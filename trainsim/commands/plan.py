@@ -36,7 +36,7 @@ def cmd_plan_new(args: argparse.Namespace) -> int:
 
     fields.update(section_fields(args))
     for k in ("moe_max_load", "moe_capacity_factor", "moe_dispatcher", "moe_dispatch_dtype",
-              "moe_comm_sms", "moe_overlap", "cp_comm", "recompute_modules"):
+              "moe_comm_sms", "moe_overlap", "cp_comm", "recompute_modules", "recompute_replay"):
         if getattr(args, k) is not None:
             fields[k] = getattr(args, k)
     plan = Plan.from_dict(fields)
@@ -76,6 +76,10 @@ def add_plan_parser(sub: Any) -> None:
     new.add_argument("--recompute-modules", nargs="+", metavar="MODULE",
                      help="with --recompute selective: the modules it re-runs (core_attn, "
                      "layernorm, mlp, moe_act, shared_experts; default core_attn)")
+    new.add_argument("--recompute-replay", choices=["whole", "early-stop"],
+                     help="with --recompute full: the replay runs the whole layer (Megatron-LM, "
+                     "torchtitan; default) or stops early at the last tensor backward needs "
+                     "(torch's non-reentrant checkpoint, e.g. NeMo Automodel)")
     new.add_argument("--dtype", choices=["bf16", "fp16", "fp8", "fp32"],
                      help="training precision (default bf16)")
     new.add_argument("--grad-reduce-dtype", choices=["fp32", "bf16", "fp16"],
@@ -90,6 +94,22 @@ def add_plan_parser(sub: Any) -> None:
                      help="context parallelism's exchange: the K/V ring beside the attention "
                      "(p2p, default), K/V all-gathered before it (allgather), or Ulysses' "
                      "all-to-all of the heads (a2a)")
+    _moe_options(new)
+    from trainsim.commands.sync import plan_sections
+
+    plan_sections(new)
+    new.add_argument("--model", help="also check against this model: " + MODEL_HELP)
+    new.add_argument("--cluster", help="also check against this cluster: " + CLUSTER_HELP)
+    new.add_argument("--out", metavar="FILE", help="write the plan here (atomically)")
+    new.set_defaults(func=cmd_plan_new)
+    check = psub.add_parser("check", help="validate a plan, optionally against model/cluster")
+    check.add_argument("plan", help="plan JSON file")
+    check.add_argument("--model", help=MODEL_HELP)
+    check.add_argument("--cluster", help=CLUSTER_HELP)
+    check.set_defaults(func=cmd_plan_check)
+
+
+def _moe_options(new: Any) -> None:
     new.add_argument("--moe-max-load", type=float, metavar="F",
                      help="MoE: tokens on the most-loaded expert-parallel rank over the mean "
                      "(default 1: forced balance)")
@@ -107,15 +127,3 @@ def add_plan_parser(sub: Any) -> None:
     new.add_argument("--moe-overlap", choices=["none", "shared-expert", "a2a"],
                      help="MoE: what hides the expert all-to-alls: the shared expert, or "
                      "another micro-batch's compute (a2a) (default none)")
-    from trainsim.commands.sync import plan_sections
-
-    plan_sections(new)
-    new.add_argument("--model", help="also check against this model: " + MODEL_HELP)
-    new.add_argument("--cluster", help="also check against this cluster: " + CLUSTER_HELP)
-    new.add_argument("--out", metavar="FILE", help="write the plan here (atomically)")
-    new.set_defaults(func=cmd_plan_new)
-    check = psub.add_parser("check", help="validate a plan, optionally against model/cluster")
-    check.add_argument("plan", help="plan JSON file")
-    check.add_argument("--model", help=MODEL_HELP)
-    check.add_argument("--cluster", help=CLUSTER_HELP)
-    check.set_defaults(func=cmd_plan_check)
