@@ -4,7 +4,8 @@ Megatron-LM plans, simulated, against the plan trainsim's optimizer finds.
 Run: ``.venv/bin/python experiments/qwen3_235b_plans.py [--des] [--deadline S]``.
 Writes ``experiments/results/qwen3_235b_plans.csv``. The shipped table is ``--deadline 0``
 (the search's analytic and DES phases, no local moves: on 2 cores the analytic tier takes
-about 35 s over 70,432 plans and the DES about 6 minutes for the top 8; a round of local
+about 65 s over 86,608 plans (16,176 of them DualPipeV, screened by a lower bound) and the
+DES about 8 minutes for the top 8; a round of local
 moves on this model takes over 25 minutes there).
 
 The plans are those of ``experiments/data/qwen3_235b_h100_plans.csv`` (NVIDIA's Megatron

@@ -5,8 +5,9 @@ A stage's speed is the inverse of its slowest device's compute scale (over every
 since all replicas share one layer split); a replica's is the inverse of its slowest
 stage's. Counts start proportional to speed (largest remainder, at least one each) and are
 then refined with the analytic tier, moving one layer or one micro-batch (``pp`` of them
-under interleaved 1F1B) from the slowest stage or replica to the fastest while the step
-gets shorter.
+under interleaved 1F1B; never below ``2 pp`` under DualPipeV) from the slowest stage or
+replica to the fastest while the step gets shorter. A pipeline rank's layers are those of
+its virtual stages (every ``pp``-th, or DualPipeV's V).
 
 >>> proportional(10, [1.0, 1.5])
 [4, 6]
@@ -23,6 +24,7 @@ from sim.analytic.replicas import replica_stage_scales, replica_timings
 from sim.cost.costmodel import CostModel
 from sim.cost.scales import gpu_compute_scales
 from sim.errors import SpecError
+from sim.layout.stages import rank_virtual_stages, virtual_stage_rank
 from sim.spec.cluster import ClusterSpec
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan, validate
@@ -30,12 +32,13 @@ from sim.spec.plan import Plan, validate
 __all__ = ["proportional", "balanced_variants", "balanced", "refine", "even_form"]
 
 
-def proportional(total: int, weights: Sequence[float], unit: int = 1) -> list[int]:
-    """``total`` split in multiples of ``unit`` proportionally to ``weights``, at least one
-    ``unit`` each, by largest remainder (ties to the lower index)."""
+def proportional(total: int, weights: Sequence[float], unit: int = 1, least: int = 1
+                 ) -> list[int]:
+    """``total`` split in multiples of ``unit`` proportionally to ``weights``, at least
+    ``least`` units each, by largest remainder (ties to the lower index)."""
     units = total // unit
     share = [w / sum(weights) * units for w in weights]
-    out = [max(1, int(s)) for s in share]
+    out = [max(least, int(s)) for s in share]
     order = sorted(range(len(out)), key=lambda i: (-(share[i] - int(share[i])), i))
     k = 0
     while sum(out) < units:
@@ -47,14 +50,22 @@ def proportional(total: int, weights: Sequence[float], unit: int = 1) -> list[in
 
 
 def _layers(plan: Plan, model: ModelSpec, stage_speed: list[float]) -> tuple[int, ...]:
-    weights = [stage_speed[k % plan.pp] for k in range(plan.pp * plan.vpp)]
+    weights = [stage_speed[virtual_stage_rank(plan, k)] for k in range(plan.pp * plan.vpp)]
     return tuple(proportional(model.num_layers, weights))
 
 
+def _micro_unit(plan: Plan) -> tuple[int, int]:
+    """(step, least) of a replica's micro-batches: ``pp`` at a time under interleaved 1F1B,
+    at least ``2 pp`` under DualPipeV, else one and one."""
+    if plan.schedule == "interleaved-1f1b":
+        return plan.pp, plan.pp
+    return 1, 2 * plan.pp if plan.schedule == "dualpipev" else 1
+
+
 def _micro(plan: Plan, replica_speed: list[float]) -> tuple[int, ...]:
-    unit = plan.pp if plan.schedule == "interleaved-1f1b" else 1
+    unit, least = _micro_unit(plan)
     total = plan.global_batch_size // plan.micro_batch_size
-    return tuple(proportional(total, replica_speed, unit))
+    return tuple(proportional(total, replica_speed, unit, least // unit))
 
 
 def balanced_variants(model: ModelSpec, cluster: ClusterSpec, plan: Plan
@@ -102,19 +113,19 @@ def _moves(plan: Plan, classes: list[list[int]]) -> list[Plan]:
     lps, pp = plan.layers_per_stage, plan.pp
     for a, b in _pairs(pp if lps else 0):  # pipeline ranks; their fullest / emptiest chunk
         assert lps is not None
-        src = max(range(a, len(lps), pp), key=lambda k: (lps[k], -k))
-        dst = min(range(b, len(lps), pp), key=lambda k: (lps[k], k))
+        src = max(rank_virtual_stages(plan, a), key=lambda k: (lps[k], -k))
+        dst = min(rank_virtual_stages(plan, b), key=lambda k: (lps[k], k))
         if lps[src] > 1:
             new = list(lps)
             new[src], new[dst] = new[src] - 1, new[dst] + 1
             out.append(dataclasses.replace(plan, layers_per_stage=tuple(new)))
     mbr = plan.micro_batches_per_replica
-    unit = plan.pp if plan.schedule == "interleaved-1f1b" else 1
+    unit, least = _micro_unit(plan)
     for ca, cb in _pairs(len(classes) if mbr else 0):
         assert mbr is not None
         a = max(classes[ca], key=lambda d: (mbr[d], -d))
         b = min(classes[cb], key=lambda d: (mbr[d], d))
-        if mbr[a] > unit:
+        if mbr[a] - unit >= least:
             new = list(mbr)
             new[a], new[b] = new[a] - unit, new[b] + unit
             out.append(dataclasses.replace(plan, micro_batches_per_replica=tuple(new)))
@@ -169,9 +180,10 @@ def _explicit_even(plan: Plan, model: ModelSpec, like: Plan) -> Plan:
         change["layers_per_stage"] = tuple(proportional(model.num_layers,
                                                         [1.0] * (plan.pp * plan.vpp)))
     if like.micro_batches_per_replica is not None:
-        unit = plan.pp if plan.schedule == "interleaved-1f1b" else 1
+        unit, least = _micro_unit(plan)
         change["micro_batches_per_replica"] = tuple(proportional(
-            plan.global_batch_size // plan.micro_batch_size, [1.0] * plan.dp, unit))
+            plan.global_batch_size // plan.micro_batch_size, [1.0] * plan.dp, unit,
+            least // unit))
     return dataclasses.replace(plan, **change)
 
 

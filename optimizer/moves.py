@@ -87,8 +87,8 @@ def _memory_moves(space: SearchSpace, p: Plan, peak_gib: float) -> list[tuple[st
     out = []
     if peak_gib < 0.8 * space.cluster.gpu.memory_gib:
         if p.recompute != "none":
-            out.append(("recompute none", dataclasses.replace(p, recompute="none",
-                                                              recompute_modules=None)))
+            out.append(("recompute none", dataclasses.replace(
+                p, recompute="none", recompute_modules=None, recompute_replay="whole")))
         per_replica = p.global_batch_size // p.dp
         if per_replica % (2 * p.micro_batch_size) == 0 and (
                 p.schedule != "interleaved-1f1b"

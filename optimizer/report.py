@@ -58,6 +58,7 @@ def summary(rep: SearchReport, top: int, constraints: Any = None,
     out: dict[str, Any] = {
         "model": rep.model, "cluster": rep.cluster, "space_size": rep.space_size,
         "feasible": rep.feasible, "des_evaluated": rep.des_evaluated, "wall_s": rep.wall_s,
+        "screened_out": rep.screened_out,
         "best_plan": best.plan.to_dict(), "best_iteration_s": best.best_s,
         "lower_bound_s": rep.lower_bound_s,
         "optimality_gap": best.best_s / rep.lower_bound_s - 1, "moves": rep.moves,
@@ -87,6 +88,9 @@ def format_report(s: dict[str, Any]) -> str:
              f"in memory, {s['des_evaluated']} simulated with the DES ({s['wall_s']:.1f} s)",
              f"{'#':>3} {'plan':<58} {'tier':<8} {'iter s':>8} {'MFU':>6} {'GiB':>6} "
              f"{'bubble':>6} {'comm s':>7}"]
+    if s.get("screened_out"):
+        lines[0] += (f"; {s['screened_out']} DualPipeV plans not timed (a lower bound on "
+                     "each above the ranked plans')")
     if s.get("constraints"):
         lines.insert(1, "searched within: " + ", ".join(s["constraints"]))
     rows = s["ranked"] + ([s["baseline"]] if "baseline" in s else [])

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sim.analytic.replicas import analytic_timing
+from sim.analytic.replicas import analytic_lower_bound, analytic_timing
 from sim.api import simulate
 from sim.cost.profiled import cost_model_for
 from sim.layout.memory import memory_verdict
@@ -20,8 +20,8 @@ from sim.spec.limits import MAX_DES_MICROBATCHES
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
 
-__all__ = ["Candidate", "SearchReport", "init_worker", "score", "des_result", "chunks",
-           "pool_map"]
+__all__ = ["Candidate", "SearchReport", "init_worker", "score", "screen", "des_result",
+           "chunks", "pool_map"]
 
 
 @dataclass
@@ -53,6 +53,8 @@ class SearchReport:
     # mixed clusters: the best even-split plan and the best balanced one (optimizer.balance)
     homogeneous: Candidate | None = None
     balanced: Candidate | None = None
+    # DualPipeV plans that fit but were not timed: their lower bound is above the K-th best
+    screened_out: int = 0
 
     @property
     def best(self) -> Candidate:
@@ -66,16 +68,27 @@ def init_worker(model: ModelSpec, cluster: ClusterSpec) -> None:
     _CTX.update(model=model, cluster=cluster, cost=cost_model_for(cluster))
 
 
-def score(plans: list[Plan]) -> list[tuple[float, float]]:
-    """(analytic seconds, peak GiB) per plan; seconds are inf when it does not fit."""
+def score(plans: list[Plan], bound: bool = False) -> list[tuple[float, float]]:
+    """(analytic seconds, peak GiB) per plan; seconds are inf when it does not fit.
+    ``bound``: a DualPipeV plan's seconds are a lower bound on its analytic time
+    (:func:`sim.analytic.replicas.analytic_lower_bound`)."""
     m, c, cost = _CTX["model"], _CTX["cluster"], _CTX["cost"]
     out = []
     for p in plans:
         peak, capacity = memory_verdict(m, c, p)  # each stage against its own GPUs
-        seconds = analytic_timing(m, c, p, cost).iteration_s if peak <= capacity \
-            else float("inf")
+        if peak > capacity:
+            seconds = float("inf")
+        elif bound:
+            seconds = analytic_lower_bound(m, c, p, cost)
+        else:
+            seconds = analytic_timing(m, c, p, cost).iteration_s
         out.append((seconds, peak))
     return out
+
+
+def screen(plans: list[Plan]) -> list[tuple[float, float]]:
+    """:func:`score` with DualPipeV plans bounded, not timed."""
+    return score(plans, bound=True)
 
 
 def des_result(plan: Plan) -> Result | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
+from collections.abc import Callable
 
 from optimizer.moves import neighbours
 from optimizer.scoring import (
@@ -21,9 +22,10 @@ from optimizer.scoring import (
     des_result,
     pool_map,
     score,
+    screen,
 )
 from optimizer.space import SearchSpace, divisors
-from sim.analytic.replicas import analytic_timing
+from sim.analytic.replicas import analytic_timing, bounds_below
 from sim.cost.profiled import cost_model_for
 from sim.errors import NoFeasiblePlan, SpecError
 from sim.layout.flops import model_flops_per_token
@@ -183,24 +185,45 @@ def _check_inputs(space: SearchSpace) -> None:
         raise SpecError("--global-batch-size/--seq-len", "must be positive (seq_len >= 2)")
 
 
-def _analytic_tier(space: SearchSpace, plans: list[Plan], workers: int, progress: bool
-                   ) -> list[Candidate]:
+def _analytic_tier(space: SearchSpace, plans: list[Plan], workers: int, progress: bool,
+                   top_k: int) -> tuple[list[Candidate], int]:
     """Every plan scored by the analytic tier; the feasible ones (memory, constraints) best
-    first. Raises NoFeasiblePlan saying which constraint rules them out."""
+    first, and how many DualPipeV plans were left out untimed. A DualPipeV plan is first
+    bounded below (:func:`optimizer.scoring.screen`: its programs' makespan, which costs
+    time in proportion to its micro-batches, is at least its busiest rank's work) and
+    timed only where the bound does not exceed the ``top_k``-th best time of the others,
+    so the top ``top_k`` are exactly those of timing every plan. Raises NoFeasiblePlan
+    saying which constraint rules them out."""
     from tqdm import tqdm
 
     bar = tqdm(total=len(plans), desc="analytic", unit="plan", disable=not progress)
-    scores = [s for part in pool_map(score, chunks(plans, workers), workers, space.model,
-                                      space.cluster, lambda _n: None) for s in part]
+    scores = _scores(screen, plans, workers, space)
     bar.update(len(plans))
     bar.close()
     cands = [Candidate(p, s, pk) for p, (s, pk) in zip(plans, scores, strict=True)]
-    feasible = sorted((c for c in cands if c.analytic_s < float("inf")
-                       and _within(space, c.peak_gib, c.analytic_s)),
+
+    def ok(c: Candidate) -> bool:
+        return c.analytic_s < float("inf") and _within(space, c.peak_gib, c.analytic_s)
+    bounded = [c for c in cands if ok(c) and bounds_below(space.model, space.cluster, c.plan)]
+    ids = {id(c) for c in bounded}
+    timed = sorted(c.analytic_s for c in cands if id(c) not in ids and ok(c))
+    cutoff = _sig(timed[top_k - 1]) if len(timed) >= top_k else float("inf")
+    close = [c for c in bounded if _sig(c.analytic_s) <= cutoff]  # as the ranking rounds
+    for c, (s, _) in zip(close, _scores(score, [c.plan for c in close], workers, space),
+                         strict=True):
+        c.analytic_s = s
+    left = ids - {id(c) for c in close}
+    feasible = sorted((c for c in cands if id(c) not in left and ok(c)),
                       key=lambda c: _rank(c.analytic_s, c.plan))
     if not feasible:
         raise NoFeasiblePlan(_why_infeasible(space, plans, cands))
-    return feasible
+    return feasible, len(left)
+
+
+def _scores(fn: Callable, plans: list[Plan], workers: int, space: SearchSpace
+            ) -> list[tuple[float, float]]:
+    return [s for part in pool_map(fn, chunks(plans, workers), workers, space.model,
+                                   space.cluster, lambda _n: None) for s in part]
 
 
 def _shortlist(space: SearchSpace, feasible: list[Candidate], top_k: int
@@ -236,7 +259,7 @@ def optimize(model: ModelSpec, cluster: ClusterSpec, global_batch_size: int, seq
         raise NoFeasiblePlan(f"no plan divides {cluster.world_size} devices, the batch of "
                              f"{global_batch_size} and the model's heads and layers"
                              + (f" within {', '.join(within)}" if within else ""))
-    feasible = _analytic_tier(space, plans, workers, progress)
+    feasible, screened_out = _analytic_tier(space, plans, workers, progress, top_k)
     shortlist, baseline = _shortlist(space, feasible, top_k)
     bar = tqdm(total=len(shortlist), desc="des", unit="plan", disable=not progress)
     results = pool_map(des_result, [c.plan for c in shortlist], workers, model, cluster,
@@ -259,10 +282,10 @@ def optimize(model: ModelSpec, cluster: ClusterSpec, global_batch_size: int, seq
     homogeneous, balanced, extra = _balance(space, ranked, feasible, workers) \
         if cluster.heterogeneous else (None, None, [])
     ranked = sorted(ranked + extra, key=lambda c: _rank(c.best_s, c.plan))
-    return SearchReport(model.name, cluster.name, len(plans), len(feasible),
+    return SearchReport(model.name, cluster.name, len(plans), len(feasible) + screened_out,
                         len(shortlist) + moved + len(extra), feasible, ranked, baseline,
                         lower_bound_s(space), time.perf_counter() - t0, log,
-                        homogeneous, balanced)
+                        homogeneous, balanced, screened_out)
 
 
 BALANCE_SEEDS = 3  # balanced plans the DES simulates (with their even seeds): the analytic

@@ -5,11 +5,12 @@ built and then rejected. A test checks that every generated plan passes ``sim.va
 Dimensions: ``tp`` (divides heads and kv heads, at most one node), ``cp`` (divides
 ``seq_len / 2``, at most 8), ``pp`` (divides the layers), ``dp`` the rest, ``ep`` (divides dp
 and the experts), micro-batch size (divides the per-replica batch, at most 8), schedule
-(1F1B, or interleaved with every ``vpp`` that divides the layers per stage when the
-micro-batches are a multiple of ``pp``), ZeRO stage (2 and 3 only without pipelining, as in
-Megatron-LM and DeepSpeed's pipeline engine), recompute (none, full, the attention core
-only without flash attention; an MoE plan with none that does not fit in memory re-runs the
-norms and expert activations instead where that fits),
+(1F1B; interleaved with every ``vpp`` that divides the layers per stage when the
+micro-batches are a multiple of ``pp``; DualPipeV with ``2 pp`` micro-batches), ZeRO
+stage (2 and 3 only without pipelining, as in Megatron-LM and DeepSpeed's pipeline
+engine), recompute (none, full, the attention core only without flash attention; an MoE
+plan with none that does not fit in memory re-runs the norms and expert activations
+instead where that fits),
 sequence parallelism (with ``tp > 1``; required with EP), context parallelism's exchange
 (the ring; the all-gather for torchtitan; the local moves try the others), and the
 placement: the default
@@ -102,9 +103,10 @@ class SearchSpace:
                             yield tp, cp, pp, dp, ep, etp
 
     def _schedules(self, pp: int, micro: int) -> list[tuple[str, int]]:
-        """1F1B, and interleaved 1F1B with each vpp that divides the layers a stage holds
-        (and, when pp does not divide the layers, each power of two up to them); layers
-        that pp x vpp does not divide are split as evenly as they go
+        """1F1B, interleaved 1F1B with each vpp that divides the layers a stage holds
+        (and, when pp does not divide the layers, each power of two up to them), and
+        DualPipeV (at least ``2 pp`` micro-batches and layers); layers that the virtual
+        stages do not divide are split as evenly as they go
         (:func:`sim.layout.stages.even_split`)."""
         out = [("1f1b", 1)]
         per_stage = self.model.num_layers // pp
@@ -113,6 +115,8 @@ class SearchSpace:
             vpps |= {2 ** k for k in range(1, per_stage.bit_length()) if 2 ** k <= per_stage}
         if pp > 1 and micro % pp == 0:
             out += [("interleaved-1f1b", v) for v in sorted(vpps) if v > 1]
+        if pp > 1 and micro >= 2 * pp and self.model.num_layers >= 2 * pp:
+            out.append(("dualpipev", 2))  # DualPipeV: two stages a rank, in a V
         vpp = self.constraints.fixed_value("vpp")
         return out if vpp is None else [(s, v) for s, v in out if v == vpp]
 

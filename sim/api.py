@@ -20,7 +20,7 @@ from sim.spec.cluster import ClusterSpec
 from sim.spec.limits import MAX_DES_MICROBATCHES
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan, validate
-from sim.spec.recompute import recomputed
+from sim.spec.recompute import recomputed, stops_early
 from sim.spec.sync import is_default_sync
 from sim.spec.workload import Workload
 
@@ -179,8 +179,8 @@ def _result(model: ModelSpec, cluster: ClusterSpec, plan: Plan, fidelity: str, t
     gpus = cluster.world_size
     per_gpu_s = t.iteration_s * gpus * 1e12
     model_tf = model_flops_per_token(model, plan.seq_len) * tokens / per_gpu_s
-    hw_tf = hardware_flops_per_token(model, plan.seq_len, plan.recompute,
-                                     recomputed(plan)) * tokens / per_gpu_s
+    hw_tf = hardware_flops_per_token(model, plan.seq_len, plan.recompute, recomputed(plan),
+                                     stops_early(plan)) * tokens / per_gpu_s
     mem = memory_report(model, cluster, plan)  # each stage against its own GPUs
     peak, capacity = mem.peak_gib, mem.capacity_gib
     return Result(

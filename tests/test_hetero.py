@@ -193,6 +193,33 @@ def test_uneven_microbatches_beat_even_on_dp_across_types(model, fidelity):
             > balanced
 
 
+@pytest.mark.parametrize("fidelity", ["analytic", "des"])
+def test_dualpipev_balances_the_layers_of_each_ranks_v(model, fidelity):
+    """DualPipeV on an A100 node and an H100 node: pipeline rank 0 (the A100s) holds
+    virtual stages 0 and 3, so both take fewer layers than stages 1 and 2."""
+    c = load_cluster(MIXED)
+    even = Plan(32, 1024, 1, tp=8, pp=2, vpp=2, schedule="dualpipev")
+    [(name, start)] = balanced_variants(model, c, even)
+    lps = start.layers_per_stage
+    assert name == "layers" and lps[0] < lps[1] and lps[3] < lps[2]
+    tuned = refine(model, c, start, cost_model_for(c), lambda q: True)
+    assert _time(model, MIXED, tuned, fidelity) < 0.9 * _time(model, MIXED, even, fidelity)
+
+
+def test_dualpipev_replicas_keep_two_micro_batches_a_stage(model):
+    """Each replica of a DualPipeV plan keeps at least 2 pp micro-batches however slow."""
+    c = load_cluster(MIXED)
+    even = Plan(32, 1024, 2, dp=2, tp=4, pp=2, vpp=2, schedule="dualpipev",
+                placement="tp-cp-ep-pp-dp")
+    variants = dict(balanced_variants(model, c, even))
+    start = variants["micro-batches"]
+    assert start.micro_batches_per_replica[0] < start.micro_batches_per_replica[1]
+    tuned = refine(model, c, start, cost_model_for(c), lambda q: True)
+    mbr = tuned.micro_batches_per_replica
+    assert mbr[0] < mbr[1] and min(mbr) >= 4 and sum(mbr) == 16
+    assert _time(model, MIXED, tuned, "analytic") < _time(model, MIXED, even, "analytic")
+
+
 def test_balancing_shifts_only_as_far_as_memory_allows(model):
     """A proportional split that does not fit is approached from the even one instead."""
     c = load_cluster(MIXED)

@@ -30,7 +30,53 @@ def test_every_generated_plan_is_valid(model, cluster):
         validate(p, model, cluster)  # raises if the generator built an invalid plan
     assert {p.tp for p in plans} == {1, 2, 4, 8}
     assert any(p.schedule == "interleaved-1f1b" for p in plans)
+    assert any(p.schedule == "dualpipev" for p in plans)
     assert any(p.ep > 1 for p in plans) == model.is_moe
+
+
+@pytest.mark.parametrize("model,cluster", [(L8, H1), (MIX, H2)], ids=["dense", "moe"])
+def test_screening_dualpipev_keeps_the_exact_top_k(model, cluster):
+    """DualPipeV plans are bounded below (their busiest rank's work) and timed only where
+    the bound could rank: the top 8 are those of timing every plan, and every bound is at
+    most the time."""
+    from optimizer.scoring import init_worker, score, screen
+    from optimizer.search import _analytic_tier
+
+    space = SearchSpace(model, cluster, 32, 4096, max_micro_batch=2)
+    plans = list(space)
+    init_worker(model, cluster)
+    exact, bounds = score(plans), screen(plans)
+    dual = [i for i, p in enumerate(plans) if p.schedule == "dualpipev"]
+    assert dual and all(bounds[i][0] <= exact[i][0] * (1 + 1e-12) for i in dual)
+    fit = [i for i in dual if exact[i][0] < float("inf")]
+    assert sum(bounds[i][0] < exact[i][0] for i in fit) > len(fit) // 2  # a real bound
+    feasible, screened_out = _analytic_tier(space, plans, 1, False, 8)
+    everything = sorted((s, repr(sorted(p.to_dict().items()))) for p, (s, _) in
+                        zip(plans, exact, strict=True) if s < float("inf"))
+    assert [c.analytic_s for c in feasible[:8]] == [s for s, _ in everything[:8]]
+    assert screened_out > 0 and len(feasible) + screened_out == len(everything)
+
+
+def test_a_mixed_fabric_ranks_dualpipev_by_its_time(tmp_path):
+    """Node groups of one GPU with different NICs: a heterogeneous cluster with one compute
+    speed, where DualPipeV plans are screened too, and each ranked plan carries its time,
+    not its bound."""
+    from optimizer.scoring import init_worker, score
+    from optimizer.search import _analytic_tier
+    from sim.spec.cluster import load_cluster as load
+
+    path = tmp_path / "nics.toml"
+    path.write_text('name = "h100-two-nics"\ngpus_per_node = 8\n[inter_node]\n'
+                    'nic_Gbps = 400\n[[node_groups]]\nnodes = 1\ngpu = "h100-sxm5-80gb"\n'
+                    '[[node_groups]]\nnodes = 1\ngpu = "h100-sxm5-80gb"\n'
+                    'inter_node = { nic_Gbps = 200, nics_per_node = 4 }\n')
+    cluster = load(str(path))
+    space = SearchSpace(L8, cluster, 32, 4096, max_micro_batch=2)
+    feasible, screened_out = _analytic_tier(space, list(space), 1, False, 8)
+    init_worker(L8, cluster)
+    dual = [c for c in feasible[:40] if c.plan.schedule == "dualpipev"]
+    assert cluster.heterogeneous and dual and screened_out > 0
+    assert [c.analytic_s for c in dual] == [s for s, _ in score([c.plan for c in dual])]
 
 
 def test_heuristic_is_tp_in_node_then_pp():

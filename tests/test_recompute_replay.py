@@ -38,6 +38,8 @@ def test_an_early_replay_leaves_out_the_last_reduction_of_a_layer() -> None:
     shared = dataclasses.replace(moe, shared_expert_ffn_hidden_size=4096)
     assert tp_pass(shared, p, True, replay=True) == \
         [op for i, op in enumerate(tp_pass(shared, p, True)) if i != 3]
+    deepep = dataclasses.replace(p, moe_dispatcher="deepep")  # Automodel's order: the shared
+    assert tp_pass(shared, deepep, True, replay=True) == tp_pass(shared, deepep, True)  # first
     whole = dataclasses.replace(p, recompute_replay="whole")
     assert tp_pass(dense, whole, False, replay=True) == tp_pass(dense, whole, False)
 
@@ -88,3 +90,27 @@ def test_exports_refuse_what_their_framework_does_not_run() -> None:
         assert "plan.recompute_replay" in str(refusal(fmt, p, m)), fmt
     whole = dataclasses.replace(p, recompute_replay="whole")
     assert refusal("megatron", whole, m) is None
+
+
+def test_an_early_replay_skips_a_dense_layers_down_projection() -> None:
+    """torch saves a standard linear's inputs before running it, so the early stop fires
+    before a dense layer's last GEMM (the MLP's down projection); an MoE layer's grouped
+    expert GEMMs save after running, so its replay runs the whole forward."""
+    from sim.cost.compute import layer_time
+    from sim.cost.profiled import cost_model_for
+    from sim.layout.flops import hardware_flops_per_token
+
+    m, c = load_model("llama3-8b"), load_cluster("dgx-h100:1")
+    cm = cost_model_for(c)
+    p = Plan(8, 4096, tp=8, sequence_parallel=True, **EARLY)
+    lt = layer_time(cm, m, p)
+    down = cm.gemm(p.local_tokens, m.hidden_size, m.ffn_hidden_size / 8, "bf16")[0]
+    assert lt.replay("full", True) == pytest.approx(lt.forward - down, rel=1e-12)
+    assert lt.replay("full", False) == lt.forward and lt.replay("none", True) == 0.0
+    moe_model = load_model("mixtral-8x7b")
+    q = Plan(16, 4096, dp=2, ep=2, tp=8, sequence_parallel=True, **EARLY)
+    moe = layer_time(cm, moe_model, q, moe=True)
+    assert moe.replay("full", True) == pytest.approx(moe.forward, rel=1e-12)
+    whole = hardware_flops_per_token(m, 4096, "full")
+    early = hardware_flops_per_token(m, 4096, "full", early_stop=True)
+    assert whole - early == pytest.approx(32 * 2.0 * m.hidden_size * m.ffn_hidden_size)

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from sim.layout.dualpipe import Pass, makespan, rank_of_stage, stages_of_rank
+from sim.layout.dualpipe import Pass, makespan, pass_counts, rank_of_stage, stages_of_rank
 
 __all__ = ["StagePasses", "RankTime", "dualpipev_pipeline"]
 
@@ -50,11 +50,20 @@ class RankTime:
 
 
 def dualpipev_pipeline(pp: int, m: int, stages: Sequence[StagePasses],
-                       ranks: Sequence[RankTime], a2a_overlap: bool, sm_share: float
-                       ) -> float:
-    """Seconds of the pipeline phase (module docstring)."""
+                       ranks: Sequence[RankTime], a2a_overlap: bool, sm_share: float,
+                       bound: bool = False) -> float:
+    """Seconds of the pipeline phase (module docstring); ``bound``: a lower bound on them,
+    in time independent of the number of micro-batches: no rank starts before the first
+    micro-batch's forwards on the stages before its own are done, nor ends before its
+    passes, end to end, are."""
     durations = [_rank_durations(pp, r, stages, ranks[r], a2a_overlap, sm_share)
                  for r in range(pp)]
+    if bound:
+        start = [0.0]
+        for r in range(pp - 1):
+            start.append(start[-1] + durations[r](Pass("F", 0, r)))
+        return max(start[r] + sum(n * durations[r](p) for p, n in pass_counts(pp, m, r))
+                   for r in range(pp))
 
     def seconds(p: Pass) -> float:
         return durations[rank_of_stage(pp, p.stage)](p)

@@ -111,8 +111,8 @@ def _tp_per_layer(x: _Ctx, moe: bool = False) -> float:
     act = x.tokens * x.m.hidden_size * x.e
 
     def one(replay: bool) -> float:
-        return sum(x.coll("tp", kind, act * scale)
-                   for kind, scale in tp_pass(x.m, x.p, moe, replay))
+        return sum((x.coll("tp", kind, act * scale)
+                    for kind, scale in tp_pass(x.m, x.p, moe, replay)), 0.0)
     if stops_early(x.p):  # the replay has fewer
         return 2 * one(False) + one(True)
     return one(False) * (3 if x.p.recompute == "full" else 2)
@@ -223,10 +223,11 @@ def _ep_stage(x: _Ctx, st: StageLayers, rank: int, k: float, tp_s: float
     if x.p.moe_overlap != "a2a" or total == 0:
         return total, 0.0
     compute = k * _stage_compute(x, st) + tp_s
-    passes = x.p.num_microbatches * x.p.vpp
-    alone = min(1.0, max(warmup_forwards(x.p, rank), 1) / passes)
     if x.p.schedule == "dualpipev":  # its program's unpaired passes
         alone = 1.0 - paired_share(x.p.pp, x.p.num_microbatches, rank)
+    else:
+        passes = x.p.num_microbatches * x.p.vpp
+        alone = min(1.0, max(warmup_forwards(x.p, rank), 1) / passes)
     exposed = alone * total + (1 - alone) * max(0.0, total - compute)
     return _sm_share(x, exposed, total - exposed)
 
@@ -241,10 +242,9 @@ def _sm_share(x: _Ctx, exposed: float, hidden: float) -> tuple[float, float]:
 def _stage_compute(x: _Ctx, st: StageLayers) -> float:
     d, e = x.dense, x.moe
     t = st.dense * (d.forward + d.backward) + st.moe * (e.forward + e.backward)
-    if x.p.recompute == "full":
-        t += st.dense * d.forward + st.moe * e.forward
-    elif x.p.recompute == "selective":  # the modules it re-runs (sim.spec.recompute)
-        t += st.dense * d.recompute_forward + st.moe * e.recompute_forward
+    if x.p.recompute != "none":  # the replay, or the modules it re-runs (sim.spec.recompute)
+        early = stops_early(x.p)
+        t += st.dense * d.replay(x.p.recompute, early) + st.moe * e.replay(x.p.recompute, early)
     if st.first:
         t += cm.embedding_time(x.cost, x.m, x.p)
     if st.last:
@@ -327,8 +327,7 @@ def _chunk_passes(x: _Ctx, vs: int) -> StagePasses:
     logits."""
     flags = virtual_stage_moe(x.p, x.m)[vs]
     times = [x.moe if moe else x.dense for moe in flags]
-    again = {"full": [t.forward for t in times],
-             "selective": [t.recompute_forward for t in times]}.get(x.p.recompute, [])
+    again = [t.replay(x.p.recompute, stops_early(x.p)) for t in times]
     f, b = sum(t.forward for t in times), sum(t.backward for t in times) + sum(again)
     w = sum(t.weight_grad for t in times)
     if vs == 0:
@@ -344,16 +343,22 @@ def _chunk_passes(x: _Ctx, vs: int) -> StagePasses:
     return StagePasses(f, b, w, moe * fwd, moe * (bwd + replay))
 
 
-def _dualpipev(x: _Ctx, stages: Sequence[StageCost]) -> float:
-    """The pipeline phase under DualPipeV (:mod:`sim.analytic.dualpipev`)."""
+def _dualpipev(x: _Ctx, stages: Sequence[StageCost], bound: bool = False) -> float:
+    """The pipeline phase under DualPipeV (:mod:`sim.analytic.dualpipev`), or a lower
+    bound on it."""
     passes = [_chunk_passes(x, vs) for vs in range(2 * x.p.pp)]
     ranks = [RankTime(s.per_microbatch_s, s.compute_s, s.ep_s, s.tp_s) for s in stages]
     return dualpipev_pipeline(x.p.pp, x.p.num_microbatches, passes, ranks,
-                              x.p.moe_overlap == "a2a", comm_sm_share(x.p, x.c.gpu.sm_count))
+                              x.p.moe_overlap == "a2a", comm_sm_share(x.p, x.c.gpu.sm_count),
+                              bound)
 
 
 def analytic_iteration(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel,
-                       stage_scale: Sequence[float] | None = None) -> Timing:
+                       stage_scale: Sequence[float] | None = None,
+                       dualpipev_bound: bool = False) -> Timing:
+    """One iteration; ``dualpipev_bound``: a DualPipeV plan's pipeline phase as the lower
+    bound of :func:`sim.analytic.dualpipev.dualpipev_pipeline` (what the search screens
+    with), not the time."""
     x = _Ctx(model, cluster, plan, cost)
     stages = _stage_costs(x, stage_scale)
     m, v = plan.num_microbatches, plan.vpp
@@ -361,7 +366,7 @@ def analytic_iteration(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost:
     slow = max(range(len(stages)), key=lambda r: times[r])
     pipe = m * times[slow] + (sum(times) - times[slow]) / v
     if plan.schedule == "dualpipev":
-        pipe = _dualpipev(x, stages)
+        pipe = _dualpipev(x, stages, dualpipev_bound)
     tail_rank = max(range(len(stages)), key=lambda r: stages[r].tail_s)
     b, t = stages[slow], stages[tail_rank]
     breakdown = {

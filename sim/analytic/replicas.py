@@ -17,7 +17,8 @@ from sim.spec.cluster import ClusterSpec
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan, replica_plan
 
-__all__ = ["replica_stage_scales", "replica_analytic", "replica_timings", "analytic_timing"]
+__all__ = ["replica_stage_scales", "replica_analytic", "replica_timings", "analytic_timing",
+           "analytic_lower_bound", "bounds_below"]
 
 
 def replica_stage_scales(plan: Plan, scales: Sequence[float] | None) -> list[list[float]]:
@@ -58,6 +59,23 @@ def replica_analytic(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: C
     documented approximation)."""
     return max(replica_timings(model, cluster, plan, cost, scales),
                key=lambda t: t.iteration_s)
+
+
+def bounds_below(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> bool:
+    """Whether :func:`analytic_lower_bound` gives a bound rather than the time: DualPipeV
+    with even replicas on devices of one compute speed."""
+    return plan.schedule == "dualpipev" and plan.micro_batches_per_replica is None \
+        and gpu_compute_scales(model, cluster, plan) is None
+
+
+def analytic_lower_bound(model: ModelSpec, cluster: ClusterSpec, plan: Plan,
+                         cost: CostModel) -> float:
+    """At most :func:`analytic_timing`'s iteration seconds, and cheaper where
+    :func:`bounds_below` (a DualPipeV pipeline phase bounded by its ranks' work, in time
+    independent of the micro-batches); the time itself otherwise."""
+    if bounds_below(model, cluster, plan):
+        return analytic_iteration(model, cluster, plan, cost, dualpipev_bound=True).iteration_s
+    return analytic_timing(model, cluster, plan, cost).iteration_s
 
 
 def analytic_timing(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel

@@ -16,7 +16,7 @@ from sim.layout.routing import routing
 from sim.spec.experts import expert_tp
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
-from sim.spec.recompute import recomputed, recomputed_norms
+from sim.spec.recompute import recomputed, recomputed_norms, stops_early
 
 __all__ = ["LayerTime", "layer_time", "ops_layer_time", "logits_time", "ops_logits_time",
            "embedding_time",
@@ -38,8 +38,16 @@ class LayerTime:
     attention_backward: float
     shared_forward: float = 0.0  # an MoE layer's shared expert (what can hide its all-to-alls)
     shared_backward: float = 0.0
-    # the forward of the modules selective recomputation re-runs (sim.spec.recompute)
+    # the forward of the modules selective recomputation re-runs (sim.spec.recompute), or
+    # of full recomputation's replay when it stops early
     recompute_forward: float = 0.0
+
+    def replay(self, recompute: str, early_stop: bool) -> float:
+        """Seconds the backward re-runs: the forward (full), less what an early-stopped
+        replay leaves out, or the modules selective recomputation names."""
+        if recompute == "full":
+            return self.recompute_forward if early_stop else self.forward
+        return self.recompute_forward if recompute == "selective" else 0.0
 
     @property
     def weight_grad(self) -> float:
@@ -176,9 +184,11 @@ def layer_time(cm: CostModel, m: ModelSpec, plan: Plan, moe: bool = False) -> La
     factor = getattr(cm, "layer_factor", None)
     f, b = factor(m, plan) if factor is not None else (1.0, 1.0)
     over = getattr(cm, "layer_overhead_s", 0.0)  # the roofline's calibrated fixed cost
+    replay = over if stops_early(plan) else 0.0  # a whole layer's replay: its fixed cost too
     return LayerTime(lt.forward * f + over, lt.backward * b + 2 * over,
                      lt.attention_forward * f, lt.attention_backward * b,
-                     lt.shared_forward * f, lt.shared_backward * b, lt.recompute_forward * f)
+                     lt.shared_forward * f, lt.shared_backward * b,
+                     lt.recompute_forward * f + replay)
 
 
 def ops_layer_time(cm: CostModel, m: ModelSpec, plan: Plan, moe: bool = False) -> LayerTime:
@@ -190,6 +200,11 @@ def ops_layer_time(cm: CostModel, m: ModelSpec, plan: Plan, moe: bool = False) -
     shared = _shared(cm, m, plan, tokens) if moe else (0.0, 0.0)
     again = _recomputed_forward(cm, m, plan, moe, {"core_attn": core[0], "mlp": mlp[0],
                                                    "shared_experts": shared[0]})
+    if stops_early(plan):  # the replay ends before a dense layer's down projection, whose
+        # inputs torch saves before running it (an MoE layer's grouped GEMMs save after)
+        down = 0.0 if moe else cm.gemm(tokens, m.hidden_size, m.ffn_hidden_size / plan.tp,
+                                       plan.dtype)[0]
+        again = rest[0] + core[0] - down
     return LayerTime(rest[0] + core[0], rest[1] + core[1], core[0], core[1], *shared, again)
 
 

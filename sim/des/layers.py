@@ -19,7 +19,7 @@ from sim.layout.memory import chunk_edge_params, layer_rank_params
 from sim.layout.placement import group_span
 from sim.layout.routing import dispatches, replay_dispatches
 from sim.layout.stages import cp_exchanges, edge_tp_collectives, tp_pass
-from sim.spec.recompute import reruns_core
+from sim.spec.recompute import reruns_core, stops_early
 from sim.spec.routing import comm_sm_share
 
 __all__ = ["Layers"]
@@ -198,8 +198,7 @@ class Layers:
         return compute, tp
 
     def _recompute(self, lt: cm.LayerTime) -> float:
-        return {"full": lt.forward, "selective": lt.recompute_forward}.get(self.x.p.recompute,
-                                                                             0.0)
+        return lt.replay(self.x.p.recompute, stops_early(self.x.p))
 
     def _extras(self, vs: int) -> tuple[float, float]:
         """(forward, backward) seconds of the embedding (first virtual stage) and the output

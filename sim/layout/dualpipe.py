@@ -24,12 +24,13 @@ the schedule and how the tests check it against the published bubble,
 
 from __future__ import annotations
 
-from collections import deque
+import functools
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
 __all__ = ["Pass", "Msg", "Call", "rank_of_stage", "stages_of_rank", "rank_calls",
-           "rank_program", "paired_share", "peak_held", "peak_activations",
+           "rank_program", "pass_counts", "paired_share", "peak_held", "peak_activations",
            "makespan", "published_bubble", "uniform"]
 
 
@@ -173,7 +174,8 @@ def _steps_1_to_4(g: _Program, pp: int, m: int) -> None:
         g.pair(1, 0)
 
 
-def rank_calls(pp: int, m: int, rank: int) -> list[Pass | Call]:
+@functools.lru_cache(maxsize=1024)
+def rank_calls(pp: int, m: int, rank: int) -> tuple[Pass | Call, ...]:
     """Rank ``rank``'s passes in order with the batched calls between them: as the
     reference, each pass first commits what was posted since the last call (the sends of
     the passes before it, the receives it and the next ones need) and waits for it."""
@@ -196,14 +198,25 @@ def rank_calls(pp: int, m: int, rank: int) -> list[Pass | Call]:
         g.weight()
     g.commit()
     assert not g.queue and g.count["F"] == g.count["B"] == [m, m], "DualPipeV inconsistent"
-    return g.items
+    return tuple(g.items)
 
 
-def rank_program(pp: int, m: int, rank: int) -> list[Pass]:
+@functools.lru_cache(maxsize=1024)
+def rank_program(pp: int, m: int, rank: int) -> tuple[Pass, ...]:
     """Rank ``rank``'s passes in order."""
-    return [p for p in rank_calls(pp, m, rank) if isinstance(p, Pass)]
+    return tuple(p for p in rank_calls(pp, m, rank) if isinstance(p, Pass))
 
 
+@functools.lru_cache(maxsize=1024)
+def pass_counts(pp: int, m: int, rank: int) -> tuple[tuple[Pass, int], ...]:
+    """The rank's distinct passes as a duration sees them (kind, stages, deferral; the
+    micro-batch set to 0), each with how many times it runs."""
+    seen = Counter((p.kind, p.stage, p.deferred, p.stage2) for p in rank_program(pp, m, rank))
+    return tuple((Pass(kind, 0, stage, deferred, 0 if kind == "FB" else -1, stage2), n)
+                 for (kind, stage, deferred, stage2), n in seen.items())
+
+
+@functools.lru_cache(maxsize=1024)
 def paired_share(pp: int, m: int, rank: int) -> float:
     """The share of the rank's forward and backward passes that run in pairs."""
     pairs = sum(p.kind == "FB" for p in rank_program(pp, m, rank))
@@ -215,19 +228,34 @@ def peak_held(pp: int, m: int, rank: int, stored: dict[int, float],
     """The most a rank holds at once, a chunk of stage ``s`` counting ``stored[s]`` from
     its forward to its backward and ``waiting[s]`` from a backward that defers its weight
     gradient to that ``W`` (what the weight gradient still needs: with recomputation, more
-    than the stored inputs)."""
-    held = peak = 0.0
+    than the stored inputs); both are sizes, not negative."""
+    s0, s1 = stages_of_rank(pp, rank)
+    x = (stored[s0], stored[s1], waiting[s0], waiting[s1])
+    return max(sum(c * v for c, v in zip(counts, x, strict=True))
+               for counts in _held_counts(pp, m, rank))
+
+
+@functools.lru_cache(maxsize=1024)
+def _held_counts(pp: int, m: int, rank: int) -> tuple[tuple[int, int, int, int], ...]:
+    """The chunks a rank holds at each point of its program where the total may peak, as
+    (stored of its first stage, of its second, waiting of its first, of its second):
+    distinct, none below another in every count (the sizes are not negative), none held
+    at the start."""
+    s0, _ = stages_of_rank(pp, rank)
+    held, seen = [0, 0, 0, 0], {(0, 0, 0, 0)}
     for p in rank_program(pp, m, rank):
         if p.kind in ("F", "FB"):
-            held += stored[p.stage]
-        peak = max(peak, held)
+            held[p.stage != s0] += 1
+        seen.add(tuple(held))  # type: ignore[arg-type]
         if p.kind in ("B", "FB"):
             stage = p.stage2 if p.kind == "FB" else p.stage
-            held += (waiting[stage] if p.deferred else 0.0) - stored[stage]
+            held[stage != s0] -= 1
+            held[2 + (stage != s0)] += p.deferred
         elif p.kind == "W":
-            held -= waiting[p.stage]
-        peak = max(peak, held)
-    return peak
+            held[2 + (p.stage != s0)] -= 1
+        seen.add(tuple(held))  # type: ignore[arg-type]
+    return tuple(c for c in seen if not any(
+        o != c and all(a >= b for a, b in zip(o, c, strict=True)) for o in seen))
 
 
 def peak_activations(pp: int, m: int, rank: int) -> int:
@@ -259,31 +287,66 @@ def _done_as(p: Pass) -> list[tuple[str, int, int]]:
     return [(p.kind, p.mb, p.stage)]
 
 
+_Step = tuple[Pass, tuple[tuple[int, bool], ...], tuple[int, ...]]
+
+
+@functools.lru_cache(maxsize=32)
+def _steps(pp: int, m: int) -> tuple[tuple[_Step, ...], ...]:
+    """Each rank's program as (pass, what it needs as (event, on another rank), the events
+    it completes), the events ``(kind, mb, stage)`` numbered."""
+    last = 2 * pp - 1
+
+    def event(n: tuple[str, int, int]) -> int:
+        return (n[1] * 2 * pp + n[2]) * 2 + (n[0] == "B")
+    return tuple(tuple((p, tuple((event(n), rank_of_stage(pp, n[2]) != r)
+                                 for n in _needs(p, last)),
+                        tuple(event(n) for n in _done_as(p)))
+                       for p in rank_program(pp, m, r)) for r in range(pp))
+
+
 def makespan(pp: int, m: int, duration: Durations, transfer: float = 0.0
              ) -> tuple[float, list[float]]:
     """(time the last pass ends, each rank's busy seconds): every rank runs its program in
     order, a pass starting once the rank is free and what it needs is done (``transfer``
-    seconds later when that was on another rank)."""
-    programs = [rank_program(pp, m, r) for r in range(pp)]
-    last = 2 * pp - 1
-    done: dict[tuple[str, int, int], float] = {}
+    seconds later when that was on another rank). ``duration`` depends on a pass's kind,
+    stages and deferral, not on its micro-batch (it is asked once for each)."""
+    programs = _steps(pp, m)
+    asked: dict[tuple[str, int, bool, int], float] = {}
+    seconds = []
+    for program in programs:
+        row = []
+        for p, _, _ in program:
+            key = (p.kind, p.stage, p.deferred, p.stage2)
+            if key not in asked:
+                asked[key] = duration(p)
+            row.append(asked[key])
+        seconds.append(row)
+    done: list[float | None] = [None] * (4 * pp * m)
     free, busy, at = [0.0] * pp, [0.0] * pp, [0] * pp
     while any(at[r] < len(programs[r]) for r in range(pp)):
         moved = False
         for r in range(pp):
-            while at[r] < len(programs[r]):
-                p = programs[r][at[r]]
-                needs = _needs(p, last)
-                if any(n not in done for n in needs):
-                    break
-                start = max([free[r]] + [done[n] + (transfer if rank_of_stage(pp, n[2]) != r
-                                                    else 0.0) for n in needs])
-                seconds = duration(p)
-                free[r], busy[r] = start + seconds, busy[r] + seconds
-                for key in _done_as(p):
-                    done[key] = free[r]
-                at[r] += 1
-                moved = True
+            program, i, t = programs[r], at[r], free[r]
+            while i < len(program):
+                start, (_, needs, dones) = t, program[i]
+                for e, cross in needs:
+                    d = done[e]
+                    if d is None:
+                        break
+                    if cross:
+                        d += transfer
+                    if d > start:
+                        start = d
+                else:
+                    t = start + seconds[r][i]
+                    busy[r] += seconds[r][i]
+                    for e in dones:
+                        done[e] = t
+                    i += 1
+                    continue
+                break
+            moved = moved or i > at[r]
+            at[r], free[r] = i, t
         if not moved:
             raise RuntimeError("DualPipeV programs deadlock")  # a bug, not bad input
     return max(free), busy

@@ -181,8 +181,10 @@ def model_flops_per_token(m: ModelSpec, seq_len: int) -> float:
 
 
 def hardware_flops_per_token(m: ModelSpec, seq_len: int, recompute: str = "none",
-                             modules: frozenset[str] = frozenset({"core_attn"})) -> float:
-    """FLOPs actually executed: full recompute re-runs every layer's forward (not the logits),
+                             modules: frozenset[str] = frozenset({"core_attn"}),
+                             early_stop: bool = False) -> float:
+    """FLOPs actually executed: full recompute re-runs every layer's forward (not the logits;
+    with ``early_stop``, torch's, not a dense layer's last GEMM, the MLP's down projection),
     selective recompute re-runs ``modules`` (:mod:`sim.spec.recompute`; the attention core
     by default): the core, dense layers' MLPs, MoE layers' shared experts (norms and
     activation functions have no matmul FLOPs)."""
@@ -190,8 +192,11 @@ def hardware_flops_per_token(m: ModelSpec, seq_len: int, recompute: str = "none"
         raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
     base = model_flops_per_token(m, seq_len)
     logits = (1 + m.num_mtp_layers) * logits_flops_per_token(m)
-    if recompute == "full":
-        return base + forward_flops_per_token(m, seq_len) - logits
+    if recompute == "full":  # a replay that stops early skips dense layers' down projection
+        dense = m.num_layers + m.num_mtp_layers - m.num_moe_layers \
+            - (m.num_mtp_layers if m.moe_layer(m.num_layers - 1) else 0)
+        skipped = dense * 2.0 * m.hidden_size * m.ffn_hidden_size if early_stop else 0.0
+        return base + forward_flops_per_token(m, seq_len) - logits - skipped
     if recompute == "selective":
         layers = m.num_layers + m.num_mtp_layers
         n_moe = m.num_moe_layers + (m.num_mtp_layers if m.moe_layer(m.num_layers - 1) else 0)

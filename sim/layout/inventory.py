@@ -142,7 +142,8 @@ def _tp(t: _Tally, m: ModelSpec, p: Plan, st: StageLayers, conv: Conventions) ->
                 t.add("tp", kind, act * scale, count * passes * n)
     if stops_early(p):  # the replay leaves out a layer's last reduction (the MLP's, or an
         # MoE layer's shared expert's): sim.layout.stages.tp_pass
-        ending = st.dense + (st.moe if m.shared_expert_ffn_hidden_size else 0)
+        shared_last = m.shared_expert_ffn_hidden_size and p.moe_dispatcher != "deepep"
+        ending = st.dense + (st.moe if shared_last else 0)
         t.remove("tp", kinds[-1], act, ending * n)
     if first:  # embedding: forward reduce (SP: a reduce-scatter, gathered in backward)
         for kind in kinds:

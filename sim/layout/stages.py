@@ -66,13 +66,17 @@ def tp_pass(model: ModelSpec, plan: Plan, moe: bool, replay: bool = False
     """One pass's tensor-parallel collectives over a layer, as (kind, activation scale): an
     all-reduce, or an all-gather and a reduce-scatter, per block (:func:`tp_blocks`). The
     ``replay`` of a recomputation that stops early (:func:`sim.spec.recompute.stops_early`)
-    leaves out the layer's last reduction, the MLP's or an MoE layer's shared expert's
-    (block 1): its output is only added to the residual stream."""
+    leaves out the layer's last reduction (block 1), whose output is only added to the
+    residual stream: the MLP's, or an MoE layer's shared expert's where it runs after the
+    routed experts (the executor's order); DeepEP's path (NeMo Automodel's) runs the
+    shared expert first and stops before its combine instead
+    (:func:`sim.layout.routing.replay_dispatches`)."""
     if plan.tp == 1:
         return []
     kinds = ("all_gather", "reduce_scatter") if plan.sequence_parallel else ("all_reduce",)
     ops = [(kind, scale) for scale in tp_blocks(model, plan, moe) for kind in kinds]
-    if replay and stops_early(plan) and (not moe or model.shared_expert_ffn_hidden_size):
+    if replay and stops_early(plan) and (not moe or (model.shared_expert_ffn_hidden_size
+                                                     and plan.moe_dispatcher != "deepep")):
         del ops[2 * len(kinds) - 1]
     return ops
 
