@@ -32,6 +32,7 @@ from sim.layout.memory import memory_verdict
 from sim.layout.stages import even_split
 from sim.spec.cluster import ClusterSpec
 from sim.spec.experts import check_experts_model
+from sim.spec.limits import MAX_DUALPIPEV_RANK_MICROBATCHES
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
 
@@ -115,7 +116,8 @@ class SearchSpace:
             vpps |= {2 ** k for k in range(1, per_stage.bit_length()) if 2 ** k <= per_stage}
         if pp > 1 and micro % pp == 0:
             out += [("interleaved-1f1b", v) for v in sorted(vpps) if v > 1]
-        if pp > 1 and micro >= 2 * pp and self.model.num_layers >= 2 * pp:
+        if pp > 1 and 2 * pp <= micro <= MAX_DUALPIPEV_RANK_MICROBATCHES // pp \
+                and self.model.num_layers >= 2 * pp:
             out.append(("dualpipev", 2))  # DualPipeV: two stages a rank, in a V
         vpp = self.constraints.fixed_value("vpp")
         return out if vpp is None else [(s, v) for s, v in out if v == vpp]

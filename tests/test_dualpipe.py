@@ -205,3 +205,14 @@ def test_the_des_runs_odd_pipelines_and_uneven_replicas():
             sends = {r["kind"]: r["count"] for r in issued[stage] if r["group"] == "pp"}
             per_mb = 4 if stage == 1 else 2
             assert sends["send"] == per_mb * plan.micro_batches_per_replica[replica]
+
+
+def test_absurd_dualpipev_batches_are_refused_not_run():
+    """Both tiers run DualPipeV's programs pass by pass: pp x micro-batches is capped."""
+    from sim import Plan
+    from sim.errors import SpecError
+
+    with pytest.raises(SpecError, match=r"plan\.global_batch_size.*must be at most 262,144"):
+        Plan(2**31, 256, pp=2, vpp=2, schedule="dualpipev")
+    Plan(2**17, 256, pp=2, vpp=2, schedule="dualpipev")  # at the limit
+

@@ -126,7 +126,7 @@ def test_search_space_splits_awkward_layer_counts_and_takes_a2a():
     space = SearchSpace(load_model(QWEN), load_cluster("dgx-h100:2"), 64, 4096)
     for plan in itertools.islice(iter(space), 3000):
         allowed = plan.ep > 1 and plan.recompute != "full" and (
-            plan.pp == 1 or plan.schedule == "interleaved-1f1b")
+            plan.pp == 1 or plan.schedule in ("interleaved-1f1b", "dualpipev"))
         merged += plan.moe_overlap == "a2a"
         assert plan.moe_overlap == "none" or allowed
         if allowed and plan.moe_overlap == "none":  # only where a merged step would not fit

@@ -290,7 +290,7 @@ def _done_as(p: Pass) -> list[tuple[str, int, int]]:
 _Step = tuple[Pass, tuple[tuple[int, bool], ...], tuple[int, ...]]
 
 
-@functools.lru_cache(maxsize=32)
+@functools.lru_cache(maxsize=8)
 def _steps(pp: int, m: int) -> tuple[tuple[_Step, ...], ...]:
     """Each rank's program as (pass, what it needs as (event, on another rank), the events
     it completes), the events ``(kind, mb, stage)`` numbered."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from sim.errors import SpecError
+from sim.spec.limits import MAX_DUALPIPEV_RANK_MICROBATCHES
 
 # ``plan`` below is a sim.spec.plan.Plan, which imports this module for its rules (typed
 # as Any: naming Plan here would be an import circle).
@@ -94,3 +95,7 @@ def _check_dualpipev(plan: Plan) -> None:
     if min(counts) < 2 * plan.pp:
         raise SpecError(field, f"dualpipev needs at least 2*pp = {2 * plan.pp} micro-batches "
                         f"per replica, got {min(counts)}")
+    most = MAX_DUALPIPEV_RANK_MICROBATCHES
+    if plan.pp * max(counts) > most:
+        raise SpecError(field, f"dualpipev runs its programs pass by pass: pp * micro-batches "
+                        f"per replica = {plan.pp}*{max(counts)} must be at most {most:,}")

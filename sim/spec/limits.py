@@ -45,6 +45,9 @@ MAX_NORMS_PER_LAYER = 8  # hidden-size norms in one layer: Gemma 2 and 3 have th
 # Micro-batches per replica in the DES tier, which runs each one (65,536 of Llama 3 8B at
 # pp 8 took 4 minutes): 30x a 2,048-sequence batch accumulated on one replica.
 MAX_DES_MICROBATCHES = 2**16
+# DualPipeV's programs, which both tiers run pass by pass: pp x micro-batches per replica
+# (64 ranks x 4,096 micro-batches; a program of 2^18 takes about a second to build)
+MAX_DUALPIPEV_RANK_MICROBATCHES = 2**18
 
 # ModelSpec field -> (limit, unit in the message).
 MODEL_LIMITS: dict[str, tuple[int, str]] = {
