@@ -20,8 +20,9 @@ Chinchilla ratio) at the simulated throughput: for BSP the loss per token is exa
 site's; for DiLoCo it is not modelled (no measured LLM DiLoCo curve ships), so its time is
 the time to the same tokens, not to the same loss.
 
-Flat BSP is also run in the DES (``of_single_site_des``): it reduces the gradient bucket by
-bucket, each paying the WAN's latency, where the closed form prices one all-reduce.
+Flat BSP is also run in the DES (``of_single_site_des``). Both tiers reduce the gradient
+bucket by bucket, each paying the WAN's latency; where the WAN's bandwidth binds, the DES
+lets one group's transfer fill another's latency, and the closed form does not.
 
 The single-site limit: the WAN made as wide as 10^5 Gb/s and as near as 2 us; flat BSP
 across the sites against the single cluster, both tiers (target: within 1%).

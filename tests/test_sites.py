@@ -83,6 +83,34 @@ def test_the_single_site_limit_is_the_single_cluster(fidelity: str) -> None:
     assert slow > 3 * one
 
 
+@pytest.mark.parametrize("gbps", [1.0, 400.0])
+def test_both_tiers_pay_the_wan_latency_once_a_bucket(gbps: float) -> None:
+    """Flat BSP over a 40 ms WAN: the DES reduces the gradient bucket by bucket, each
+    all-reduce paying its ring steps' latency, and the closed form prices the same buckets
+    (it priced one all-reduce of everything: 8 times the DES's throughput at 400 Gb/s)."""
+    model = load_any("llama3-8b")
+    c = _two(gbps=gbps, lat=40.0)
+    analytic, des = (simulate(model, c, PLAN, fidelity=f).iteration_time_s
+                     for f in ("analytic", "des"))
+    assert analytic == pytest.approx(des, rel=0.02)
+
+
+def test_the_buckets_hold_every_parameter_once() -> None:
+    """A rank's gradient buckets add up to its parameters (multi-token prediction's
+    projections included: the last chunk's bucket used to leave them out)."""
+    from sim.layout.inventory import layer_buckets
+    from sim.layout.memory import rank_params
+    from sim.layout.stages import pipeline_rank_layers
+    model = load_any("deepseek-v3")
+    plan = Plan(global_batch_size=64, seq_len=4096, dp=8, ep=8, pp=4, micro_batch_size=1)
+    for rank, st in enumerate(pipeline_rank_layers(plan, model)):
+        dense, expert = rank_params(model, plan, st)
+        buckets = layer_buckets(model, plan, rank)
+        assert sum(d for d, _ in buckets) == pytest.approx(dense, rel=1e-12)
+        assert sum(e for _, e in buckets) == pytest.approx(expert, rel=1e-12)
+    assert model.num_mtp_layers > 0
+
+
 def test_ways_to_synchronise_order_as_they_should() -> None:
     model = load_any("llama3-8b")
     c = _two(gbps=10.0)

@@ -6,9 +6,9 @@ tensor-, context-, expert- and pipeline-parallel communication on its critical p
 embedding's and output layer's TP collectives on the first and last stage and Megatron-LM's
 batched point-to-point calls. The pipeline runs at the pace of its slowest rank:
 ``m * t_max + (sum(t_r) - t_max) / vpp`` (the bubble of GPipe and 1F1B is ``(pp - 1) / vpp``
-stage times). Data-parallel gradient reduction overlaps the last micro-batch's backward;
-with tied embeddings and pp > 1 the first and last stage then all-reduce the embedding's
-gradient; the optimizer step streams its state through HBM.
+stage times). Data-parallel gradient reduction (DDP's buckets) overlaps the last
+micro-batch's backward; with tied embeddings and pp > 1 the first and last stage then
+all-reduce the embedding's gradient; the optimizer step streams its state through HBM.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from sim.analytic.dualpipev import RankTime, StagePasses, dualpipev_pipeline
 from sim.cost import compute as cm
 from sim.cost.costmodel import CostModel
 from sim.layout.dualpipe import paired_share
+from sim.layout.inventory import rank_buckets
 from sim.layout.memory import rank_params
 from sim.layout.placement import group_span
 from sim.layout.routing import dispatches, replay_dispatches
@@ -92,6 +93,8 @@ class _Ctx:
         self.e = plan.activation_bytes
         self.tokens = plan.local_tokens
         self.overlap = cluster.comm_overlap
+        self.buckets: list[list[tuple[float, float]]] | None = None  # per rank, when needed
+        self.bucket_s: dict[tuple[str, float, float], float] = {}
 
     def coll(self, group: str, kind: str, size: float) -> float:
         """Seconds of one collective: measured (profile fit) if the cost model has it,
@@ -257,10 +260,23 @@ def _hide(comm_s: float, window_s: float) -> tuple[float, float]:
     return max(0.0, comm_s - window_s), min(comm_s, window_s)
 
 
-def _dp_costs(x: _Ctx, st: StageLayers, compute_s: float) -> _DPCost:
+def _bucketed(x: _Ctx, rank: int, kind: str) -> float:
+    """The gradient reduction of one pipeline rank as its DDP buckets run it, one
+    collective after another, each paying its own latency (the DES's buckets,
+    :func:`sim.layout.inventory.layer_buckets`; one of everything without overlap)."""
+    x.buckets = x.buckets or rank_buckets(x.m, x.p)
+    seconds = x.bucket_s
+    for d, e in x.buckets[rank]:
+        if (kind, d, e) not in seconds:
+            seconds[kind, d, e] = (x.coll("dp", kind, d * x.p.grad_bytes)
+                                   + x.coll("edp", kind, e * x.p.grad_bytes))
+    return sum(seconds[kind, d, e] for d, e in x.buckets[rank])
+
+
+def _dp_costs(x: _Ctx, st: StageLayers, compute_s: float, rank: int) -> _DPCost:
     """Gradient reduction and ZeRO weight gathers of one pipeline rank. Gathered weights
     move in the training dtype (fp32 for fp32 training, else 16 bits), gradients in
-    ``plan.grad_reduce_dtype``."""
+    ``plan.grad_reduce_dtype``; ZeRO-0/1/2 reduce in DDP's buckets."""
     dense, expert = rank_params(x.m, x.p, st)
 
     def both(kind: str, scale: float = 1.0) -> float:
@@ -279,12 +295,12 @@ def _dp_costs(x: _Ctx, st: StageLayers, compute_s: float) -> _DPCost:
                                     (compute_s - first_layer_s) * x.overlap)
         return _DPCost(exposed + first_layer_s, overlapped)
     if x.p.zero_stage == 2:  # sharded gradients: reduce-scatter every micro-batch
-        exposed, overlapped = _hide(both("reduce_scatter"), window_s)
+        exposed, overlapped = _hide(_bucketed(x, rank, "reduce_scatter"), window_s)
         return _DPCost(exposed, overlapped, both("all_gather"))
     if x.p.zero_stage == 1:
-        exposed, overlapped = _hide(both("reduce_scatter"), window_s)
+        exposed, overlapped = _hide(_bucketed(x, rank, "reduce_scatter"), window_s)
         return _DPCost(tail_exposed_s=exposed + both("all_gather"), tail_overlapped_s=overlapped)
-    exposed, overlapped = _hide(both("all_reduce"), window_s)
+    exposed, overlapped = _hide(_bucketed(x, rank, "all_reduce"), window_s)
     return _DPCost(tail_exposed_s=exposed, tail_overlapped_s=overlapped)
 
 
@@ -315,7 +331,7 @@ def _stage_costs(x: _Ctx, stage_scale: Sequence[float] | None) -> list[StageCost
         out.append(StageCost(
             comp, tp,
             st.dense * cp_d[0] + st.moe * cp_e[0], st.dense * cp_d[1] + st.moe * cp_e[1],
-            ep[0], _p2p(x, st, len(out)), _dp_costs(x, st, comp), k * _optimizer(x, st),
+            ep[0], _p2p(x, st, len(out)), _dp_costs(x, st, comp, len(out)), k * _optimizer(x, st),
             _embedding_allreduce(x, st), ep[1]))
     return out
 

@@ -77,8 +77,8 @@ from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan, replica_plan
 from sim.spec.recompute import stops_early
 
-__all__ = ["dp_bucket_params", "expected_collectives", "compare_inventory", "Conventions",
-           "TORCH", "SIMULATED"]
+__all__ = ["dp_bucket_params", "layer_buckets", "rank_buckets", "expected_collectives",
+           "compare_inventory", "Conventions", "TORCH", "SIMULATED"]
 
 
 def dp_bucket_params(plan: Plan) -> float:
@@ -228,23 +228,34 @@ def _dp_pair(t: _Tally, p: Plan, coll: str, dense: float, expert: float, times: 
         t.add("edp", coll, expert * width, times)
 
 
-def _layer_buckets(m: ModelSpec, p: Plan, pp_rank: int) -> list[tuple[float, float]]:
+def layer_buckets(m: ModelSpec, p: Plan, pp_rank: int) -> list[tuple[float, float]]:
     """(dense, expert) parameters of each gradient bucket of one reduction round: per
     chunk, layers in backward order until a bucket is full, the chunk's rest (with its
     embedding or output parameters) at its end; without overlap one bucket of all."""
+    return rank_buckets(m, p)[pp_rank]
+
+
+def rank_buckets(m: ModelSpec, p: Plan) -> list[list[tuple[float, float]]]:
+    """:func:`layer_buckets` of every pipeline rank."""
     if not p.overlap_grad_reduce and p.zero_stage < 2:
-        return [rank_params(m, p, pipeline_rank_layers(p, m)[pp_rank])]
-    out, cap, flags = [], dp_bucket_params(p), virtual_stage_moe(p, m)
-    for vs in rank_virtual_stages(p, pp_rank):
-        dense = expert = 0.0
-        for moe in reversed(flags[vs]):
-            d, e = layer_rank_params(m, p, moe)
-            dense, expert = dense + d, expert + e
-            if dense + expert >= cap:
-                out.append((dense, expert))
-                dense = expert = 0.0
-        out.append((dense + chunk_edge_params(m, p, vs), expert))
-    return [(d, e) for d, e in out if d + e > 0]
+        return [[rank_params(m, p, st)] for st in pipeline_rank_layers(p, m)]
+    cap, flags = dp_bucket_params(p), virtual_stage_moe(p, m)
+    layer = {moe: layer_rank_params(m, p, moe) for moe in {f for fs in flags for f in fs}}
+    edge = {vs: chunk_edge_params(m, p, vs) for vs in (0, len(flags) - 1)}
+    out: list[list[tuple[float, float]]] = []
+    for r in range(p.pp):
+        buckets = []
+        for vs in rank_virtual_stages(p, r):
+            dense = expert = 0.0
+            for moe in reversed(flags[vs]):
+                d, e = layer[moe]
+                dense, expert = dense + d, expert + e
+                if dense + expert >= cap:
+                    buckets.append((dense, expert))
+                    dense = expert = 0.0
+            buckets.append((dense + edge.get(vs, 0.0), expert))
+        out.append([(d, e) for d, e in buckets if d + e > 0])
+    return out
 
 
 def _dp_simulated(t: _Tally, m: ModelSpec, p: Plan, pp_rank: int) -> None:
@@ -258,7 +269,7 @@ def _dp_simulated(t: _Tally, m: ModelSpec, p: Plan, pp_rank: int) -> None:
             _dp_pair(t, p, "reduce_scatter", dense, expert, n)
         return
     coll = "all_reduce" if p.zero_stage == 0 else "reduce_scatter"
-    for dense, expert in _layer_buckets(m, p, pp_rank):
+    for dense, expert in layer_buckets(m, p, pp_rank):
         _dp_pair(t, p, coll, dense, expert, n if p.zero_stage == 2 else 1)
     if p.zero_stage in (1, 2):
         _dp_pair(t, p, "all_gather", *rank_params(m, p, pipeline_rank_layers(p, m)[pp_rank]),

@@ -202,13 +202,15 @@ def layer_rank_params(m: ModelSpec, plan: Plan, moe: bool) -> tuple[float, float
 def chunk_edge_params(m: ModelSpec, plan: Plan, vs: int) -> float:
     """Embedding and output-layer parameters on one rank of virtual stage ``vs`` (the
     first holds the input embedding, the last the output projection unless it is the
-    tied embedding on the same stage)."""
+    tied embedding on the same stage, and multi-token prediction's projections)."""
     out = 0.0
     vh = m.vocab_size * m.hidden_size / plan.tp
     if vs == 0:
         out += vh + (m.max_seq_len * m.hidden_size if m.position_embedding == "learned" else 0)
-    if vs == len(virtual_stage_layers(plan, m)) - 1 and (not m.tied_embeddings or vs != 0):
-        out += vh
+    if vs == len(virtual_stage_layers(plan, m)) - 1:
+        if not m.tied_embeddings or vs != 0:
+            out += vh
+        out += _mtp_params(m, plan)
     return out
 
 
@@ -225,9 +227,15 @@ def rank_params(m: ModelSpec, plan: Plan, st: StageLayers) -> tuple[float, float
     if st.last and (not m.tied_embeddings or plan.pp * plan.vpp > 1):
         dense += vh  # output projection (a copy of the tied embedding on a separate stage,
         # dualpipev's on the first stage's rank too)
-    if st.last:  # multi-token prediction: projections and norms (their layers are counted)
-        dense += m.num_mtp_layers * (2 * m.hidden_size ** 2 / plan.tp + 3 * _norm(m))
+    if st.last:
+        dense += _mtp_params(m, plan)
     return dense, expert
+
+
+def _mtp_params(m: ModelSpec, plan: Plan) -> float:
+    """Multi-token prediction's projections and norms on a rank of the last stage (its
+    layers are counted as layers)."""
+    return m.num_mtp_layers * (2 * m.hidden_size ** 2 / plan.tp + 3 * _norm(m))
 
 
 def _transient_bytes(m: ModelSpec, plan: Plan, st: StageLayers) -> float:
