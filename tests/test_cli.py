@@ -167,7 +167,7 @@ HELP_OPTIONS: dict[tuple[str, ...], list[str]] = {
     ("calibrate",): ["runs", "--out", "--factors", "--prior", "--fidelity", "--loo",
                      "--on-one", "--json"],
     ("sites",): ["--model", "--cluster", "--plan", "--sync", "--wan-gbps", "--choose",
-                 "--floor", "--fidelity", "--out", "--json"],
+                 "--floor", "--fidelity", "--convergence", "--lr", "--out", "--json"],
     ("fl",): ["job", "--strategy", "--rounds", "--clients-per-round", "--overcommit",
               "--deadline-s", "--network", "--buffer", "--concurrency", "--seed",
               "--compare-networks", "--compare-strategies", "--target", "--convergence",

@@ -242,3 +242,42 @@ def test_choose_with_hourly_wan_rates(tmp_path, capsys) -> None:  # noqa: ANN001
                  "--choose"]) == 0
     out = capsys.readouterr().out
     assert "by hour" in out and "hour 12" in out and "<- chosen" in out
+
+
+def test_diloco_steps_to_a_loss_come_from_the_measured_text_runs() -> None:
+    """`text-cpu`: DiLoCo against BSP run for real on a small language model
+    (experiments/diloco_text_cpu.py); H = 1 is BSP, and DiLoCo needs more inner steps to the
+    same loss as its period grows, as measured."""
+    from sim.strategies.accuracy import steps_over_bsp
+
+    assert steps_over_bsp(1)["ratio"] == 1.0
+    r10, r50 = steps_over_bsp(10), steps_over_bsp(50)
+    assert 1.0 < r10["ratio"] < r50["ratio"]
+    assert r10["low"] < r10["ratio"] < r10["high"] and "text" in r10["task"]
+    with pytest.raises(SpecError, match="H"):
+        steps_over_bsp(0)
+    with pytest.raises(SpecError, match="convergence"):
+        steps_over_bsp(10, "no-such-model")
+    with pytest.raises(SpecError, match="lr"):
+        steps_over_bsp(10, lr=-1.0)
+
+
+def test_cli_sites_time_to_loss(tmp_path, capsys) -> None:  # noqa: ANN001
+    import json
+
+    from trainsim.cli import main
+
+    plan = tmp_path / "p.json"
+    plan.write_text(json.dumps(PLAN.to_dict()))
+    assert main(["sites", "--model", "llama3-8b", "--cluster", "regions2-dgx-h100:2",
+                 "--plan", str(plan), "--wan-gbps", "10", "--convergence", "text-cpu",
+                 "--json"]) == 0
+    rows = {r["sync"]: r for r in json.loads(capsys.readouterr().out)}
+    flat, dil = rows["flat"], rows["diloco H=50, fp32"]
+    assert flat["steps_over_bsp"] == 1.0
+    assert flat["time_to_loss_x"] == pytest.approx(1 / flat["of_single_site"])
+    assert dil["time_to_loss_x"] == pytest.approx(dil["steps_over_bsp"] / dil["of_single_site"])
+    assert rows["streaming-diloco H=50, 5 fragments, overlap 5, fp32"]["time_to_loss_x"] is None
+    assert main(["sites", "--model", "llama3-8b", "--cluster", "regions2-dgx-h100:2",
+                 "--plan", str(plan), "--convergence", "nowhere.csv"]) == 2
+    assert "convergence" in capsys.readouterr().err

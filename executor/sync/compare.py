@@ -45,15 +45,18 @@ def profile_of(probes: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def task_workload(task: str, hidden: tuple[int, ...], batch: int) -> Any:
-    """The task's MLP traced into a workload graph (what the simulator times)."""
+    """The task's model traced into a workload graph (what the simulator times)."""
     import torch
 
-    from executor.sync.task import load_task, mlp
+    from executor.sync.task import Task, build_model, load_task
     from profiler.graph.trace import trace_module
 
     t = load_task(task)
-    return trace_module(mlp(t, hidden, 0), torch.zeros(batch, t.x_train.shape[1]),
-                        f"{task}-mlp")
+    if isinstance(t, Task):
+        return trace_module(build_model(t, hidden, 0), torch.zeros(batch, t.x_train.shape[1]),
+                            f"{task}-mlp")
+    ids = torch.zeros(batch, t.context, dtype=torch.long)
+    return trace_module(build_model(t, hidden, 0), ids, f"{task}-transformer")
 
 
 def predict_sync(plan: Plan, profile: dict[str, Any], workload: Any, steps: int,

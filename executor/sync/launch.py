@@ -52,11 +52,13 @@ def execute_sync_batch(runs: list[tuple[Plan, float, int]], task: str = "digits"
                        steps: int = 200, hidden: tuple[int, ...] | None = None,
                        eval_every: int = 10, timeout_s: float = 60.0, threads: int = 1,
                        stragglers: list[dict[str, float] | None] | None = None,
-                       workdir: Path | None = None) -> list[dict[str, Any]]:
+                       workdir: Path | None = None, inner: str = "sgd",
+                       eval_global: bool = False) -> list[dict[str, Any]]:
     """Several runs, each ``(plan, lr, seed)``, on one torchrun start (their plans must
     have the same workers and servers): torchrun's start-up (~10 s here) paid once.
     ``stragglers[i]``: run ``i``'s slowed worker, ``{"worker": w, "factor": f}`` (its
-    compute takes ``f`` times as long)."""
+    compute takes ``f`` times as long). ``inner``: the workers' optimizer (``sgd`` or
+    ``adamw``); ``eval_global``: DiLoCo runs evaluate their outer parameters."""
     if not runs:
         return []
     ranks_of = {p.dp + (p.communication.servers if architecture(p) == "ps" else 0)
@@ -67,6 +69,8 @@ def execute_sync_batch(runs: list[tuple[Plan, float, int]], task: str = "digits"
         why = runnable(p)
         if why is not None:
             raise SpecError(*why)
+    if inner not in ("sgd", "adamw"):
+        raise SpecError("inner", f"must be sgd or adamw, got {inner!r}")
     if task not in TASKS:
         raise SpecError("task", f"must be one of {', '.join(TASKS)}, got {task!r}")
     for name, value in (("steps", steps), ("eval_every", eval_every)):
@@ -86,7 +90,8 @@ def execute_sync_batch(runs: list[tuple[Plan, float, int]], task: str = "digits"
             for i, (p, lr, seed) in enumerate(runs)]
     base: dict[str, Any] = {
         "task": task, "hidden": list(hidden or TASKS[task]), "steps": steps,
-        "eval_every": eval_every, "device": "cpu", "threads": threads, "timeout_s": timeout_s,
+        "eval_every": eval_every, "inner": inner, "eval_global": eval_global, "device": "cpu",
+        "threads": threads, "timeout_s": timeout_s,
         "plan": runs[0][0].to_dict(), "lr": runs[0][1], "seed": runs[0][2], "runs": each}
     ranks = launch("executor.sync.worker", base, ranks_of.pop(), timeout_s, threads, workdir)
     out = []

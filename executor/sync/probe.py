@@ -39,7 +39,7 @@ import torch.distributed as dist
 from executor.rank import progress
 from executor.sync.replica import Worker, gossip_mix, gossip_weights, shard_indices, vec
 from executor.sync.server import HEADER, Server
-from executor.sync.task import load_task, mlp
+from executor.sync.task import build_model, load_task
 from sim.spec.plan import Plan
 from sim.spec.sync import architecture
 
@@ -122,7 +122,7 @@ def _workers(cfg: dict[str, Any], plan: Plan, rank: int, reps: int) -> dict[str,
 def probe(cfg: dict[str, Any], out: Path, rank: int) -> dict[str, Any]:
     plan = Plan.from_dict(cfg["plan"])
     reps = int(cfg["probe"])
-    numel = sum(p.numel() for p in mlp(load_task(cfg["task"], cfg["seed"]),
+    numel = sum(p.numel() for p in build_model(load_task(cfg["task"], cfg["seed"]),
                                        tuple(cfg["hidden"]), cfg["seed"]).parameters())
     res: dict[str, Any] = {"rank": rank, "role": "probe", "numel": numel}
     progress(out, rank, cfg.get("stage0", 0) + 1, "probing")
@@ -193,7 +193,7 @@ def _service(cfg: dict[str, Any], plan: Plan, rank: int, reps: int) -> dict[str,
     asp = {**cfg, "plan": {**cfg["plan"], "sync": {"kind": "asp"}}}
     out: dict[str, float] = {}
     if rank >= n:
-        model = mlp(load_task(cfg["task"], cfg["seed"]), tuple(cfg["hidden"]), cfg["seed"])
+        model = build_model(load_task(cfg["task"], cfg["seed"]), tuple(cfg["hidden"]), cfg["seed"])
         flat = vec(model.parameters()).detach()
         comm = plan.communication
         idx = shard_indices([p.numel() for p in model.parameters()], comm.servers,

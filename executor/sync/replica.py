@@ -20,7 +20,8 @@ import torch.nn.functional as F
 
 from executor.sync.compress import Compressor, ring_bytes
 from executor.sync.server import DONE, HEADER, PUSH
-from executor.sync.task import Task, mlp
+from executor.sync.task import Task, build_model
+from executor.sync.text import TextTask
 from sim.layout.sync import shard_assignment
 from sim.spec.gossip import gossip_edges
 from sim.spec.plan import Plan
@@ -28,6 +29,17 @@ from sim.spec.plan import Plan
 __all__ = ["Worker", "shard_indices", "gossip_weights", "gossip_mix", "vec"]
 
 vec = torch.nn.utils.parameters_to_vector
+
+
+def _optimizer(kind: str, params: list[torch.nn.Parameter], lr: float
+               ) -> torch.optim.Optimizer:
+    """A worker's (DiLoCo's inner) optimizer: plain SGD, or AdamW as DiLoCo trains language
+    models (weight decay 0.1, betas 0.9/0.95)."""
+    if kind == "sgd":
+        return torch.optim.SGD(params, lr=lr)
+    if kind == "adamw":
+        return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
+    raise ValueError(f"inner: must be sgd or adamw, got {kind!r}")
 
 
 def shard_indices(sizes: list[int], servers: int, sharding: str) -> list[torch.Tensor]:
@@ -43,16 +55,16 @@ def shard_indices(sizes: list[int], servers: int, sharding: str) -> list[torch.T
 
 
 class Worker:
-    def __init__(self, cfg: dict[str, Any], rank: int, task: Task) -> None:
+    def __init__(self, cfg: dict[str, Any], rank: int, task: Task | TextTask) -> None:
         self.cfg, self.rank, self.task = cfg, rank, task
         self.plan = Plan.from_dict(cfg["plan"])
         self.n = self.plan.dp
-        self.model = mlp(task, tuple(cfg["hidden"]), cfg["seed"])
+        self.model = build_model(task, tuple(cfg["hidden"]), cfg["seed"])
         self.params = list(self.model.parameters())
-        self.x, self.y = task.shard(rank, self.n)
+        self.data = task.shard(rank, self.n)
         self.batch = self.plan.global_batch_size // self.n
         self.gen = torch.Generator().manual_seed(cfg["seed"] * 7919 + rank)
-        self.opt = torch.optim.SGD(self.params, lr=cfg["lr"])
+        self.opt = _optimizer(cfg.get("inner", "sgd"), self.params, cfg["lr"])
         self.net: torch.nn.Module = self.model
         self.comp: Compressor | None = None
         if self.plan.compression.kind != "none":
@@ -72,17 +84,25 @@ class Worker:
         (``cfg["straggler"]``: ``{"worker": w, "factor": f}``) then idles ``f - 1`` times
         that long, as a device ``f`` times slower would take."""
         t0 = time.perf_counter()
-        idx = torch.randint(0, len(self.x), (self.batch,), generator=self.gen)
+        x, y = self.task.sample(self.data, self.batch, self.gen)  # type: ignore[arg-type]
         self.opt.zero_grad()
-        loss = F.cross_entropy(self.net(self.x[idx]), self.y[idx])
+        loss = F.cross_entropy(self.net(x).flatten(0, -2), y.flatten())
         loss.backward()
         slow = self.cfg.get("straggler") or {}
         if slow.get("worker") == self.rank:
             time.sleep((float(slow["factor"]) - 1.0) * (time.perf_counter() - t0))
         return float(loss.detach())
 
-    def evaluate(self, step: int, start: float) -> None:
+    def evaluate(self, step: int, start: float, params: torch.Tensor | None = None) -> None:
+        """Test loss and accuracy of this worker's parameters, or of ``params`` (DiLoCo's
+        outer, global ones)."""
+        own = None
+        if params is not None:
+            own = vec(self.params).detach().clone()
+            torch.nn.utils.vector_to_parameters(params.detach(), self.params)
         loss, acc = self.task.evaluate(self.model)
+        if own is not None:
+            torch.nn.utils.vector_to_parameters(own, self.params)
         self.log["evals"].append({"step": step, "updates": self.updates,
                                   "time_s": time.monotonic() - start, "loss": loss,
                                   "accuracy": acc})

@@ -5,6 +5,8 @@ download) and an MLP.
   it reaches 95% test accuracy in 10^2-10^3 updates of plain SGD.
 - ``cancer``: the Wisconsin breast-cancer table (569 rows, 30 features, 2 classes), a
   30-32-2 MLP.
+- ``text``: next-character prediction on CPython's bundled documentation prose with a
+  small causal transformer (:mod:`executor.sync.text`; ``hidden`` = width, layers).
 
 Digits' pixels (0-16) are divided by 16; the cancer table's columns standardised on the
 training split (scikit-learn's ``StandardScaler``); the test split (20%, stratified) is fixed
@@ -19,9 +21,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-__all__ = ["TASKS", "Task", "load_task", "mlp"]
+from executor.sync.text import TEXT_HIDDEN, CharTransformer, TextTask, load_text
 
-TASKS = {"digits": (64,), "cancer": (32,)}  # default hidden widths
+__all__ = ["TASKS", "Task", "load_task", "mlp", "build_model"]
+
+TASKS = {"digits": (64,), "cancer": (32,), "text": TEXT_HIDDEN}  # default hidden widths
 
 
 @dataclass
@@ -36,6 +40,12 @@ class Task:
     def shard(self, worker: int, workers: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.x_train[worker::workers], self.y_train[worker::workers]
 
+    def sample(self, data: tuple[torch.Tensor, torch.Tensor], batch: int,
+               gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """A mini-batch of rows of a worker's shard, drawn with replacement."""
+        idx = torch.randint(0, len(data[0]), (batch,), generator=gen)
+        return data[0][idx], data[1][idx]
+
     def evaluate(self, model: torch.nn.Module) -> tuple[float, float]:
         """(test loss, test accuracy)."""
         with torch.no_grad():
@@ -45,7 +55,9 @@ class Task:
         return loss, acc
 
 
-def load_task(name: str, seed: int = 0) -> Task:
+def load_task(name: str, seed: int = 0) -> Task | TextTask:
+    if name == "text":
+        return load_text(seed)
     from sklearn.datasets import load_breast_cancer, load_digits
     from sklearn.model_selection import train_test_split
     from sklearn.preprocessing import StandardScaler
@@ -75,3 +87,11 @@ def mlp(task: Task, hidden: tuple[int, ...], seed: int) -> torch.nn.Sequential:
         width = h
     layers.append(torch.nn.Linear(width, task.classes))
     return torch.nn.Sequential(*layers)
+
+
+def build_model(task: Task | TextTask, hidden: tuple[int, ...], seed: int) -> torch.nn.Module:
+    """The task's model, the same weights on every rank for one seed."""
+    if isinstance(task, TextTask):
+        torch.manual_seed(seed)
+        return CharTransformer(task.classes, *hidden)
+    return mlp(task, hidden, seed)

@@ -1,8 +1,9 @@
 """One rank of a real synchronisation run; started by torchrun (:mod:`executor.sync.launch`).
 
 ``python -m executor.sync.worker CONFIG.json``. Ranks ``0..dp-1`` are workers, the rest
-parameter servers (:mod:`executor.sync.server`). Every worker trains the task's MLP with
-plain SGD on its own shard and synchronises as ``plan.sync`` says:
+parameter servers (:mod:`executor.sync.server`). Every worker trains the task's model
+(:func:`executor.sync.task.build_model`) with plain SGD (``inner = "adamw"``: AdamW) on its
+own shard and synchronises as ``plan.sync`` says:
 
 - ``bsp`` over all-reduce: the mean gradient (``dist.all_reduce``, or compressed as
   ``plan.compression`` says: :mod:`executor.sync.compress`) every step; over servers,
@@ -18,7 +19,9 @@ plain SGD on its own shard and synchronises as ``plan.sync`` says:
 - ``two-stage``: the important part of the gradient all-reduced at once, the rest in the
   background under the next step (:mod:`executor.sync.two_stage`).
 
-Worker 0 evaluates its parameters on the test split every ``eval_every`` steps. Times are
+Worker 0 evaluates its parameters on the test split every ``eval_every`` steps (DiLoCo
+with ``eval_global``: the outer parameters of the last synchronisation, the model a
+DiLoCo run has). Times are
 ``time.monotonic()`` (one clock for every process on the host).
 """
 
@@ -35,7 +38,7 @@ import torch.distributed as dist
 from executor.rank import progress, rank_main
 from executor.sync.replica import Worker, gossip_mix, gossip_weights, shard_indices, vec
 from executor.sync.server import Server
-from executor.sync.task import load_task, mlp
+from executor.sync.task import build_model, load_task
 from sim.spec.plan import Plan
 from sim.spec.sync import architecture
 
@@ -129,9 +132,10 @@ def _worker_loop(w: Worker, out: Path) -> None:
     cfg = w.cfg
     state = _strategy_state(w)
     start = last = time.monotonic()
+    outer = state.get("global") if cfg.get("eval_global") else None
     for k in range(cfg["steps"]):
         if w.rank == 0 and k % cfg["eval_every"] == 0:
-            w.evaluate(k, start)
+            w.evaluate(k, start, outer)
         if k == 0 or time.monotonic() - last > 0.5:  # a file write: not every short step
             progress(out, w.rank, cfg.get("stage0", 0) + k + 1, f"step {k + 1} of "
                      f"{cfg['steps']}")
@@ -148,7 +152,7 @@ def _worker_loop(w: Worker, out: Path) -> None:
         state["ad"].finish()
         w.log["swaps_served"] = [state["ad"].swaps]
     if w.rank == 0:
-        w.evaluate(cfg["steps"], start)
+        w.evaluate(cfg["steps"], start, outer)
     if architecture(w.plan) == "ps":
         w.finish_ps()
     w.log["start"] = [start]
@@ -162,7 +166,7 @@ def _one(cfg: dict[str, Any], out: Path, rank: int) -> dict[str, Any]:
     task = load_task(cfg["task"], cfg["seed"])
     plan = Plan.from_dict(cfg["plan"])
     if rank >= plan.dp:  # a parameter server
-        model = mlp(task, tuple(cfg["hidden"]), cfg["seed"])
+        model = build_model(task, tuple(cfg["hidden"]), cfg["seed"])
         flat = vec(model.parameters()).detach()
         s = rank - plan.dp
         comm = plan.communication

@@ -24,7 +24,7 @@ from sim.cost.convergence import (
 )
 from sim.errors import SpecError
 
-__all__ = ["time_to_target", "BUNDLED_MODELS"]
+__all__ = ["time_to_target", "BUNDLED_MODELS", "LOSS_MODELS", "steps_over_bsp"]
 
 BUNDLED_MODELS = {"digits-cpu": (BUNDLED / "digits_cpu.csv",
                                  "digits, 64-64-10 MLP, 4 workers x batch 32, plain SGD "
@@ -32,6 +32,39 @@ BUNDLED_MODELS = {"digits-cpu": (BUNDLED / "digits_cpu.csv",
                   "cancer-cpu": (BUNDLED / "cancer_cpu.csv",
                                  "breast cancer, 30-32-2 MLP, 4 workers x batch 32, plain "
                                  "SGD (experiments/sync_runs_cpu.py --task cancer --quick)")}
+
+
+# runs to a test *loss* (column updates_to_target), for DiLoCo against BSP
+LOSS_MODELS = {"text-cpu": (BUNDLED / "text_cpu.csv",
+                            "text: next character of CPython's documentation prose, a "
+                            "110,400-parameter transformer, 2 workers x 16 windows of 64 "
+                            "characters, AdamW inside, to a test loss of 1.9 nats "
+                            "(experiments/diloco_text_cpu.py)")}
+
+
+def steps_over_bsp(period: int, convergence: str | Path = "text-cpu", lr: float = 2e-3
+                   ) -> dict[str, Any]:
+    """Inner steps DiLoCo with ``period`` H needs to reach the runs' target loss over the
+    steps BSP needs, both predicted at inner learning rate ``lr`` by the models fitted to
+    the measured runs (``diloco`` and ``local`` families, :mod:`sim.cost.convergence`); the
+    band combines both models' ``sigma``."""
+    if isinstance(period, bool) or not isinstance(period, int) or period < 1:
+        raise SpecError("H", f"must be an integer >= 1, got {period!r}")
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < math.inf:
+        raise SpecError("lr", f"must be a learning rate > 0, got {lr!r}")
+    path, source = LOSS_MODELS.get(str(convergence), (Path(convergence), str(convergence)))
+    if not path.is_file():
+        raise SpecError("convergence", f"{convergence}: neither a bundled loss model "
+                        f"({', '.join(LOSS_MODELS)}) nor a CSV of runs")
+    obs = load_observations(path)
+    bsp = fit_convergence(obs, "local")
+    dil = fit_convergence(obs, "diloco") if period > 1 else bsp
+    a, b = bsp.predict(lr, 0.0), dil.predict(lr, float(period - 1))
+    band = math.exp(math.hypot(bsp.sigma, dil.sigma)) if period > 1 else 1.0
+    ratio = b.updates / a.updates
+    return {"task": source, "H": period, "lr": lr, "ratio": ratio, "low": ratio / band,
+            "high": ratio * band, "diverges": a.diverges or b.diverges,
+            "extrapolated": a.extrapolated + b.extrapolated}
 
 
 def time_to_target(result: Any, plan: Any, convergence: str | Path, lr: float,

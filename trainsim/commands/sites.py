@@ -83,24 +83,51 @@ def cmd_sites(args: argparse.Namespace) -> int:
         c = cluster if g is None else wan_sweep(cluster, g)
         for s in syncs:
             r = simulate_sites(model, c, plan, s, args.fidelity)
-            rows.append({"wan_Gbps": g if g is not None else "file", **r.to_dict()})
+            rows.append({"wan_Gbps": g if g is not None else "file", **r.to_dict(),
+                         **_to_loss(s, r.of_single_site, args)})
         if args.choose:
             ch = choose_site_sync(model, c, plan, args.floor, args.fidelity)
             rows.append({"wan_Gbps": g if g is not None else "file", "chosen": True,
-                         "met_floor": ch.met, **ch.chosen.to_dict()})
+                         "met_floor": ch.met, **ch.chosen.to_dict(),
+                         **_to_loss(ch.chosen.sync, ch.chosen.of_single_site, args)})
     if args.out is not None:
         _write(args.out, rows, cluster, plan, model)
     if args.json:
         print(json.dumps(rows, indent=2, default=str))
         return 0
-    print(f"{'WAN Gb/s':>9}  {'sync':52s} {'tokens/s':>11} {'of one site':>11}")
+    loss = args.convergence is not None
+    print(f"{'WAN Gb/s':>9}  {'sync':52s} {'tokens/s':>11} {'of one site':>11}"
+          + (f" {'time to loss':>12}" if loss else ""))
     for row in rows:
         mark = " <- chosen" if row.get("chosen") else ""
+        t = row.get("time_to_loss_x")
+        extra = "" if not loss else f" {'not measured':>12}" if t is None else f" {t:11.2f}x"
         print(f"{row['wan_Gbps']!s:>9}  {row['sync'][:52]:52s} {row['tokens_per_s']:11.4g} "
-              f"{row['of_single_site']:11.1%}{mark}")
+              f"{row['of_single_site']:11.1%}{extra}{mark}")
+    if loss:
+        print("time to loss: to BSP's loss, as a multiple of one site's time; DiLoCo's "
+              f"inner steps over BSP's from {args.convergence} at lr {args.lr:g} (a small "
+              "model's runs: see docs/guide/sites.md)")
     if args.out is not None:
         print(f"wrote {args.out}")
     return 0
+
+
+def _to_loss(sync: Any, of_single_site: float, args: argparse.Namespace) -> dict[str, Any]:
+    """With ``--convergence``: the inner steps to the runs' loss over BSP's and the time to
+    that loss as a multiple of one site's (None where no real runs measured the way)."""
+    if args.convergence is None:
+        return {}
+    from sim.strategies.accuracy import steps_over_bsp
+
+    if sync.kind in ("flat", "hierarchical"):
+        ratio: float | None = 1.0
+    elif sync.kind == "diloco" and sync.dtype == "fp32":  # what the real runs sent
+        ratio = steps_over_bsp(sync.H, args.convergence, args.lr)["ratio"]
+    else:
+        ratio = None
+    return {"steps_over_bsp": ratio,
+            "time_to_loss_x": None if ratio is None else ratio / of_single_site}
 
 
 def _write(out: Path, rows: list[dict[str, Any]], cluster: Any, plan: Any, model: Any) -> None:
@@ -154,6 +181,11 @@ def add_sites_parser(sub: Any, model_help: str) -> None:
                    help="--choose: least share of one site's throughput (default 0.95)")
     p.add_argument("--fidelity", default="analytic", choices=["analytic", "des"],
                    help="tier for the steps (des: slower)")
+    p.add_argument("--convergence", metavar="MODEL", help="also the time to BSP's loss: "
+                   "text-cpu (DiLoCo against BSP measured on a small language model here) "
+                   "or a CSV of such runs")
+    p.add_argument("--lr", type=float, default=2e-3, help="--convergence: the inner "
+                   "learning rate the model predicts at (default 2e-3)")
     p.add_argument("--out", type=Path, help="folder: inputs, sites.csv, sites.png")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     p.set_defaults(func=cmd_sites)

@@ -1,0 +1,166 @@
+"""Real DiLoCo runs on a small language-modelling task on this CPU (issue 17): how many inner
+steps DiLoCo needs to reach a test loss, against BSP, as its period H grows.
+
+Run: ``.venv/bin/python experiments/diloco_text_cpu.py [--steps 2000] [--periods 1,500]``
+(about 30 minutes on 2 cores, a line a run; ``--periods`` reruns those periods only, 1 for
+BSP, and keeps the other rows). Two workers (two "sites") under torchrun over gloo, each
+training the ``text`` task (:mod:`executor.sync.text`: next-character prediction on
+CPython's bundled documentation prose, a 110,400-parameter causal transformer of width 64
+and 2 layers, windows of 64 characters, 16 windows a worker a step) on its own half of the
+training text, with AdamW inside (betas 0.9/0.95, weight decay 0.1, as DiLoCo) and:
+
+- BSP: the two workers' mean gradient every step (AdamW on it);
+- DiLoCo, H in {10, 50, 100, 250, 500}: H inner AdamW steps alone, then the mean
+  pseudo-gradient (fp32) through the outer Nesterov SGD (lr 0.7, momentum 0.9: Douillard et
+  al. 2023's values, the plan's defaults);
+
+at inner learning rates 1e-3, 2e-3 and 4e-3, seed 0; each run ``--steps`` inner steps or
+8 synchronisations, whichever is more (H = 500: 4,000). Worker 0 evaluates every 50 steps on
+256 held-out windows; a DiLoCo run is evaluated at its outer (global) parameters, the model
+the run has between synchronisations. An update is one inner step of a worker.
+
+Writes ``experiments/results/diloco_text_cpu.csv`` (a row per run: steps to each target
+loss), ``diloco_text_curves_cpu.csv`` (test loss against steps), ``diloco_text_cpu.png``
+(the curves at lr 2e-3) and the runs the bundled
+statistical-efficiency model ``text-cpu`` is fitted to, ``sim/data/convergence/text_cpu.csv``
+(``updates_to_target``: steps to a test loss of 1.9 nats a character).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from executor.sync.launch import execute_sync_batch
+from sim.cost.convergence import BUNDLED
+from sim.io import atomic_write_text
+from sim.spec.plan import Plan
+
+RESULTS = Path(__file__).resolve().parent / "results"
+N, BATCH = 2, 16
+PERIODS = (10, 50, 100, 250, 500)
+LRS = (1e-3, 2e-3, 4e-3)
+TARGETS = (2.2, 2.0, 1.9, 1.8)  # test loss, nats a character
+TARGET = 1.9  # the bundled model's
+
+
+def _plan(sync: object) -> Plan:
+    return Plan(global_batch_size=N * BATCH, seq_len=64, dp=N, sync=sync)  # type: ignore[arg-type]
+
+
+def steps_to(evals: list[dict[str, Any]], loss: float) -> int | None:
+    """Inner steps until worker 0 first measured a test loss at most ``loss``."""
+    for e in evals:
+        if e["loss"] <= loss:
+            return int(e["updates"])
+    return None
+
+
+def runs(periods: set[int] | None = None) -> list[tuple[str, Plan, float]]:
+    """(label, plan, lr) of the grid, or of its ``periods`` (1: BSP)."""
+    out = [("BSP", _plan("bsp"), lr) for lr in LRS]
+    out += [(f"DiLoCo H={h}", _plan({"kind": "diloco", "period": h}), lr)
+            for h in PERIODS for lr in LRS]
+    return [r for r in out if periods is None or _period(r[1]) in periods]
+
+
+def _period(p: Plan) -> int:
+    return p.sync.period if p.sync.kind == "diloco" else 1
+
+
+def _row(label: str, p: Plan, lr: float, r: dict[str, Any]) -> dict[str, Any]:
+    ev = r["evals"]
+    row = {"strategy": label, "kind": p.sync.kind,
+           "period": _period(p), "lr": lr, "seed": 0,
+           "steps": r["steps"], "final_loss": ev[-1]["loss"],
+           "final_accuracy": ev[-1]["accuracy"],
+           "diverged": not math.isfinite(ev[-1]["loss"]) or ev[-1]["loss"] > ev[0]["loss"],
+           "wall_s": r["wall_s"]}
+    row.update({f"steps_to_{t:g}": steps_to(ev, t) for t in TARGETS})
+    return row
+
+
+def _write(df: pd.DataFrame, curves: list[dict[str, Any]]) -> None:
+    RESULTS.mkdir(exist_ok=True)
+    atomic_write_text(RESULTS / "diloco_text_cpu.csv", df.to_csv(index=False,
+                                                                 float_format="%.6g"))
+    atomic_write_text(RESULTS / "diloco_text_curves_cpu.csv",
+                      pd.DataFrame(curves).to_csv(index=False, float_format="%.6g"))
+    fit = pd.DataFrame({
+        "kind": df["kind"], "lr": df["lr"], "staleness_mean": 0.0, "period": df["period"],
+        "updates_to_target": df[f"steps_to_{TARGET:g}"], "diverged": df["diverged"],
+        "task": "text", "target_loss": TARGET, "seed": df["seed"], "steps": df["steps"]})
+    atomic_write_text(BUNDLED / "text_cpu.csv", fit.to_csv(index=False, float_format="%.6g"))
+
+
+def _kept(only: set[int] | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The rows and curves of the periods not rerun (none without ``--periods``)."""
+    if only is None:
+        return [], []
+    df = pd.read_csv(RESULTS / "diloco_text_cpu.csv")
+    curves = pd.read_csv(RESULTS / "diloco_text_curves_cpu.csv")
+    df = df[~df["period"].isin(only)]
+    keep = {(s, lr) for s, lr in zip(df["strategy"], df["lr"], strict=True)}
+    curves = curves[[(s, lr) in keep for s, lr in zip(curves["strategy"], curves["lr"],
+                                                       strict=True)]]
+    return df.to_dict("records"), curves.to_dict("records")
+
+
+def figure(curves: pd.DataFrame, path: Path, lr: float = 2e-3) -> None:
+    """Test loss against inner steps at one inner learning rate, BSP and every H."""
+    import matplotlib.pyplot as plt
+
+    from trainsim.plots.output import save_figure
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for label, c in curves[curves["lr"] == lr].groupby("strategy", sort=False):
+        ax.plot(c["updates"], c["loss"], label=label)
+    ax.axhline(TARGET, color="grey", linestyle=":", label=f"target {TARGET} nats")
+    ax.set_ylim(1.3, 3.5)
+    ax.set_xlabel("Inner steps of a worker")
+    ax.set_ylabel("Test loss (nats a character)")
+    ax.set_title(f"DiLoCo vs BSP, 2 workers, text task, inner AdamW lr {lr:g}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    save_figure(fig, path)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=2000, help="inner steps a run, at least "
+                    "(2000)")
+    ap.add_argument("--periods", help="rerun these periods only (comma-separated, 1: BSP)")
+    ap.add_argument("--plot-only", action="store_true", help="redraw the figure from the "
+                    "curves already written")
+    args = ap.parse_args()
+    if args.plot_only:
+        figure(pd.read_csv(RESULTS / "diloco_text_curves_cpu.csv"),
+               RESULTS / "diloco_text_cpu.png")
+        return
+    only = {int(x) for x in args.periods.split(",")} if args.periods else None
+    todo = runs(only)
+    rows, curves = _kept(only)
+    for i, (label, p, lr) in enumerate(todo):  # a torchrun start a run: none starves the rest
+        steps = max(args.steps, 8 * _period(p))
+        r = execute_sync_batch([(p, lr, 0)], "text", steps=steps, eval_every=50,
+                               timeout_s=3600, inner="adamw", eval_global=True)[0]
+        rows.append(_row(label, p, lr, r))
+        curves += [{"strategy": label, "lr": lr, **e} for e in r["evals"]]
+        print(f"[{i + 1}/{len(todo)}] {label} lr {lr:g}: final loss "
+              f"{rows[-1]['final_loss']:.3f}, steps to {TARGET}: "
+              f"{rows[-1][f'steps_to_{TARGET:g}']} ({r['wall_s']:.0f} s)", flush=True)
+        _write(pd.DataFrame(rows), curves)  # what has run so far survives an interruption
+    df = pd.DataFrame(rows).sort_values(["period", "lr"], kind="stable")
+    _write(df, curves)
+    figure(pd.DataFrame(curves), RESULTS / "diloco_text_cpu.png")
+    cols = ["strategy", "lr", "final_loss"] + [f"steps_to_{t:g}" for t in TARGETS]
+    print(df[cols].to_string(index=False))
+
+
+if __name__ == "__main__":
+    main()
