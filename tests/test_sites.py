@@ -199,6 +199,31 @@ def test_jitter_slows_the_wan_steps_and_two_stage_hides_the_rest() -> None:
             "jitter": {"dist": "lognormal", "median": -2.0, "sigma": 1.0}}]}, "x")
 
 
+def test_the_flow_network_draws_the_wan_jitter() -> None:
+    """Both tiers charge a ring step the slowest jitter of the group's crossing flows: the
+    closed form its expectation (over the empirical distribution), the DES a draw a step
+    and flow (seeded: a run repeats)."""
+    import numpy as np
+
+    from sim.network.wan import jitter_s
+
+    model = load_any("llama3-8b")
+    calm = _two(gbps=10.0)
+    shaky = cluster_from_dict(calm.to_dict() | {"wan": [{
+        "a": "e", "b": "w", "Gbps": 10.0, "latency_ms": 35.0,
+        "jitter": {"dist": "lognormal", "median": 2.0, "sigma": 1.0}}]}, "x")
+    draws = 2e-3 * np.exp(np.random.default_rng(7).standard_normal((40_000, 4)))
+    assert jitter_s(shaky, 4) == pytest.approx(draws.max(axis=1).mean(), rel=0.03)
+    assert jitter_s(shaky, 1) == pytest.approx(2e-3 * np.exp(0.5), rel=0.03)  # the mean
+    t = {(name, f): simulate(model, c, PLAN, fidelity=f).iteration_time_s
+         for name, c in (("calm", calm), ("shaky", shaky)) for f in ("analytic", "des")}
+    for f in ("analytic", "des"):
+        assert t["shaky", f] > t["calm", f] + 1.0  # 33 buckets x 6 WAN steps x ~7 ms
+    # the DES waits for the slowest of a unit's 4 TP ranks' groups bucket by bucket
+    assert t["shaky", "analytic"] < t["shaky", "des"] < t["shaky", "analytic"] * 1.03
+    assert simulate(model, shaky, PLAN, fidelity="des").iteration_time_s == t["shaky", "des"]
+
+
 def test_placement_keeps_whole_replicas_at_each_site() -> None:
     from sim.layout.placement import SITE_PLACEMENT, group_span, site_aware
 

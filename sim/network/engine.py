@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import simpy
 
+from sim.errors import SpecError
 from sim.network.algorithms import DISPATCH, expand
 from sim.network.collectives import CHUNK_BYTES, FlowSpec, Phase
 from sim.network.flows import AsymmetricFlows, Members, Network
@@ -40,7 +41,9 @@ class CommEngine:
     def __init__(self, env: simpy.Environment, topo: Topology, net: Network) -> None:
         self.env, self.topo, self.net = env, topo, net
         self._plans: dict[tuple, list[tuple[Phase, list[Shape], float, float]]] = {}
+        self._jitter: dict[tuple, list[list[list[Any]]]] = {}  # plan key -> per phase
         self._alive: list[object] = []
+        self.rng = np.random.default_rng(0)  # WAN jitter draws (seeded: runs repeat)
 
     def path(self, devices: list[int], f: FlowSpec) -> Path:
         d = devices[f.src]
@@ -146,7 +149,34 @@ class CommEngine:
                                           "phase over paths of different latency or capacity")
                 plan.append((phase, shapes, hop, slowest))
             self._plans[key] = plan
+            self._jitter[key] = [self._jittered(devices, phase) for phase, *_ in plan]
         return self._plans[key]
+
+    def _jittered(self, devices: list[int], phase: Phase) -> list[list[Any]]:
+        """The jitter distributions on each of the group's flows that cross a WAN link with
+        jitter (one list a crossing flow)."""
+        if not self.topo.jitter:
+            return []
+        out = []
+        for f in phase.flows:
+            if f.to_switch or f.from_switch:
+                continue
+            dists = [self.topo.jitter[i] for i in self.path(devices, f) if i in self.topo.jitter]
+            if dists:
+                out.append(dists)
+        return out
+
+    def jitter_s(self, flows: list[list[Any]], steps: int) -> float:
+        """Seconds a phase of ``steps`` steps waits on WAN jitter: each step, each crossing
+        flow draws its links' extra delays and the step waits for the slowest flow."""
+        if not flows:
+            return 0.0
+        per_flow = [sum(d.draw(self.rng, steps) for d in dists) for dists in flows]
+        out = float(np.max(per_flow, axis=0).sum()) * 1e-3
+        if not np.isfinite(out):
+            raise SpecError("wan.jitter", "a WAN link's jitter draws overflow: narrow its "
+                            "distribution")
+        return out
 
     def run(self, kind: str, algorithm: str, devices: list[int], size_bytes: float,
             copies: list[list[int]] | None = None, klass: Klass | None = None
@@ -156,13 +186,15 @@ class CommEngine:
         classed by ``klass`` (each device's symmetry class; default: one class)."""
         if len(devices) == 1 or size_bytes <= 0:
             return
-        for phase, shapes, hop, slowest in self._plan(kind, algorithm, devices, copies,
-                                                       klass):
+        plan = self._plan(kind, algorithm, devices, copies, klass)
+        jitter = self._jitter[(kind, algorithm, tuple(devices), id(copies))]
+        for (phase, shapes, hop, slowest), crossing in zip(plan, jitter, strict=True):
             yield simpy.AllOf(self.env, [
                 self.net.transfer(p, phase.flows[i].size_bytes * size_bytes, w, lat, members)
                 for p, w, lat, i, members in shapes])
             fill = phase.fill_steps * min(phase.largest * size_bytes, CHUNK_BYTES) \
                 if phase.fill_steps else 0.0
-            extra = (phase.steps - 1) * hop + fill / slowest
+            extra = (phase.steps - 1) * hop + fill / slowest \
+                + self.jitter_s(crossing, phase.steps)
             if extra > 0:
                 yield self.env.timeout(extra)

@@ -19,6 +19,7 @@ import itertools
 import math
 import zlib
 from dataclasses import dataclass, field
+from typing import Any
 
 import networkx as nx
 
@@ -63,6 +64,7 @@ class Topology:
     _routes: dict[tuple[int, int], tuple[int, ...]] = field(default_factory=dict)
     _router_paths: dict[tuple[int, int], list[list[int]]] = field(default_factory=dict)
     slowed: dict[int, float] = field(default_factory=dict)  # lid -> capacity divisor applied
+    jitter: dict[int, Any] = field(default_factory=dict)  # lid -> a WAN link's jitter (ms)
 
     def add_link(self, u: Vertex, v: Vertex, cap_Bps: float, lat_s: float) -> None:
         for a, b in ((u, v), (v, u)):
@@ -144,6 +146,8 @@ def _fat_tree(t: Topology) -> None:
         for w in c.wan:
             t.add_link(("pod", index[w.a]), ("pod", index[w.b]), w.Gbps * 1e9 / 8,
                        w.latency_ms * 1e-3)
+            if w.jitter is not None:  # both directions, just added
+                t.jitter |= {len(t.links) - 2: w.jitter, len(t.links) - 1: w.jitter}
         return
     if pods > 1:
         for p in range(pods):
