@@ -24,9 +24,11 @@ the ``text-cpu`` model at inner lr 2e-3, with its band): the assumption, stated 
 docs, is that this ratio carries from that model to Llama 3 with two sites as replicas.
 Streaming DiLoCo and two-stage were not run for real: no time to loss.
 
-Flat BSP is also run in the DES (``of_single_site_des``). Both tiers reduce the gradient
-bucket by bucket, each paying the WAN's latency; where the WAN's bandwidth binds, the DES
-lets one group's transfer fill another's latency, and the closed form does not.
+Every way is also run in the DES (``of_single_site_des``): flat BSP as the one-step DES
+with the WAN in the topology (both tiers reduce the gradient bucket by bucket, each paying
+the WAN's latency; where the WAN's bandwidth binds, the DES lets one group's transfer fill
+another's latency, and the closed form does not), the others as the DES's in-site step and
+their WAN exchanges as flows on the topology.
 
 The single-site limit: the WAN made as wide as 10^5 Gb/s and as near as 2 us; flat BSP
 across the sites against the single cluster, both tiers (target: within 1%).
@@ -49,7 +51,13 @@ from sim.spec.cluster import load_cluster
 from sim.spec.plan import Plan
 from sim.spec.zoo import load_any
 from sim.strategies.accuracy import steps_over_bsp
-from sim.strategies.sites import SiteSync, simulate_sites, single_site, wan_sweep
+from sim.strategies.sites import (
+    SiteSync,
+    simulate_sites,
+    single_site,
+    site_steps,
+    wan_sweep,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "experiments" / "results"
@@ -80,16 +88,18 @@ def study() -> pd.DataFrame:
     for name, (preset, plan) in CASES.items():
         model, base = load_any(name), load_cluster(preset)
         budget = 20 * param_count(model)
+        steps = site_steps(model, base, plan, "des")  # the DES's steps: no WAN rate moves them
         for g in RATES:
             c = wan_sweep(base, g)
             chosen = choose_site_sync(model, c, plan).chosen
-            flat_des = simulate_sites(model, c, plan, SYNCS[0], "des").of_single_site
-            for r in [simulate_sites(model, c, plan, s) for s in SYNCS] + [chosen]:
+            des = [simulate_sites(model, c, plan, s, "des", steps).of_single_site
+                   for s in SYNCS]
+            for r, d in zip([simulate_sites(model, c, plan, s) for s in SYNCS] + [chosen],
+                            des + [None], strict=True):
                 rows.append({"model": name, "wan_Gbps": g, "sync": r.sync.label(),
                              "chosen": r is chosen, "tokens_per_s": r.tokens_per_s,
                              "of_single_site": r.of_single_site,
-                             "of_single_site_des": flat_des if r.sync.kind == "flat"
-                             and r is not chosen else None,
+                             "of_single_site_des": d,
                              "single_site_tokens_per_s": r.single_site_tokens_per_s,
                              "step_s": r.step_s, "wan_s_per_sync": r.wan_s_per_sync,
                              "days_to_20_tokens_per_param": budget / r.tokens_per_s / 86400,

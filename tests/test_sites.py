@@ -224,6 +224,24 @@ def test_the_flow_network_draws_the_wan_jitter() -> None:
     assert simulate(model, shaky, PLAN, fidelity="des").iteration_time_s == t["shaky", "des"]
 
 
+@pytest.mark.parametrize("preset", ["regions2-dgx-h100:2", "regions3-dgx-h100:2"])
+def test_the_wan_exchange_as_flows_equals_its_closed_form(preset: str) -> None:
+    """Hierarchical BSP's and DiLoCo's exchange over the WAN, run as flows on the topology
+    (every rank of a site with its peers at the other sites, at once) against the closed
+    form: equal on an idle network whatever binds (WAN rate, NICs, latency)."""
+    from sim.strategies.sites import _wan_allreduce_des, _wan_allreduce_s
+
+    for gbps in (1.0, 100.0, 1e4):
+        c = wan_sweep(load_cluster(preset), gbps)
+        assert _wan_allreduce_des(c, 1e9, 16) == pytest.approx(_wan_allreduce_s(c, 1e9, 16),
+                                                               rel=2e-3)
+    model, c = load_any("llama3-8b"), _two(gbps=10.0)
+    for sync in (SiteSync("hierarchical"), SiteSync("diloco", H=50)):
+        a, d = (simulate_sites(model, c, PLAN, sync, f).tokens_per_s
+                for f in ("analytic", "des"))
+        assert d == pytest.approx(a, rel=0.01)
+
+
 def test_placement_keeps_whole_replicas_at_each_site() -> None:
     from sim.layout.placement import SITE_PLACEMENT, group_span, site_aware
 

@@ -23,11 +23,17 @@ parallelism inside a site, as :mod:`sim.spec.groups` places it). Ways to synchro
   steps; exposed is what a fragment's exchange takes beyond its overlap, or, when the WAN
   cannot carry every fragment within ``H`` steps, the difference.
 
+In the DES (``fidelity="des"``) every step is the DES's, and the WAN exchange runs as
+flows on the topology (rank ``i`` of each site with rank ``i`` of the others, every rank at
+once, sharing NICs and WAN links, with the WAN's jitter drawn); the exchange still follows
+the in-site step (not overlapped), as in the closed form.
+
 Throughput is tokens (samples) per second of the whole job; the single-site figure is the
 same plan on one cluster holding every node. With the WAN as fast as a NIC and as near as a
 switch, ``flat`` is that figure. These are throughput figures: what ``H`` and compression
-cost in convergence is the statistical model's business (:mod:`sim.cost.convergence`), and
-no measured LLM curve ships.
+cost in convergence is the statistical model's business (:mod:`sim.cost.convergence`;
+DiLoCo's inner steps to a loss over BSP's, measured on a small language model:
+:func:`sim.strategies.accuracy.steps_over_bsp`).
 """
 
 from __future__ import annotations
@@ -151,6 +157,27 @@ def _wan_allreduce_s(cluster: ClusterSpec, nbytes: float, ranks_per_site: int) -
     return max(2 * (s - 1) / s * nbytes / rate, per_rank / nic) + 2 * (s - 1) * step_latency
 
 
+def _wan_allreduce_des(cluster: ClusterSpec, nbytes: float, ranks_per_site: int) -> float:
+    """The same exchange as flows on the topology: rank ``i`` of every site all-reduces its
+    shard with rank ``i`` of the others (a ring over the sites), every rank at once, the
+    flows sharing the NICs and WAN links max-min and paying their latency and jitter."""
+    import simpy
+
+    from sim.network.engine import CommEngine
+    from sim.network.flows import Network
+    from sim.network.topology import build_topology
+
+    topo = build_topology(cluster)
+    env = simpy.Environment()
+    engine = CommEngine(env, topo, Network(env, topo.cap, topo.lat))
+    per_site = cluster.world_size // len(cluster.sites)
+    for i in range(ranks_per_site):
+        group = [s * per_site + i for s in range(len(cluster.sites))]
+        env.process(engine.run("all_reduce", "ring", group, nbytes / ranks_per_site))
+    env.run()
+    return float(env.now)
+
+
 @dataclass(frozen=True)
 class SiteSteps:
     """What every way to synchronise shares and no WAN rate changes: the plan (site-aware),
@@ -194,12 +221,13 @@ def simulate_sites(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan
     site, inner, grad = st.site, st.inner, st.grad
     t = inner.iteration_time_s
     ranks = site.world_size
+    exchange = _wan_allreduce_s if fidelity == "analytic" else _wan_allreduce_des
     if sync.kind == "hierarchical":
-        wan = _wan_allreduce_s(cluster, grad.raw_bytes, ranks)
+        wan = exchange(cluster, grad.raw_bytes, ranks)
         return _result(sync, plan, t, t + wan, wan, wan, ref.tokens_per_s, inner.warnings)
     if sync.kind == "two-stage":  # the important share blocks, the rest runs under the next step
-        first = _wan_allreduce_s(cluster, grad.raw_bytes * sync.fraction, ranks)
-        rest = _wan_allreduce_s(cluster, grad.raw_bytes * (1 - sync.fraction), ranks) \
+        first = exchange(cluster, grad.raw_bytes * sync.fraction, ranks)
+        rest = exchange(cluster, grad.raw_bytes * (1 - sync.fraction), ranks) \
             if sync.fraction < 1 else 0.0
         step = first + max(t, rest)
         return _result(sync, plan, t, step, first + rest, step - t, ref.tokens_per_s,
@@ -208,11 +236,10 @@ def simulate_sites(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan
     nbytes = grad.elements * PAYLOAD_BYTES[sync.dtype]
     outer = outer_step_s(site.gpu, grad.elements / ranks)
     if sync.kind == "diloco":
-        wan = _wan_allreduce_s(cluster, nbytes, ranks) + outer
+        wan = exchange(cluster, nbytes, ranks) + outer
         step, exposed = t + wan / sync.H, wan / sync.H
     else:
-        frag = _wan_allreduce_s(cluster, nbytes / sync.fragments, ranks) \
-            + outer / sync.fragments
+        frag = exchange(cluster, nbytes / sync.fragments, ranks) + outer / sync.fragments
         wan = frag * sync.fragments
         window = sync.H * t + sync.fragments * max(0.0, frag - sync.overlap * t)
         per_H = max(window, wan)

@@ -180,7 +180,8 @@ def add_sites_parser(sub: Any, model_help: str) -> None:
     p.add_argument("--floor", type=float, default=0.95,
                    help="--choose: least share of one site's throughput (default 0.95)")
     p.add_argument("--fidelity", default="analytic", choices=["analytic", "des"],
-                   help="tier for the steps (des: slower)")
+                   help="tier for the steps and the WAN exchanges (des: flows on the "
+                   "topology; slower)")
     p.add_argument("--convergence", metavar="MODEL", help="also the time to BSP's loss: "
                    "text-cpu (DiLoCo against BSP measured on a small language model here) "
                    "or a CSV of such runs")
