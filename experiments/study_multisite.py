@@ -13,9 +13,10 @@ latency 43.5 ms (half the published 87 ms AWS us-east-1 to us-west-2 round trip,
   a step, 1F1B with 8 micro-batches.
 
 Ways: flat BSP, hierarchical BSP, DiLoCo H = 50 and 500 (fp32 pseudo-gradients), streaming
-DiLoCo H = 50 with 5 fragments each hidden behind 5 inner steps, and the one the optimizer
-picks (the most synchronous within 95% of one site). Each against the same plan on one
-cluster holding every node. *Time* is to a token budget of 20 tokens a parameter (the
+DiLoCo H = 50 with 5 fragments each hidden behind 5 inner steps, the one the optimizer
+picks (``chosen``: the most synchronous within 95% of one site) and the one it picks by
+time to BSP's loss with the ``text-cpu`` model (``chosen_by_loss``). Each against the same
+plan on one cluster holding every node. *Time* is to a token budget of 20 tokens a parameter (the
 Chinchilla ratio) at the simulated throughput: for BSP the loss per token is exactly one
 site's. *Time to loss* multiplies that budget by the inner steps DiLoCo needs to reach a
 loss over those BSP needs (``steps_over_bsp``), as measured on a small language model here
@@ -92,12 +93,14 @@ def study() -> pd.DataFrame:
         for g in RATES:
             c = wan_sweep(base, g)
             chosen = choose_site_sync(model, c, plan).chosen
+            by_loss = choose_site_sync(model, c, plan, convergence="text-cpu").chosen
             des = [simulate_sites(model, c, plan, s, "des", steps).of_single_site
                    for s in SYNCS]
-            for r, d in zip([simulate_sites(model, c, plan, s) for s in SYNCS] + [chosen],
-                            des + [None], strict=True):
+            for r, d in zip([simulate_sites(model, c, plan, s) for s in SYNCS]
+                            + [chosen, by_loss], des + [None, None], strict=True):
                 rows.append({"model": name, "wan_Gbps": g, "sync": r.sync.label(),
-                             "chosen": r is chosen, "tokens_per_s": r.tokens_per_s,
+                             "chosen": r is chosen, "chosen_by_loss": r is by_loss,
+                             "tokens_per_s": r.tokens_per_s,
                              "of_single_site": r.of_single_site,
                              "of_single_site_des": d,
                              "single_site_tokens_per_s": r.single_site_tokens_per_s,
@@ -106,7 +109,8 @@ def study() -> pd.DataFrame:
                              "same_loss": r.sync.kind in ("flat", "hierarchical"),
                              **_to_loss(r.sync, budget / r.tokens_per_s / 86400)})
             print(f"{name} {g:>5.0f} Gb/s: chosen {chosen.sync.label()} "
-                  f"({chosen.of_single_site:.1%})", flush=True)
+                  f"({chosen.of_single_site:.1%}); by time to loss {by_loss.sync.label()}",
+                  flush=True)
     return pd.DataFrame(rows)
 
 
@@ -139,7 +143,8 @@ def figure(df: pd.DataFrame, path: Path) -> None:
     from trainsim.plots.output import save_figure
 
     fig, axes = plt.subplots(2, 2, figsize=(12, 9.2), sharex=True)
-    for col, (name, sub) in enumerate(df[~df["chosen"]].groupby("model")):
+    plain = df[~(df["chosen"] | df["chosen_by_loss"])]
+    for col, (name, sub) in enumerate(plain.groupby("model")):
         top, low = axes[0][col], axes[1][col]
         for sync, s in sub.groupby("sync", sort=False):
             top.plot(s["wan_Gbps"], s["of_single_site"], marker="o", label=sync)

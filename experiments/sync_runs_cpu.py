@@ -1,8 +1,9 @@
 """Real runs of the synchronisation strategies on this CPU (issue 16): throughput, measured
 staleness, and test accuracy against updates on scikit-learn's bundled digits.
 
-Run: ``.venv/bin/python experiments/sync_runs_cpu.py [--quick] [--task cancer]`` (about 7.5
-minutes on 2 cores, with a progress bar; ``--quick`` one seed). Each batch of runs shares
+Run: ``.venv/bin/python experiments/sync_runs_cpu.py [--quick] [--task cancer] [--kind K]``
+(about 7.5 minutes on 2 cores, with a progress bar; ``--quick`` one seed; ``--kind diloco``
+reruns that kind's runs only and keeps the other rows). Each batch of runs shares
 one torchrun start (``executor.sync.launch.execute_sync_batch``). Writes
 ``experiments/results/sync_runs_cpu.csv`` (a row per run) and ``sync_curves_cpu.csv`` (test
 loss and accuracy of worker 0 every 5 steps, against updates and wall time), and the runs
@@ -179,15 +180,33 @@ def _write(df: pd.DataFrame, curves: list[dict[str, Any]], task: str) -> None:
                                                               float_format="%.6g"))
 
 
+def _kept(task: str, kind: str | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The rows and curves of the runs not rerun (none without ``--kind``)."""
+    if kind is None:
+        return [], []
+    tag = "" if task == "digits" else f"_{task}"
+    df = pd.read_csv(RESULTS / f"sync_runs{tag}_cpu.csv")
+    curves = pd.read_csv(RESULTS / f"sync_curves{tag}_cpu.csv")
+    df = df[df["kind"] != kind]
+    curves = curves[curves["run"].isin(set(df["run"]))]
+    return df.to_dict("records"), curves.to_dict("records")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="one seed of the grids")
     ap.add_argument("--task", choices=sorted(TASKS), default="digits", help="the bundled "
                     "task (default digits; cancer writes its own files and model)")
+    ap.add_argument("--kind", help="rerun only the runs of this sync kind (e.g. diloco) and "
+                    "keep the other rows of the files")
     args = ap.parse_args()
     TASK["name"] = args.task
-    rows, curves = [], []
+    rows, curves = _kept(args.task, args.kind)
     batches = _batches([0] if args.quick else [0, 1])
+    if args.kind:
+        batches = [(g, steps, [r for r in runs if r[1].sync.kind == args.kind])
+                   for g, steps, runs in batches]
+        batches = [b for b in batches if b[2]]
     with tqdm(total=sum(len(b[2]) for b in batches), unit="run") as bar:
         for grid, steps, runs in batches:
             slow = [{"worker": 0, "factor": float(label.rsplit("x", 1)[1])}

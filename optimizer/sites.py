@@ -8,6 +8,14 @@ before the step ends), then DiLoCo and streaming DiLoCo by increasing period
 ``H``, the fuller payload before the compressed one (fp32, bf16, int8), the shorter overlap
 (1 then 5 inner steps) before the longer. Every candidate is
 ranked and kept, so a user with their own convergence figures can read the whole table.
+
+With a loss model (``convergence``: the bundled ``text-cpu`` or a CSV of runs to a loss,
+:func:`sim.strategies.accuracy.steps_over_bsp`) the choice is instead the candidate with
+the least time to BSP's loss, ``steps over BSP's / share of one site's throughput``,
+among those the model covers: flat and hierarchical BSP (1) and DiLoCo with fp32
+pseudo-gradients within the periods the runs measured (two-stage, streaming DiLoCo and
+compressed payloads were not run for real, and a period outside the runs' range would be
+an extrapolation: neither is chosen).
 """
 
 from __future__ import annotations
@@ -47,21 +55,47 @@ class SiteChoice:
     chosen: SiteResult
     rows: list[SiteResult]  # every candidate, in the order tried
     floor: float
-    met: bool  # whether the chosen one reaches the floor
+    met: bool  # whether the chosen one reaches the floor (by time to loss: always True)
+    time_to_loss_x: dict[str, float] | None = None  # label -> multiple of one site's time
 
     def to_dict(self) -> dict[str, Any]:
+        by = "throughput floor" if self.time_to_loss_x is None else "time to loss"
         return {"chosen": self.chosen.to_dict(), "floor": self.floor, "met": self.met,
+                "by": by, "time_to_loss_x": self.time_to_loss_x,
                 "rows": [r.to_dict() for r in self.rows]}
 
 
 def choose_site_sync(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan,
-                     floor: float = 0.95, fidelity: str = "analytic") -> SiteChoice:
+                     floor: float = 0.95, fidelity: str = "analytic",
+                     convergence: str | None = None, lr: float = 2e-3) -> SiteChoice:
     """The most synchronous candidate within ``floor`` of one site's throughput (else the
-    fastest)."""
+    fastest); with ``convergence``, the one with the least time to BSP's loss."""
     if not 0 < floor <= 1:
         raise SpecError("--floor", f"must be a fraction in (0, 1], got {floor!r}")
     steps = site_steps(model, cluster, plan, fidelity)  # shared by every candidate
     rows = [simulate_sites(model, cluster, plan, s, fidelity, steps) for s in candidates()]
+    if convergence is not None:
+        times = _times_to_loss(rows, convergence, lr)
+        best = min(times, key=times.__getitem__)
+        return SiteChoice(next(r for r in rows if r.sync.label() == best), rows, floor, True,
+                          times)
     ok = [r for r in rows if r.of_single_site >= floor]
     chosen = ok[0] if ok else max(rows, key=lambda r: r.tokens_per_s)
     return SiteChoice(chosen, rows, floor, bool(ok))
+
+
+def _times_to_loss(rows: list[SiteResult], convergence: str, lr: float) -> dict[str, float]:
+    """Time to BSP's loss as a multiple of one site's, for the candidates the loss model
+    covers (BSP, and fp32 DiLoCo within the measured periods)."""
+    from sim.strategies.accuracy import steps_over_bsp
+
+    out = {}
+    for r in rows:
+        s = r.sync
+        if s.kind in ("flat", "hierarchical"):
+            out[s.label()] = 1.0 / r.of_single_site
+        elif s.kind == "diloco" and s.dtype == "fp32":
+            pred = steps_over_bsp(s.H, convergence, lr)
+            if not pred["extrapolated"] and not pred["diverges"]:
+                out[s.label()] = pred["ratio"] / r.of_single_site
+    return out

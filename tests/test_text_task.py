@@ -53,3 +53,36 @@ def test_bsp_and_diloco_train_the_text_model_for_real() -> None:
     assert losses[40] < losses[0] - 0.5
     with pytest.raises(SpecError, match="inner"):
         execute_sync_batch([(plans[0], 1e-3, 0)], "text", inner="adam")
+
+
+def test_diloco_keeps_its_outer_parameters_apart_from_the_replica(tmp_path) -> None:  # noqa: ANN001
+    """After an outer step the replica's parameters are a copy of the outer ones: an inner
+    step must not move them (it used to: the parameters were views of the outer vector, so
+    every later pseudo-gradient read 0 and the replicas never met again). Evaluating the
+    outer parameters leaves the replica's in their own storage too."""
+    import torch.distributed as dist
+
+    import executor.sync.worker as W
+    from executor.sync.replica import Worker
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0,
+                            world_size=1)
+    try:
+        plan = Plan(global_batch_size=16, seq_len=1, dp=2,
+                    sync={"kind": "diloco", "period": 2})  # type: ignore[arg-type]
+        w = Worker({"plan": plan.to_dict(), "hidden": [8], "seed": 0, "lr": 0.1}, 0,
+                   load_task("digits"))
+        state = W._strategy_state(w)
+        for k in range(6):
+            w.gradient()
+            W._synchronise(w, k, state)
+        outer = state["global"]
+        w.evaluate(6, 0.0, outer)
+        ptr = outer.untyped_storage().data_ptr()
+        assert all(p.untyped_storage().data_ptr() != ptr for p in w.params)
+        before = outer.detach().clone()
+        w.gradient()
+        w.opt.step()
+        assert torch.equal(before, outer.detach())
+    finally:
+        dist.destroy_process_group()

@@ -31,6 +31,15 @@ __all__ = ["Worker", "shard_indices", "gossip_weights", "gossip_mix", "vec"]
 vec = torch.nn.utils.parameters_to_vector
 
 
+def _load(params: list[torch.nn.Parameter], flat: torch.Tensor) -> None:
+    """Copy ``flat`` into the parameters' own storage."""
+    with torch.no_grad():
+        i = 0
+        for p in params:
+            p.copy_(flat[i: i + p.numel()].view_as(p))
+            i += p.numel()
+
+
 def _optimizer(kind: str, params: list[torch.nn.Parameter], lr: float
                ) -> torch.optim.Optimizer:
     """A worker's (DiLoCo's inner) optimizer: plain SGD, or AdamW as DiLoCo trains language
@@ -97,12 +106,12 @@ class Worker:
         """Test loss and accuracy of this worker's parameters, or of ``params`` (DiLoCo's
         outer, global ones)."""
         own = None
-        if params is not None:
+        if params is not None:  # copied in and back in place: no parameter becomes a view
             own = vec(self.params).detach().clone()
-            torch.nn.utils.vector_to_parameters(params.detach(), self.params)
+            _load(self.params, params)
         loss, acc = self.task.evaluate(self.model)
         if own is not None:
-            torch.nn.utils.vector_to_parameters(own, self.params)
+            _load(self.params, own)
         self.log["evals"].append({"step": step, "updates": self.updates,
                                   "time_s": time.monotonic() - start, "loss": loss,
                                   "accuracy": acc})

@@ -71,7 +71,10 @@ def _diloco(w: Worker, state: dict[str, Any]) -> None:
     g = state["global"]
     g.grad = pseudo / w.n
     state["outer"].step()
-    torch.nn.utils.vector_to_parameters(g.detach(), w.params)
+    # a copy: vector_to_parameters makes the parameters views of the vector it is given, and
+    # views of ``g`` would carry every inner step into the outer parameters (the
+    # pseudo-gradient then reads 0 and the replicas never meet again)
+    torch.nn.utils.vector_to_parameters(g.detach().clone(), w.params)
 
 
 def _strategy_state(w: Worker) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sim.analytic.buckets import bucketed_s
 from sim.analytic.dualpipev import RankTime, StagePasses, dualpipev_pipeline
 from sim.cost import compute as cm
 from sim.cost.costmodel import CostModel
@@ -261,16 +262,8 @@ def _hide(comm_s: float, window_s: float) -> tuple[float, float]:
 
 
 def _bucketed(x: _Ctx, rank: int, kind: str) -> float:
-    """The gradient reduction of one pipeline rank as its DDP buckets run it, one
-    collective after another, each paying its own latency (the DES's buckets,
-    :func:`sim.layout.inventory.layer_buckets`; one of everything without overlap)."""
     x.buckets = x.buckets or rank_buckets(x.m, x.p)
-    seconds = x.bucket_s
-    for d, e in x.buckets[rank]:
-        if (kind, d, e) not in seconds:
-            seconds[kind, d, e] = (x.coll("dp", kind, d * x.p.grad_bytes)
-                                   + x.coll("edp", kind, e * x.p.grad_bytes))
-    return sum(seconds[kind, d, e] for d, e in x.buckets[rank])
+    return bucketed_s(x.coll, kind, x.buckets[rank], x.p.grad_bytes, x.bucket_s)
 
 
 def _dp_costs(x: _Ctx, st: StageLayers, compute_s: float, rank: int) -> _DPCost:

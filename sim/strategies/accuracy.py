@@ -11,6 +11,7 @@ another's.
 
 from __future__ import annotations
 
+import csv
 import math
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from sim.cost.convergence import (
 )
 from sim.errors import SpecError
 
-__all__ = ["time_to_target", "BUNDLED_MODELS", "LOSS_MODELS", "steps_over_bsp"]
+__all__ = ["time_to_target", "BUNDLED_MODELS", "LOSS_MODELS", "loss_model", "steps_over_bsp"]
 
 BUNDLED_MODELS = {"digits-cpu": (BUNDLED / "digits_cpu.csv",
                                  "digits, 64-64-10 MLP, 4 workers x batch 32, plain SGD "
@@ -42,6 +43,23 @@ LOSS_MODELS = {"text-cpu": (BUNDLED / "text_cpu.csv",
                             "(experiments/diloco_text_cpu.py)")}
 
 
+def loss_model(convergence: str | Path, lr: float) -> tuple[Path, str]:
+    """(CSV, what it was measured on) of a loss model, checked: a bundled name or a CSV of
+    runs to a loss (column ``updates_to_target``, no accuracy columns), and ``lr > 0``."""
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < math.inf:
+        raise SpecError("lr", f"must be a learning rate > 0, got {lr!r}")
+    path, source = LOSS_MODELS.get(str(convergence), (Path(convergence), str(convergence)))
+    if not path.is_file():
+        raise SpecError("convergence", f"{convergence}: neither a bundled loss model "
+                        f"({', '.join(LOSS_MODELS)}) nor a CSV of runs")
+    with path.open(newline="") as f:
+        header = next(csv.reader(f), [])
+    if "updates_to_target" not in header or any(h.startswith("updates_to_9") for h in header):
+        raise SpecError("convergence", f"{convergence}: a loss model needs runs to a loss "
+                        "(column updates_to_target, no updates_to_90/95 accuracy columns)")
+    return path, source
+
+
 def steps_over_bsp(period: int, convergence: str | Path = "text-cpu", lr: float = 2e-3
                    ) -> dict[str, Any]:
     """Inner steps DiLoCo with ``period`` H needs to reach the runs' target loss over the
@@ -50,12 +68,7 @@ def steps_over_bsp(period: int, convergence: str | Path = "text-cpu", lr: float 
     band combines both models' ``sigma``."""
     if isinstance(period, bool) or not isinstance(period, int) or period < 1:
         raise SpecError("H", f"must be an integer >= 1, got {period!r}")
-    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < math.inf:
-        raise SpecError("lr", f"must be a learning rate > 0, got {lr!r}")
-    path, source = LOSS_MODELS.get(str(convergence), (Path(convergence), str(convergence)))
-    if not path.is_file():
-        raise SpecError("convergence", f"{convergence}: neither a bundled loss model "
-                        f"({', '.join(LOSS_MODELS)}) nor a CSV of runs")
+    path, source = loss_model(convergence, lr)
     obs = load_observations(path)
     bsp = fit_convergence(obs, "local")
     dil = fit_convergence(obs, "diloco") if period > 1 else bsp

@@ -64,6 +64,10 @@ def cmd_sites(args: argparse.Namespace) -> int:
     from trainsim.common import check_out_dir
 
     check_out_dir(args.out, "--out")
+    if args.convergence is not None:
+        from sim.strategies.accuracy import loss_model
+
+        loss_model(args.convergence, args.lr)  # checked before anything runs
     model, cluster, plan = load_any(args.model), load_cluster(args.cluster), load_plan(args.plan)
     syncs = [parse_site_sync(s) for s in (args.sync or DEFAULT_SYNCS)]
     rates = _gbps(args.wan_gbps) if args.wan_gbps else [None]
@@ -71,13 +75,15 @@ def cmd_sites(args: argparse.Namespace) -> int:
     if rates == [None] and any(w.bandwidth_by_hour for w in cluster.wan):
         for s in syncs:  # the WAN's day: tokens over the day, and its worst hour
             day = over_a_day(model, cluster, plan, s, args.fidelity)
-            rows.append({"wan_Gbps": "by hour", **day})
+            rows.append({"wan_Gbps": "by hour", **day,
+                         **_to_loss(s, day["of_single_site"], args)})
         if args.choose:  # chosen for the day's worst hour: it holds all day
             worst = min(range(24), key=lambda h: sum(w.Gbps_at(h) for w in cluster.wan))
             ch = choose_site_sync(model, at_hour(cluster, worst), plan, args.floor,
-                                  args.fidelity)
+                                  args.fidelity, args.convergence, args.lr)
             rows.append({"wan_Gbps": f"hour {worst}", "chosen": True, "met_floor": ch.met,
-                         **ch.chosen.to_dict()})
+                         **ch.chosen.to_dict(),
+                         **_to_loss(ch.chosen.sync, ch.chosen.of_single_site, args)})
         rates = []
     for g in rates:
         c = cluster if g is None else wan_sweep(cluster, g)
@@ -86,7 +92,8 @@ def cmd_sites(args: argparse.Namespace) -> int:
             rows.append({"wan_Gbps": g if g is not None else "file", **r.to_dict(),
                          **_to_loss(s, r.of_single_site, args)})
         if args.choose:
-            ch = choose_site_sync(model, c, plan, args.floor, args.fidelity)
+            ch = choose_site_sync(model, c, plan, args.floor, args.fidelity, args.convergence,
+                                  args.lr)
             rows.append({"wan_Gbps": g if g is not None else "file", "chosen": True,
                          "met_floor": ch.met, **ch.chosen.to_dict(),
                          **_to_loss(ch.chosen.sync, ch.chosen.of_single_site, args)})
@@ -95,6 +102,13 @@ def cmd_sites(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2, default=str))
         return 0
+    _print(rows, args)
+    if args.out is not None:
+        print(f"wrote {args.out}")
+    return 0
+
+
+def _print(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     loss = args.convergence is not None
     print(f"{'WAN Gb/s':>9}  {'sync':52s} {'tokens/s':>11} {'of one site':>11}"
           + (f" {'time to loss':>12}" if loss else ""))
@@ -102,15 +116,15 @@ def cmd_sites(args: argparse.Namespace) -> int:
         mark = " <- chosen" if row.get("chosen") else ""
         t = row.get("time_to_loss_x")
         extra = "" if not loss else f" {'not measured':>12}" if t is None else f" {t:11.2f}x"
+        extra += "*" if row.get("loss_notes") else ""
         print(f"{row['wan_Gbps']!s:>9}  {row['sync'][:52]:52s} {row['tokens_per_s']:11.4g} "
               f"{row['of_single_site']:11.1%}{extra}{mark}")
     if loss:
         print("time to loss: to BSP's loss, as a multiple of one site's time; DiLoCo's "
               f"inner steps over BSP's from {args.convergence} at lr {args.lr:g} (a small "
               "model's runs: see docs/guide/sites.md)")
-    if args.out is not None:
-        print(f"wrote {args.out}")
-    return 0
+        for note in sorted({n for row in rows for n in row.get("loss_notes") or ()}):
+            print(f"* extrapolated: {note}")
 
 
 def _to_loss(sync: Any, of_single_site: float, args: argparse.Namespace) -> dict[str, Any]:
@@ -120,13 +134,15 @@ def _to_loss(sync: Any, of_single_site: float, args: argparse.Namespace) -> dict
         return {}
     from sim.strategies.accuracy import steps_over_bsp
 
+    notes: list[str] = []
     if sync.kind in ("flat", "hierarchical"):
         ratio: float | None = 1.0
     elif sync.kind == "diloco" and sync.dtype == "fp32":  # what the real runs sent
-        ratio = steps_over_bsp(sync.H, args.convergence, args.lr)["ratio"]
+        pred = steps_over_bsp(sync.H, args.convergence, args.lr)
+        ratio, notes = pred["ratio"], pred["extrapolated"]
     else:
         ratio = None
-    return {"steps_over_bsp": ratio,
+    return {"steps_over_bsp": ratio, "loss_notes": notes,
             "time_to_loss_x": None if ratio is None else ratio / of_single_site}
 
 
@@ -176,7 +192,8 @@ def add_sites_parser(sub: Any, model_help: str) -> None:
     p.add_argument("--wan-gbps", metavar="LIST", help="sweep every WAN link over these Gb/s "
                    "(e.g. 1,10,100,400), latencies kept")
     p.add_argument("--choose", action="store_true", help="also pick a way (optimizer.sites; "
-                   "with hourly WAN rates, for the day's slowest hour)")
+                   "with hourly WAN rates, for the day's slowest hour; with --convergence, "
+                   "the least time to BSP's loss)")
     p.add_argument("--floor", type=float, default=0.95,
                    help="--choose: least share of one site's throughput (default 0.95)")
     p.add_argument("--fidelity", default="analytic", choices=["analytic", "des"],

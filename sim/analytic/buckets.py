@@ -1,0 +1,27 @@
+"""The data-parallel gradient reduction as DDP's buckets run it, in closed form: one
+collective a bucket, one after another, each paying its own latency
+(:func:`sim.layout.inventory.layer_buckets`, the buckets the DES reduces). A bucket's dense
+and expert gradients are reduced at once over their two groups (as the DES runs them):
+one latency, both loads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+__all__ = ["bucketed_s"]
+
+Coll = Callable[[str, str, float], float]  # (group, kind, bytes) -> seconds
+
+
+def bucketed_s(coll: Coll, kind: str, buckets: list[tuple[float, float]], width: float,
+               memo: dict[tuple[str, float, float], float]) -> float:
+    """Seconds of ``kind`` over ``buckets`` of (dense, expert) parameters of ``width``
+    bytes each; ``memo`` keeps a bucket's seconds by (kind, dense, expert)."""
+    for d, e in buckets:
+        if (kind, d, e) not in memo:
+            dense, expert = coll("dp", kind, d * width), coll("edp", kind, e * width)
+            if dense and expert:
+                dense -= min(coll("dp", kind, 1.0), coll("edp", kind, 1.0))
+            memo[kind, d, e] = dense + expert
+    return sum(memo[kind, d, e] for d, e in buckets)
