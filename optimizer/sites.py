@@ -20,7 +20,7 @@ an extrapolation: neither is chosen).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sim.errors import SpecError
@@ -57,11 +57,12 @@ class SiteChoice:
     floor: float
     met: bool  # whether the chosen one reaches the floor (by time to loss: always True)
     time_to_loss_x: dict[str, float] | None = None  # label -> multiple of one site's time
+    notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         by = "throughput floor" if self.time_to_loss_x is None else "time to loss"
         return {"chosen": self.chosen.to_dict(), "floor": self.floor, "met": self.met,
-                "by": by, "time_to_loss_x": self.time_to_loss_x,
+                "by": by, "time_to_loss_x": self.time_to_loss_x, "notes": self.notes,
                 "rows": [r.to_dict() for r in self.rows]}
 
 
@@ -72,13 +73,24 @@ def choose_site_sync(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Pl
     fastest); with ``convergence``, the one with the least time to BSP's loss."""
     if not 0 < floor <= 1:
         raise SpecError("--floor", f"must be a fraction in (0, 1], got {floor!r}")
+    if convergence is not None:
+        from sim.strategies.accuracy import loss_model
+
+        loss_model(convergence, lr)  # before any candidate runs
     steps = site_steps(model, cluster, plan, fidelity)  # shared by every candidate
     rows = [simulate_sites(model, cluster, plan, s, fidelity, steps) for s in candidates()]
     if convergence is not None:
         times = _times_to_loss(rows, convergence, lr)
         best = min(times, key=times.__getitem__)
+        left = sum(r.sync.kind == "diloco" and r.sync.dtype == "fp32" for r in rows) \
+            - sum(k.startswith("diloco") for k in times)
+        notes = [f"chosen by time to loss (--floor {floor:g} not applied); "
+                 "two-stage, streaming DiLoCo and compressed payloads not measured"]
+        if left:
+            notes.append(f"{left} fp32 DiLoCo period(s) left out: outside the periods or "
+                         f"learning rates the runs measured (lr {lr:g})")
         return SiteChoice(next(r for r in rows if r.sync.label() == best), rows, floor, True,
-                          times)
+                          times, notes)
     ok = [r for r in rows if r.of_single_site >= floor]
     chosen = ok[0] if ok else max(rows, key=lambda r: r.tokens_per_s)
     return SiteChoice(chosen, rows, floor, bool(ok))

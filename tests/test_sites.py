@@ -334,12 +334,15 @@ def test_cli_sites_time_to_loss(tmp_path, capsys) -> None:  # noqa: ANN001
     assert flat["time_to_loss_x"] == pytest.approx(1 / flat["of_single_site"])
     assert dil["time_to_loss_x"] == pytest.approx(dil["steps_over_bsp"] / dil["of_single_site"])
     assert rows["streaming-diloco H=50, 5 fragments, overlap 5, fp32"]["time_to_loss_x"] is None
+    binary = tmp_path / "runs.csv"
+    binary.write_bytes(b"kind,lr\n\xff\xfe,1\n")
     base = ["sites", "--model", "llama3-8b", "--cluster", "regions2-dgx-h100:2", "--plan",
             str(plan), "--sync", "hierarchical"]
     for bad, field in ((["--convergence", "nowhere.csv"], "convergence"),
                        (["--convergence", "text-cpu", "--lr", "-1"], "lr"),
                        (["--convergence", str(BUNDLED / "digits_cpu.csv")],
-                        "convergence")):  # runs to an accuracy, not a loss
+                        "convergence"),  # runs to an accuracy, not a loss
+                       (["--convergence", str(binary)], "convergence")):
         assert main(base + bad) == 2
         err = capsys.readouterr().err
         assert field in err and len(err.strip().splitlines()) == 1
@@ -360,5 +363,5 @@ def test_choose_by_time_to_loss() -> None:
                    for k in times)
         assert "diloco H=1000, fp32" not in times  # beyond the measured periods
         picks[gbps] = ch.chosen.sync.kind
-        assert ch.to_dict()["by"] == "time to loss"
+        assert ch.to_dict()["by"] == "time to loss" and "--floor" in ch.notes[0]
     assert picks[1.0] == "diloco" and picks[1e4] in ("flat", "hierarchical")

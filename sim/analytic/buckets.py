@@ -21,7 +21,8 @@ def bucketed_s(coll: Coll, kind: str, buckets: list[tuple[float, float]], width:
     for d, e in buckets:
         if (kind, d, e) not in memo:
             dense, expert = coll("dp", kind, d * width), coll("edp", kind, e * width)
-            if dense and expert:
-                dense -= min(coll("dp", kind, 1.0), coll("edp", kind, 1.0))
+            if dense and expert:  # never below the longer of the two (fits need not be
+                # monotone in size)
+                dense -= min(coll("dp", kind, 1.0), coll("edp", kind, 1.0), dense, expert)
             memo[kind, d, e] = dense + expert
     return sum(memo[kind, d, e] for d, e in buckets)

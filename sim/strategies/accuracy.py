@@ -52,11 +52,17 @@ def loss_model(convergence: str | Path, lr: float) -> tuple[Path, str]:
     if not path.is_file():
         raise SpecError("convergence", f"{convergence}: neither a bundled loss model "
                         f"({', '.join(LOSS_MODELS)}) nor a CSV of runs")
-    with path.open(newline="") as f:
-        header = next(csv.reader(f), [])
+    try:
+        with path.open(newline="") as f:
+            header = next(csv.reader(f), [])
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise SpecError("convergence", f"{convergence}: not a CSV of runs ({e})") from None
     if "updates_to_target" not in header or any(h.startswith("updates_to_9") for h in header):
         raise SpecError("convergence", f"{convergence}: a loss model needs runs to a loss "
                         "(column updates_to_target, no updates_to_90/95 accuracy columns)")
+    obs = load_observations(path)
+    for family in ("local", "diloco"):  # both fit, or a one-line error now
+        fit_convergence(obs, family)
     return path, source
 
 

@@ -83,7 +83,8 @@ def cmd_sites(args: argparse.Namespace) -> int:
                                   args.fidelity, args.convergence, args.lr)
             rows.append({"wan_Gbps": f"hour {worst}", "chosen": True, "met_floor": ch.met,
                          **ch.chosen.to_dict(),
-                         **_to_loss(ch.chosen.sync, ch.chosen.of_single_site, args)})
+                         **_to_loss(ch.chosen.sync, ch.chosen.of_single_site, args),
+                         "choice_notes": ch.notes})
         rates = []
     for g in rates:
         c = cluster if g is None else wan_sweep(cluster, g)
@@ -96,7 +97,8 @@ def cmd_sites(args: argparse.Namespace) -> int:
                                   args.lr)
             rows.append({"wan_Gbps": g if g is not None else "file", "chosen": True,
                          "met_floor": ch.met, **ch.chosen.to_dict(),
-                         **_to_loss(ch.chosen.sync, ch.chosen.of_single_site, args)})
+                         **_to_loss(ch.chosen.sync, ch.chosen.of_single_site, args),
+                         "choice_notes": ch.notes})
     if args.out is not None:
         _write(args.out, rows, cluster, plan, model)
     if args.json:
@@ -125,6 +127,8 @@ def _print(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
               "model's runs: see docs/guide/sites.md)")
         for note in sorted({n for row in rows for n in row.get("loss_notes") or ()}):
             print(f"* extrapolated: {note}")
+    for note in sorted({n for row in rows for n in row.get("choice_notes") or ()}):
+        print(f"choice: {note}")
 
 
 def _to_loss(sync: Any, of_single_site: float, args: argparse.Namespace) -> dict[str, Any]:
