@@ -12,6 +12,7 @@ another's.
 from __future__ import annotations
 
 import csv
+import functools
 import math
 from pathlib import Path
 from typing import Any
@@ -60,10 +61,15 @@ def loss_model(convergence: str | Path, lr: float) -> tuple[Path, str]:
     if "updates_to_target" not in header or any(h.startswith("updates_to_9") for h in header):
         raise SpecError("convergence", f"{convergence}: a loss model needs runs to a loss "
                         "(column updates_to_target, no updates_to_90/95 accuracy columns)")
-    obs = load_observations(path)
-    for family in ("local", "diloco"):  # both fit, or a one-line error now
-        fit_convergence(obs, family)
+    _fits(path, path.stat().st_mtime_ns)  # both families fit, or a one-line error now
     return path, source
+
+
+@functools.lru_cache(maxsize=16)
+def _fits(path: Path, mtime_ns: int) -> tuple[Any, Any]:
+    """(BSP's, DiLoCo's) models fitted to a loss CSV, once per file version."""
+    obs = load_observations(path)
+    return fit_convergence(obs, "local"), fit_convergence(obs, "diloco")
 
 
 def steps_over_bsp(period: int, convergence: str | Path = "text-cpu", lr: float = 2e-3
@@ -75,9 +81,8 @@ def steps_over_bsp(period: int, convergence: str | Path = "text-cpu", lr: float 
     if isinstance(period, bool) or not isinstance(period, int) or period < 1:
         raise SpecError("H", f"must be an integer >= 1, got {period!r}")
     path, source = loss_model(convergence, lr)
-    obs = load_observations(path)
-    bsp = fit_convergence(obs, "local")
-    dil = fit_convergence(obs, "diloco") if period > 1 else bsp
+    bsp, dil = _fits(path, path.stat().st_mtime_ns)
+    dil = dil if period > 1 else bsp
     a, b = bsp.predict(lr, 0.0), dil.predict(lr, float(period - 1))
     band = math.exp(math.hypot(bsp.sigma, dil.sigma)) if period > 1 else 1.0
     ratio = b.updates / a.updates
