@@ -20,6 +20,8 @@ an extrapolation: neither is chosen).
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,9 +30,16 @@ from sim.spec.cluster import ClusterSpec
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
 from sim.spec.workload import Workload
-from sim.strategies.sites import SiteResult, SiteSync, simulate_sites, site_steps
+from sim.strategies.sites import (
+    SiteResult,
+    SiteSync,
+    simulate_sites,
+    site_replicas,
+    site_shares,
+    site_steps,
+)
 
-__all__ = ["SiteChoice", "choose_site_sync", "candidates"]
+__all__ = ["SiteChoice", "choose_site_sync", "candidates", "balance_sites"]
 
 PERIODS = (10, 50, 100, 500, 1000)
 FRAGMENTS = (2, 4, 8, 16)
@@ -111,3 +120,72 @@ def _times_to_loss(rows: list[SiteResult], convergence: str, lr: float) -> dict[
             if not pred["extrapolated"] and not pred["diverges"]:
                 out[s.label()] = pred["ratio"] / r.of_single_site
     return out
+
+
+def balance_sites(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan) -> Plan:
+    """``plan`` with its micro-batches split over the sites so that the slowest site's own
+    step is as short as it can be (sites of different GPUs, fabrics or sizes). A site's
+    step is its slowest replica's, so each site's replicas carry at most ``k`` micro-batches
+    (``pp`` at a time under interleaved 1F1B, at least ``2 pp`` under DualPipeV); with
+    ``f_s(k)`` site ``s``'s analytic step at ``k`` a replica (infinite where it does not
+    fit in memory), the sites are raised a unit at a time, always the one whose next step
+    is the shortest, until they hold the global batch (so the slowest step is the least
+    any whole split allows, ``f`` rising with ``k``); then the excess is taken back from
+    the slowest sites first. The global batch is kept;
+    ``micro_batches_per_replica`` says the split (None when it is even)."""
+    from optimizer.balance import _micro_unit
+    from sim.layout.placement import site_aware
+
+    plan = site_aware(plan, cluster)
+    held = site_replicas(cluster, plan)
+    unit, least = _micro_unit(plan)
+    least = -(-least // unit) * unit
+    total = plan.global_batch_size // plan.micro_batch_size
+    shares = site_shares(cluster, plan)
+    ks = [least] * len(held)  # micro-batches a replica at each site, raised one unit at a time
+    steps = [{least: _even_step(model, c, share, least)} for c, share in shares]
+    while sum(k * len(reps) for k, reps in zip(ks, held, strict=True)) < total:
+        for i, (c, share) in enumerate(shares):  # each site's next step, once
+            if ks[i] + unit not in steps[i]:
+                steps[i][ks[i] + unit] = _even_step(model, c, share, ks[i] + unit)
+        i = min(range(len(ks)), key=lambda j: (steps[j][ks[j] + unit], j))
+        if steps[i][ks[i] + unit] == math.inf:
+            return plan  # no split fits every site
+        ks[i] += unit
+    if max(steps[i][k] for i, k in enumerate(ks)) == math.inf:
+        return plan
+    return _fill(plan, held, ks, steps, total, unit, least)
+
+
+def _even_step(model: ModelSpec | Workload, site: ClusterSpec, share: Plan, k: int) -> float:
+    """A site's analytic step with ``k`` micro-batches a replica (inf: out of memory)."""
+    from sim.api import simulate
+
+    p = dataclasses.replace(share, micro_batches_per_replica=None,
+                            global_batch_size=k * share.dp * share.micro_batch_size)
+    r = simulate(model, site, p)
+    return r.iteration_time_s if r.fits_in_memory else float("inf")
+
+
+def _fill(plan: Plan, held: list[list[int]], ks: list[int], steps: list[dict[int, float]],
+          total: int, unit: int, least: int) -> Plan:
+    """Every replica of site ``s`` at ``ks[s]``, then the excess over ``total`` taken back a
+    unit at a time from the fullest replica of the slowest site that can give one."""
+    mbr = [0] * plan.dp
+    for reps, k in zip(held, ks, strict=True):
+        for d in reps:
+            mbr[d] = k
+    excess = sum(mbr) - total
+    while excess > 0:  # from the fullest replica of the slowest site that can give
+        able = [i for i, reps in enumerate(held) if max(mbr[d] for d in reps) - unit >= least]
+        if not able:
+            return plan
+        i = max(able, key=lambda j: (steps[j][max(mbr[d] for d in held[j])], -j))
+        d = max(held[i], key=lambda x: (mbr[x], -x))
+        mbr[d] -= unit
+        excess -= unit
+    if sum(mbr) != total:  # (units that do not add up to the batch: keep the plan)
+        return plan
+    if len(set(mbr)) == 1:
+        return dataclasses.replace(plan, micro_batches_per_replica=None)
+    return dataclasses.replace(plan, micro_batches_per_replica=tuple(mbr))

@@ -25,7 +25,17 @@ def _two(nodes: int = 2, gbps: float = 100.0, lat: float = 35.0, **extra: object
 @pytest.mark.parametrize(("change", "field"), [
     ({"sites": [{"name": "e", "nodes": 0}, {"name": "w", "nodes": 2}]}, "sites[0].nodes"),
     ({"sites": [{"name": "e", "nodes": 2}, {"name": "e", "nodes": 2}]}, "sites[1].name"),
-    ({"sites": [{"name": "e", "nodes": 2}, {"name": "w", "nodes": 3}]}, "sites"),
+    ({"sites": [{"name": "e", "nodes": 2, "inter_node": {"nic_Gbps": -1}},
+                {"name": "w", "nodes": 3}]}, "sites[0].inter_node.nic_Gbps"),
+    ({"sites": [{"name": "e", "nodes": 2}, {"name": "w", "nodes": 3,
+                                             "inter_node": {"mtu": 9000}}]},
+     "sites[1].inter_node.mtu"),
+    ({"sites": [{"name": "e", "nodes": 2, "inter_node": {"nics_per_node": 0.5}},
+                {"name": "w", "nodes": 3}]}, "sites[0].inter_node.nics_per_node"),
+    ({"sites": [{"name": "e", "nodes": 2, "intra_node": {"bandwidth_GBps": 0}},
+                {"name": "w", "nodes": 3}]}, "sites[0].intra_node.bandwidth_GBps"),
+    ({"sites": [{"name": "e", "nodes": 2, "gpu": "h9000"},
+                {"name": "w", "nodes": 3}]}, "sites[0].gpu"),
     ({"wan": [{"a": "e", "b": "mars", "Gbps": 1, "latency_ms": 1}]}, "wan[0].b"),
     ({"wan": [{"a": "e", "b": "w", "Gbps": -5, "latency_ms": 1}]}, "wan[0].Gbps"),
     ({"wan": [{"a": "e", "b": "w", "Gbps": 5, "latency_ms": -1}]}, "wan[0].latency_ms"),
@@ -245,8 +255,9 @@ def test_the_wan_exchange_as_flows_equals_its_closed_form(preset: str) -> None:
 
     for gbps in (1.0, 100.0, 1e4):
         c = wan_sweep(load_cluster(preset), gbps)
-        assert _wan_allreduce_des(c, 1e9, 16) == pytest.approx(_wan_allreduce_s(c, 1e9, 16),
-                                                               rel=2e-3)
+        ranks = (16,) * len(c.sites)
+        assert _wan_allreduce_des(c, 1e9, ranks) == pytest.approx(
+            _wan_allreduce_s(c, 1e9, ranks), rel=2e-3)
     model, c = load_any("llama3-8b"), _two(gbps=10.0)
     for sync in (SiteSync("hierarchical"), SiteSync("diloco", H=50)):
         a, d = (simulate_sites(model, c, PLAN, sync, f).tokens_per_s

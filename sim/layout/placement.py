@@ -12,6 +12,7 @@ folded plan's ``ep`` and ``edp`` groups follow Megatron-LM's expert grid rank by
 
 from __future__ import annotations
 
+import bisect
 import functools
 import itertools
 from collections import Counter
@@ -87,9 +88,14 @@ def _ranks(plan: Plan, dims: tuple[str, ...], base: int) -> list[int]:
     return [base + sum(c) for c in itertools.product(*ranges)]
 
 
-def _span(devices: list[int], gpus_per_node: int, pod_size: int) -> GroupSpan:
+def _pod(device: int, pods: int | tuple[int, ...]) -> int:
+    """The pod of ``device``: pods of ``pods`` devices, or starting at the devices listed."""
+    return device // pods if isinstance(pods, int) else bisect.bisect_right(pods, device)
+
+
+def _span(devices: list[int], gpus_per_node: int, pods: int | tuple[int, ...]) -> GroupSpan:
     per_node = Counter(d // gpus_per_node for d in devices)
-    cross_pod = min(devices) // pod_size != max(devices) // pod_size
+    cross_pod = _pod(min(devices), pods) != _pod(max(devices), pods)
     return GroupSpan(len(devices), max(per_node.values()), len(per_node), cross_pod)
 
 
@@ -112,14 +118,19 @@ def _worst(spans: list[GroupSpan]) -> GroupSpan:
     return max(spans, key=lambda s: (s.cross_pod, s.nodes, -s.per_node))
 
 
-def _order_span(plan: Plan, dims: tuple[str, ...], g: int, pod: int, world: int,
-                offsets: list[int]) -> GroupSpan:
+def _order_span(plan: Plan, dims: tuple[str, ...], g: int, pods: int | tuple[int, ...],
+                world: int, offsets: list[int]) -> GroupSpan:
     """With a rank order, groups differ only by their first rank ``b``, and how a group
     falls on nodes depends only on ``b mod gpus_per_node``. ``offsets``: the members'
-    ranks relative to ``b``."""
-    worst = _worst([_span([r + o for o in offsets], g, pod)
+    ranks relative to ``b`` (the last the largest). Pods of one size are crossed as their
+    residues say; pods of different sizes (sites) group by group."""
+    worst = _worst([_span([r + o for o in offsets], g, pods)
                     for r in sorted(_residues(plan, dims, g))])
-    cross = pod < world and max(_residues(plan, dims, pod)) + offsets[-1] >= pod
+    if isinstance(pods, int):
+        cross = pods < world and max(_residues(plan, dims, pods)) + offsets[-1] >= pods
+    else:
+        cross = any(_pod(b, pods) != _pod(b + offsets[-1], pods)
+                    for b in _ranks(plan, _others(dims), 0))
     return GroupSpan(worst.size, worst.per_node, worst.nodes, cross)
 
 
@@ -128,28 +139,27 @@ def group_span(plan: Plan, cluster: ClusterSpec, group: str) -> GroupSpan:
     An explicit rank table is checked group by group. Memoised on what it depends on, since
     a search evaluates many plans with the same degrees and placement."""
     layout = (plan.dp, plan.tp, plan.pp, plan.cp, plan.ep, plan.etp, plan.placement)
-    return _group_span(layout, cluster.gpus_per_node, cluster.pod_size, cluster.world_size,
-                       group)
+    return _group_span(layout, cluster.gpus_per_node, cluster.pods, cluster.world_size, group)
 
 
 @functools.lru_cache(maxsize=4096)
-def _group_span(layout: tuple, gpus_per_node: int, pod_size: int, world_size: int, group: str
-                ) -> GroupSpan:
+def _group_span(layout: tuple, gpus_per_node: int, pods: int | tuple[int, ...],
+                world_size: int, group: str) -> GroupSpan:
     dp, tp, pp, cp, ep, etp, placement = layout  # what placement depends on, as a Plan
     plan = Plan(global_batch_size=dp, seq_len=2 * cp * tp, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep,
                 etp=etp, sequence_parallel=tp > 1, placement=placement)
     if group in ("ep", "edp") and is_folded(plan):
         table = plan.placement if not isinstance(plan.placement, str) else range(world_size)
-        return _worst([_span([table[r] for r in g], gpus_per_node, pod_size)
+        return _worst([_span([table[r] for r in g], gpus_per_node, pods)
                        for s in range(pp) for g in _expert_groups(plan, group, s)])
     dims = tuple(d for d in GROUP_DIMS[group] if dim_sizes(plan)[d] > 1)
     offsets = _ranks(plan, dims, 0)
     if group == "emb":  # first and last pipeline stage
         offsets = sorted({offsets[0], offsets[-1]})
     if isinstance(plan.placement, str):
-        return _order_span(plan, dims, gpus_per_node, pod_size, world_size, offsets)
+        return _order_span(plan, dims, gpus_per_node, pods, world_size, offsets)
     table = plan.placement
-    return _worst([_span([table[b + o] for o in offsets], gpus_per_node, pod_size)
+    return _worst([_span([table[b + o] for o in offsets], gpus_per_node, pods)
                    for b in _ranks(plan, _others(dims), 0)])
 
 

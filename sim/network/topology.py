@@ -139,7 +139,7 @@ def _fat_tree(t: Topology) -> None:
     pods = math.ceil(c.nodes / nodes_per_pod)
     for node in range(c.nodes):
         for k in range(c.node_nics(node)[1]):
-            t.add_link(("nic", node, k), ("pod", node // nodes_per_pod), _nic_Bps(c, node),
+            t.add_link(("nic", node, k), ("pod", c.pod_of_node(node)), _nic_Bps(c, node),
                        lat / 2)
     if c.sites:  # the pods are sites, joined by their WAN links
         index = {site.name: i for i, site in enumerate(c.sites)}
@@ -277,11 +277,11 @@ def _fabric_path(t: Topology, a: Vertex, b: Vertex, src: int, dst: int) -> list[
     nb, kb = _nic_index(b)
     per_pod = c.pod_size // c.gpus_per_node
     if kind == "fat-tree":
-        pa, pb = ("pod", na // per_pod), ("pod", nb // per_pod)
+        pa, pb = ("pod", c.pod_of_node(na)), ("pod", c.pod_of_node(nb))
         if pa == pb:
             return [a, pa, b]
         if c.sites:
-            return [a, *(("pod", s) for s in site_path(c, na // per_pod, nb // per_pod)), b]
+            return [a, *(("pod", s) for s in site_path(c, pa[1], pb[1])), b]
         return [a, pa, ("core",), pb, b]
     if kind == "rail-optimized":
         ra, rb = ("rail", na // per_pod, ka), ("rail", nb // per_pod, kb)

@@ -13,7 +13,9 @@ group's GPU (what a homogeneous code path sees); :meth:`ClusterSpec.gpu_of` give
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import itertools
 import math
 from dataclasses import dataclass, field
 from importlib import resources
@@ -30,6 +32,7 @@ from sim.spec.groups import (
     check_sites,
     groups_from_dict,
     region_sites,
+    resolve_groups,
     sites_from_dict,
 )
 from sim.spec.hardware import HardwareSpec, cpu_device_name, get_hardware
@@ -99,7 +102,7 @@ class ClusterSpec:
                             "times: name a profile DB too (profile = \"DIR\" or --profile)")
         _check_int("gpus_per_node", self.gpus_per_node)
         _check_choice("intra_node.kind", self.intra_node.kind, INTRA_KINDS)
-        object.__setattr__(self, "node_groups", _resolve_groups(self))
+        object.__setattr__(self, "node_groups", resolve_groups(self, PCIE_GBPS))
         stack_devices(self)
         if self.intra_node.bandwidth_GBps is None:
             default = PCIE_GBPS if self.intra_node.kind == "pcie" else self.gpu.nvlink_GBps
@@ -126,20 +129,40 @@ class ClusterSpec:
             (self.nodes, inter.nics_per_node)])
 
     def _apply_sites(self) -> None:
-        """Sites are the pods (full bisection inside); a site naming its GPU makes them
-        node groups."""
+        """Sites are the pods (full bisection inside; ``pod_gpus`` the largest site's); a
+        site naming its own GPU or rates makes the sites node groups."""
         inter = self.inter_node
         check_sites(self.sites, self.wan, self.nodes, inter.pod_gpus, inter.topology,
                     inter.oversubscription, self.gpus_per_node)
-        if any(s.gpu for s in self.sites) and not self.node_groups:
+        if any(s.own_nodes for s in self.sites) and not self.node_groups:
             object.__setattr__(self, "node_groups", tuple(
-                NodeGroup(s.nodes, s.gpu or self.gpu) for s in self.sites))
-        pod = self.sites[0].nodes * self.gpus_per_node
+                NodeGroup(s.nodes, s.gpu or self.gpu, s.nic_Gbps, s.nics_per_node,
+                          s.intra_GBps) for s in self.sites))
+        pod = max(s.nodes for s in self.sites) * self.gpus_per_node
         object.__setattr__(self, "inter_node", dataclasses.replace(inter, pod_gpus=pod))
 
     def site_of_node(self, node: int) -> int:
         """Index of the site holding ``node`` (0 without sites)."""
-        return node // self.sites[0].nodes if self.sites else 0
+        return bisect.bisect_right(self.site_starts, node) if self.sites else 0
+
+    @property
+    def site_starts(self) -> tuple[int, ...]:
+        """The first node of every site after the first (empty without sites)."""
+        return tuple(itertools.accumulate(s.nodes for s in self.sites[:-1]))
+
+    def pod_of_node(self, node: int) -> int:
+        """Index of the full-bisection pod holding ``node``: its site, with sites."""
+        if self.sites:
+            return self.site_of_node(node)
+        return node // (self.pod_size // self.gpus_per_node)
+
+    @property
+    def pods(self) -> int | tuple[int, ...]:
+        """The pods as placement sees them: their size in devices when every pod has it,
+        else the first device of every pod after the first (sites of different sizes)."""
+        if len({s.nodes for s in self.sites}) > 1:
+            return tuple(n * self.gpus_per_node for n in self.site_starts)
+        return self.pod_size
 
     @property
     def intra_GBps(self) -> float:
@@ -208,7 +231,7 @@ class ClusterSpec:
                "gpu": self.gpu.name, "intra_node": dataclasses.asdict(self.intra_node),
                "inter_node": dataclasses.asdict(self.inter_node), "profile": self.profile,
                "compute_stat": self.compute_stat}
-        if self.node_groups and not any(s.gpu for s in self.sites):
+        if self.node_groups and not self.sites:  # (sites make their own groups)
             out["node_groups"] = [g.to_dict() for g in self.node_groups]
         if self.sites:
             out["sites"] = [s.to_dict() for s in self.sites]
@@ -217,39 +240,6 @@ class ClusterSpec:
         if self.stack:
             out["stack"] = self.stack
         return out
-
-
-def _resolve_groups(c: ClusterSpec) -> tuple[NodeGroup, ...]:
-    """The groups, validated, with the cluster's rates filled in where a group has none."""
-    groups = c.node_groups
-    if not isinstance(groups, tuple) or any(not isinstance(g, NodeGroup) for g in groups):
-        raise SpecError("node_groups", "must be a list of node groups")
-    for i, g in enumerate(groups):
-        name = f"node_groups[{i}]"
-        _check_int(f"{name}.nodes", g.nodes)
-        for attr, field_ in (("nic_Gbps", "inter_node.nic_Gbps"),
-                             ("intra_GBps", "intra_node.bandwidth_GBps")):
-            if getattr(g, attr) is not None:
-                _check_positive(f"{name}.{field_}", getattr(g, attr))
-        if g.nics_per_node is not None:
-            _check_int(f"{name}.inter_node.nics_per_node", g.nics_per_node)
-    if groups and sum(g.nodes for g in groups) != c.nodes:
-        raise SpecError("node_groups", f"nodes {'+'.join(str(g.nodes) for g in groups)} = "
-                        f"{sum(g.nodes for g in groups)} != nodes = {c.nodes}")
-    if groups and groups[0].gpu != c.gpu:
-        raise SpecError("gpu", f"must be the first node group's GPU {groups[0].gpu.name!r} "
-                        f"(set GPUs per group in node_groups), got {c.gpu.name!r}")
-    return tuple(_fill_group(c, g) for g in groups)
-
-
-def _fill_group(c: ClusterSpec, g: NodeGroup) -> NodeGroup:
-    kind, explicit = c.intra_node.kind, c.intra_node.bandwidth_GBps
-    own_default = PCIE_GBPS if kind == "pcie" else g.gpu.nvlink_GBps
-    first_default = PCIE_GBPS if kind == "pcie" else c.gpu.nvlink_GBps
-    intra = g.intra_GBps or (own_default if explicit in (None, first_default) else explicit)
-    return dataclasses.replace(
-        g, nic_Gbps=g.nic_Gbps if g.nic_Gbps is not None else c.inter_node.nic_Gbps,
-        nics_per_node=g.nics_per_node or c.inter_node.nics_per_node, intra_GBps=intra)
 
 
 def _check_int(name: str, value: Any) -> None:
@@ -350,6 +340,8 @@ def _table(data: dict[str, Any], key: str, cls: type) -> Any:
 
 _TOP_KEYS = {"name", "nodes", "gpus_per_node", "gpu", "intra_node", "inter_node", "profile",
              "node_groups", "compute_stat", "sites", "wan", "stack"}
+
+
 def cluster_from_dict(data: dict[str, Any], name: str, base: Path | None = None) -> ClusterSpec:
     """A cluster from a TOML table; a relative ``profile`` path is taken from ``base``."""
     unknown = sorted(set(data) - _TOP_KEYS)

@@ -4,11 +4,13 @@ A heterogeneous cluster lists ``[[node_groups]]``: consecutive runs of nodes, ea
 own GPU type and optionally its own NIC rate and count and node-fabric bandwidth. A
 geo-distributed cluster lists ``[[sites]]`` instead: named runs of nodes, each a data centre
 whose nodes sit under one full-bisection fat-tree, joined by ``[[wan]]`` links (a bandwidth
-per direction and a one-way latency; optionally 24 bandwidths by hour of the day). The
-sites are the cluster's pods: a group that leaves its site crosses the WAN, which the
-closed-form tier charges as the group's inter-node rate and latency and the flow network as
-the links themselves. Placement puts data parallelism across sites and keeps model
-parallelism inside (a site must hold whole model replicas).
+per direction and a one-way latency; optionally 24 bandwidths by hour of the day). Sites
+may differ in size, GPU and fabric (a site's own ``gpu``, ``inter_node`` and ``intra_node``
+tables, as a node group's: such sites become the cluster's node groups). The sites are the
+cluster's pods: a group that leaves its site crosses the WAN, which the closed-form tier
+charges as the group's inter-node rate and latency and the flow network as the links
+themselves. Placement puts data parallelism across sites and keeps model parallelism inside
+(a site must hold whole model replicas).
 
 Measured inter-region round trips (``sim/data/wan.csv``, a 2017 third-party table of AWS
 regions; its source named there) give the latencies of the region presets; their bandwidths
@@ -17,6 +19,7 @@ are assumptions a user should replace with a measurement.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +29,7 @@ from sim.spec.hardware import HardwareSpec, get_hardware
 from sim.spec.population import Dist
 
 __all__ = ["NodeGroup", "Site", "WanLink", "groups_from_dict", "sites_from_dict",
-           "check_sites", "REGION_PRESETS", "region_sites"]
+           "check_sites", "resolve_groups", "REGION_PRESETS", "region_sites"]
 
 # Region presets: their sites (names in sim/data/wan.csv) and the bandwidth assumed between
 # each pair: AWS lets traffic to another region use up to 50% of an instance's bandwidth
@@ -58,15 +61,33 @@ class NodeGroup:
 
 @dataclass(frozen=True)
 class Site:
-    """A data centre: ``nodes`` consecutive nodes (after the sites before it)."""
+    """A data centre: ``nodes`` consecutive nodes (after the sites before it); unset
+    devices and rates are the cluster's."""
 
     name: str  # the site's name, as WAN links refer to it
     nodes: int  # nodes at this site
     gpu: HardwareSpec | None = None  # the site's device (in a file: its name); unset: the cluster's
+    nic_Gbps: float | None = None  # TOML `inter_node.nic_Gbps` of the site
+    nics_per_node: int | None = None  # TOML `inter_node.nics_per_node` of the site
+    intra_GBps: float | None = None  # TOML `intra_node.bandwidth_GBps` of the site
+
+    @property
+    def own_nodes(self) -> bool:
+        """True when the site names its own device or rates (it becomes a node group)."""
+        return any(v is not None for v in (self.gpu, self.nic_Gbps, self.nics_per_node,
+                                           self.intra_GBps))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "nodes": self.nodes} | (
-            {"gpu": self.gpu.name} if self.gpu else {})
+        out: dict[str, Any] = {"name": self.name, "nodes": self.nodes}
+        if self.gpu:
+            out["gpu"] = self.gpu.name
+        inter = {k: v for k, v in (("nic_Gbps", self.nic_Gbps),
+                                   ("nics_per_node", self.nics_per_node)) if v is not None}
+        if inter:
+            out["inter_node"] = inter
+        if self.intra_GBps is not None:
+            out["intra_node"] = {"bandwidth_GBps": self.intra_GBps}
+        return out
 
 
 @dataclass(frozen=True)
@@ -101,8 +122,69 @@ def _positive(name: str, v: Any) -> None:
         raise SpecError(name, f"must be a positive number, got {v!r}")
 
 
+def _positive_int(name: str, v: Any) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise SpecError(name, f"must be a positive integer, got {v!r}")
+
+
+def resolve_groups(c: Any, pcie_GBps: float) -> tuple[NodeGroup, ...]:
+    """A cluster's groups, validated, with the cluster's rates filled in where a group has
+    none (the node fabric: the group GPU's NVLink rate, or ``pcie_GBps``)."""
+    groups = c.node_groups
+    if not isinstance(groups, tuple) or any(not isinstance(g, NodeGroup) for g in groups):
+        raise SpecError("node_groups", "must be a list of node groups")
+    for i, g in enumerate(groups):
+        name = f"node_groups[{i}]"
+        _positive_int(f"{name}.nodes", g.nodes)
+        for attr, field_ in (("nic_Gbps", "inter_node.nic_Gbps"),
+                             ("intra_GBps", "intra_node.bandwidth_GBps")):
+            if getattr(g, attr) is not None:
+                _positive(f"{name}.{field_}", getattr(g, attr))
+        if g.nics_per_node is not None:
+            _positive_int(f"{name}.inter_node.nics_per_node", g.nics_per_node)
+    if groups and sum(g.nodes for g in groups) != c.nodes:
+        raise SpecError("node_groups", f"nodes {'+'.join(str(g.nodes) for g in groups)} = "
+                        f"{sum(g.nodes for g in groups)} != nodes = {c.nodes}")
+    if groups and groups[0].gpu != c.gpu:
+        raise SpecError("gpu", f"must be the first node group's GPU {groups[0].gpu.name!r} "
+                        f"(set GPUs per group in node_groups), got {c.gpu.name!r}")
+    kind, explicit = c.intra_node.kind, c.intra_node.bandwidth_GBps
+    first = pcie_GBps if kind == "pcie" else c.gpu.nvlink_GBps
+    out = []
+    for g in groups:
+        own = pcie_GBps if kind == "pcie" else g.gpu.nvlink_GBps
+        intra = g.intra_GBps or (own if explicit in (None, first) else explicit)
+        out.append(dataclasses.replace(
+            g, nic_Gbps=g.nic_Gbps if g.nic_Gbps is not None else c.inter_node.nic_Gbps,
+            nics_per_node=g.nics_per_node or c.inter_node.nics_per_node, intra_GBps=intra))
+    return tuple(out)
+
+
 _GROUP_KEYS = {"nodes": None, "gpu": None, "inter_node": ("nic_Gbps", "nics_per_node"),
                "intra_node": ("bandwidth_GBps",)}
+
+
+def _device(name: str, gpu: str) -> HardwareSpec:
+    """A catalog device, its error naming the group's or site's field."""
+    try:
+        return get_hardware(gpu)
+    except SpecError as e:
+        raise SpecError(f"{name}.gpu", e.rule) from None
+
+
+def _rates(name: str, data: dict[str, Any]) -> dict[str, Any]:
+    """A group's or site's ``inter_node`` and ``intra_node`` tables, merged."""
+    sub: dict[str, Any] = {}
+    for key in ("inter_node", "intra_node"):
+        table = data.get(key, {})
+        if not isinstance(table, dict):
+            raise SpecError(f"{name}.{key}", "must be a TOML table")
+        bad = sorted(set(table) - set(_GROUP_KEYS[key] or ()))
+        if bad:
+            raise SpecError(f"{name}.{key}.{field_name(bad[0])}", "unknown field (known: "
+                            f"{', '.join(_GROUP_KEYS[key] or ())})")
+        sub.update(table)
+    return sub
 
 
 def _group_from_dict(i: int, data: Any) -> NodeGroup:
@@ -118,17 +200,8 @@ def _group_from_dict(i: int, data: Any) -> NodeGroup:
             raise SpecError(f"{name}.{key}", "is required in a node group")
     if not isinstance(data["gpu"], str):
         raise SpecError(f"{name}.gpu", f"must be a catalog name, got {data['gpu']!r}")
-    sub: dict[str, Any] = {}
-    for key in ("inter_node", "intra_node"):
-        table = data.get(key, {})
-        if not isinstance(table, dict):
-            raise SpecError(f"{name}.{key}", "must be a TOML table")
-        bad = sorted(set(table) - set(_GROUP_KEYS[key] or ()))
-        if bad:
-            raise SpecError(f"{name}.{key}.{field_name(bad[0])}", "unknown field (known: "
-                            f"{', '.join(_GROUP_KEYS[key] or ())})")
-        sub.update(table)
-    return NodeGroup(data["nodes"], get_hardware(data["gpu"]), sub.get("nic_Gbps"),
+    sub = _rates(name, data)
+    return NodeGroup(data["nodes"], _device(name, data["gpu"]), sub.get("nic_Gbps"),
                      sub.get("nics_per_node"), sub.get("bandwidth_GBps"))
 
 
@@ -146,7 +219,7 @@ def groups_from_dict(data: dict[str, Any]) -> tuple[NodeGroup, ...]:
     return groups
 
 
-_SITE_KEYS = ("name", "nodes", "gpu")
+_SITE_KEYS = ("name", "nodes", "gpu", "inter_node", "intra_node")
 _WAN_KEYS = ("a", "b", "Gbps", "latency_ms", "bandwidth_by_hour", "jitter")
 
 
@@ -172,7 +245,10 @@ def sites_from_dict(data: dict[str, Any]) -> tuple[tuple[Site, ...], tuple[WanLi
         gpu = t.get("gpu")
         if gpu is not None and not isinstance(gpu, str):
             raise SpecError(f"sites[{i}].gpu", f"must be a catalog name, got {gpu!r}")
-        sites.append(Site(str(t["name"]), t["nodes"], get_hardware(gpu) if gpu else None))
+        sub = _rates(f"sites[{i}]", t)
+        sites.append(Site(str(t["name"]), t["nodes"], _device(f"sites[{i}]", gpu) if gpu else None,
+                          sub.get("nic_Gbps"), sub.get("nics_per_node"),
+                          sub.get("bandwidth_GBps")))
     wan = []
     for i, t in enumerate(_tables(data, "wan", _WAN_KEYS)):
         for key in ("a", "b", "Gbps", "latency_ms"):
@@ -207,14 +283,16 @@ def check_sites(sites: tuple[Site, ...], wan: tuple[WanLink, ...], nodes: int,
         if s.name in names[:i] or not s.name:
             raise SpecError(f"sites[{i}].name", f"must be a unique non-empty name, got "
                             f"{s.name!r}")
+        for attr, key in (("nic_Gbps", "inter_node.nic_Gbps"),
+                          ("intra_GBps", "intra_node.bandwidth_GBps")):
+            if getattr(s, attr) is not None:
+                _positive(f"sites[{i}].{key}", getattr(s, attr))
+        if s.nics_per_node is not None:
+            _positive_int(f"sites[{i}].inter_node.nics_per_node", s.nics_per_node)
     if sum(s.nodes for s in sites) != nodes:
         raise SpecError("sites", f"nodes {'+'.join(str(s.nodes) for s in sites)} != "
                         f"nodes = {nodes}")
-    if len({s.nodes for s in sites}) > 1:
-        raise SpecError("sites", "every site needs the same number of nodes (placement puts "
-                        "equal data-parallel shares on each), got "
-                        f"{', '.join(f'{s.name}={s.nodes}' for s in sites)}")
-    if pod_gpus and pod_gpus != sites[0].nodes * gpus_per_node:  # (a site's: set on load)
+    if pod_gpus and pod_gpus != max(s.nodes for s in sites) * gpus_per_node:  # (set on load)
         raise SpecError("inter_node.pod_gpus", "a cluster with sites uses each site as its "
                         "full-bisection pod: leave pod_gpus unset")
     if topology != "fat-tree" or oversubscription != 1:

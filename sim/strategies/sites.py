@@ -46,7 +46,7 @@ from typing import Any
 from sim.api import simulate
 from sim.cost.sync import outer_step_s
 from sim.errors import SpecError
-from sim.layout.placement import site_aware
+from sim.layout.placement import SITE_PLACEMENT, site_aware
 from sim.layout.sync import PAYLOAD_BYTES, gradient
 from sim.network.wan import jitter_s, ring_wan
 from sim.spec.cluster import ClusterSpec
@@ -55,7 +55,8 @@ from sim.spec.plan import Plan
 from sim.spec.workload import Workload
 
 __all__ = ["SiteSync", "SiteResult", "SiteSteps", "site_steps", "simulate_sites",
-           "SITE_SYNCS", "single_site", "site_of", "wan_sweep", "at_hour", "over_a_day"]
+           "SITE_SYNCS", "single_site", "site_replicas", "site_shares", "wan_sweep", "at_hour",
+           "over_a_day"]
 
 SITE_SYNCS = ("flat", "hierarchical", "two-stage", "diloco", "streaming-diloco")
 
@@ -110,6 +111,7 @@ class SiteResult:
     exposed_wan_s_per_step: float
     single_site_tokens_per_s: float
     notes: list[str] = field(default_factory=list)
+    site_step_s: dict[str, float] = field(default_factory=dict)  # each site's own step
 
     @property
     def of_single_site(self) -> float:
@@ -121,7 +123,8 @@ class SiteResult:
                 "wan_s_per_sync": self.wan_s_per_sync,
                 "exposed_wan_s_per_step": self.exposed_wan_s_per_step,
                 "single_site_tokens_per_s": self.single_site_tokens_per_s,
-                "of_single_site": self.of_single_site, "notes": self.notes}
+                "of_single_site": self.of_single_site, "notes": self.notes,
+                "site_step_s": self.site_step_s}
 
 
 def single_site(cluster: ClusterSpec) -> ClusterSpec:
@@ -130,37 +133,84 @@ def single_site(cluster: ClusterSpec) -> ClusterSpec:
                                inter_node=dataclasses.replace(cluster.inter_node, pod_gpus=0))
 
 
-def site_of(cluster: ClusterSpec, plan: Plan) -> tuple[ClusterSpec, Plan]:
-    """One site's cluster and its share of the plan (``dp / S`` replicas)."""
-    s = len(cluster.sites)
-    if plan.dp % s or plan.global_batch_size % s:
-        raise SpecError("plan.dp", f"must split evenly over the {s} sites (dp and the global "
-                        f"batch divisible by {s}), got dp={plan.dp}, "
-                        f"global_batch_size={plan.global_batch_size}")
-    first = cluster.sites[0]
-    site = dataclasses.replace(
-        single_site(cluster), name=f"{cluster.name}:{first.name}", nodes=first.nodes,
-        gpu=first.gpu or cluster.gpu, node_groups=())
-    return site, dataclasses.replace(plan, dp=plan.dp // s,
-                                     global_batch_size=plan.global_batch_size // s)
+def _site_cluster(cluster: ClusterSpec, i: int) -> ClusterSpec:
+    """Site ``i`` as a cluster of its own: its nodes, device and rates."""
+    site, one = cluster.sites[i], single_site(cluster)
+    name = f"{cluster.name}:{site.name}"
+    if not cluster.node_groups:
+        return dataclasses.replace(one, name=name, nodes=site.nodes)
+    g = cluster.node_groups[i]  # (sites naming their own device or rates are the groups)
+    gbps, nics = cluster.node_nics(sum(s.nodes for s in cluster.sites[:i]))
+    return dataclasses.replace(
+        one, name=name, nodes=site.nodes, gpu=g.gpu, node_groups=(),
+        inter_node=dataclasses.replace(one.inter_node, nic_Gbps=gbps, nics_per_node=nics),
+        intra_node=dataclasses.replace(one.intra_node, bandwidth_GBps=g.intra_GBps))
 
 
-def _wan_allreduce_s(cluster: ClusterSpec, nbytes: float, ranks_per_site: int) -> float:
-    """The sites all-reduce ``nbytes`` (one replica's, shards spread over a site's ranks):
-    a ring over the sites, 2 (S - 1) latency steps, ``2 (S - 1) / S`` of the bytes over the
-    tightest WAN link; and no rank's NIC share slower than that."""
+def site_replicas(cluster: ClusterSpec, plan: Plan) -> list[list[int]]:
+    """The data-parallel replicas at each site (checked: every replica at one site)."""
+    from sim.layout.placement import stage_devices
+    from sim.spec.plan import validate
+
+    validate(plan, cluster=cluster)  # every GPU of the cluster, no more
+    table = plan.placement
+    held: list[list[int]] = [[] for _ in cluster.sites]
+    for d in range(plan.dp):
+        where = {cluster.site_of_node((r if isinstance(table, str) else table[r])
+                                      // cluster.gpus_per_node)
+                 for st in range(plan.pp) for r in stage_devices(plan, d, st)}
+        if len(where) > 1:
+            raise SpecError("plan.placement", f"replica {d} spans sites "
+                            f"{', '.join(cluster.sites[i].name for i in sorted(where))}: "
+                            "each site must hold whole replicas (tp x pp x cp ranks) for "
+                            "its own step")
+        held[where.pop()].append(d)
+    return held
+
+
+def site_shares(cluster: ClusterSpec, plan: Plan) -> list[tuple[ClusterSpec, Plan]]:
+    """Each site as a cluster of its own, with its share of the plan: the replicas whose
+    ranks all sit there (every replica must sit at one site) and their micro-batches."""
+    held = site_replicas(cluster, plan)
+    out = []
+    for i, reps in enumerate(held):
+        micro = [plan.replica_microbatches[d] for d in reps]
+        order = plan.placement if isinstance(plan.placement, str) else SITE_PLACEMENT
+        try:  # (an explicit rank table is the whole cluster's: inside a site, whole replicas)
+            share = dataclasses.replace(
+                plan, dp=len(reps), global_batch_size=sum(micro) * plan.micro_batch_size,
+                micro_batches_per_replica=tuple(micro) if len(set(micro)) > 1 else None,
+                placement=order)
+        except SpecError as e:
+            raise SpecError(e.field, f"{e.rule} (site {cluster.sites[i].name}'s share: "
+                            f"dp {len(reps)})") from None
+        out.append((_site_cluster(cluster, i), share))
+    return out
+
+
+def _wan_allreduce_s(cluster: ClusterSpec, nbytes: float, ranks: tuple[int, ...]) -> float:
+    """The sites all-reduce ``nbytes`` (one replica's, site ``i``'s share spread over its
+    ``ranks[i]`` ranks): a ring over the sites, 2 (S - 1) latency steps, ``2 (S - 1) / S``
+    of the bytes over the tightest WAN link; and no rank's NIC share slower than that (the
+    ranks of a smaller site carry larger shards)."""
     s = len(cluster.sites)
     rate, latency = ring_wan(cluster)
-    per_rank = 2 * (s - 1) / s * nbytes / max(ranks_per_site, 1)
-    nic = cluster.nic_GBps_per_gpu * 1e9
-    step_latency = latency + jitter_s(cluster, max(ranks_per_site, 1))
-    return max(2 * (s - 1) / s * nbytes / rate, per_rank / nic) + 2 * (s - 1) * step_latency
+    share = 2 * (s - 1) / s * nbytes
+    rank_s = 0.0
+    for first, r in zip((0, *cluster.site_starts), ranks, strict=True):
+        gbps, nics = cluster.node_nics(first)  # a rank's achievable NIC share, bytes/s
+        eff = cluster.gpu_of(first * cluster.gpus_per_node).nic_eff
+        rank_s = max(rank_s, share / max(r, 1) / (gbps * 1e9 / 8 * eff * nics
+                                                  / cluster.gpus_per_node))
+    step_latency = latency + jitter_s(cluster, max(max(ranks), 1))
+    return max(share / rate, rank_s) + 2 * (s - 1) * step_latency
 
 
-def _wan_allreduce_des(cluster: ClusterSpec, nbytes: float, ranks_per_site: int) -> float:
-    """The same exchange as flows on the topology: rank ``i`` of every site all-reduces its
-    shard with rank ``i`` of the others (a ring over the sites), every rank at once, the
-    flows sharing the NICs and WAN links max-min and paying their latency and jitter."""
+def _wan_allreduce_des(cluster: ClusterSpec, nbytes: float, ranks: tuple[int, ...]) -> float:
+    """The same exchange as flows on the topology: the gradient in ``max(ranks)`` pieces,
+    each all-reduced by a ring over the sites among the ranks holding it (rank ``i`` of
+    every site when the sites are alike), every piece at once, the flows sharing the NICs
+    and WAN links max-min and paying their latency and jitter."""
     import simpy
 
     from sim.network.engine import CommEngine
@@ -170,10 +220,11 @@ def _wan_allreduce_des(cluster: ClusterSpec, nbytes: float, ranks_per_site: int)
     topo = build_topology(cluster)
     env = simpy.Environment()
     engine = CommEngine(env, topo, Network(env, topo.cap, topo.lat))
-    per_site = cluster.world_size // len(cluster.sites)
-    for i in range(ranks_per_site):
-        group = [s * per_site + i for s in range(len(cluster.sites))]
-        env.process(engine.run("all_reduce", "ring", group, nbytes / ranks_per_site))
+    starts = [0, *(n * cluster.gpus_per_node for n in cluster.site_starts)]
+    pieces = max(ranks)
+    for j in range(pieces):
+        group = [start + j * r // pieces for start, r in zip(starts, ranks, strict=True)]
+        env.process(engine.run("all_reduce", "ring", group, nbytes / pieces))
     env.run()
     return float(env.now)
 
@@ -181,28 +232,45 @@ def _wan_allreduce_des(cluster: ClusterSpec, nbytes: float, ranks_per_site: int)
 @dataclass(frozen=True)
 class SiteSteps:
     """What every way to synchronise shares and no WAN rate changes: the plan (site-aware),
-    one cluster's step (the reference), one site's step and one replica's gradient."""
+    one cluster's step (the reference), each site's share and step, one replica's
+    gradient."""
 
     plan: Plan
     ref: Any  # sim.result.Result of the single cluster
-    site: ClusterSpec
-    inner: Any  # sim.result.Result of one site's share
+    names: tuple[str, ...]  # the sites'
+    sites: tuple[ClusterSpec, ...]  # each site as a cluster of its own
+    inner: tuple[Any, ...]  # sim.result.Result of each site's share
     grad: Any  # sim.layout.sync.Gradient of one replica
+
+    @property
+    def inner_s(self) -> float:
+        """The slowest site's step: BSP across sites waits for it."""
+        return max(r.iteration_time_s for r in self.inner)
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        return tuple(c.world_size for c in self.sites)
 
 
 def site_steps(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan,
                fidelity: str = "analytic") -> SiteSteps:
-    """The :class:`SiteSteps` of a plan on a cluster of sites (checked)."""
+    """The :class:`SiteSteps` of a plan on a cluster of sites (checked); alike sites with
+    alike shares are simulated once."""
     if len(cluster.sites) < 2:
         raise SpecError("cluster.sites", "needs two or more sites joined by WAN links")
-    if any(s.gpu and s.gpu != (cluster.sites[0].gpu or cluster.gpu) for s in cluster.sites):
-        raise SpecError("cluster.sites", "sites with different GPUs are not modelled across "
-                        "the WAN yet: give every site the same gpu")
     plan = site_aware(plan, cluster)  # the same rank order for the one-site reference
     ref = simulate(model, single_site(cluster), plan, fidelity=fidelity)
-    site, splan = site_of(cluster, plan)
-    inner = simulate(model, site, splan, fidelity=fidelity)
-    return SiteSteps(plan, ref, site, inner, gradient(model, splan))  # grad: activation dtype
+    shares = site_shares(cluster, plan)
+    seen: dict[tuple, Any] = {}
+    inner = []
+    for c, p in shares:
+        key = (dataclasses.replace(c, name=""), p)
+        if key not in seen:
+            seen[key] = simulate(model, c, p, fidelity=fidelity)
+        inner.append(seen[key])
+    return SiteSteps(plan, ref, tuple(x.name for x in cluster.sites),
+                     tuple(c for c, _ in shares), tuple(inner),
+                     gradient(model, shares[0][1]))  # grad: activation dtype
 
 
 def simulate_sites(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan,
@@ -218,23 +286,22 @@ def simulate_sites(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan
         wan = max(0.0, r.iteration_time_s - ref.iteration_time_s)
         return SiteResult(sync, r.tokens_per_s, r.iteration_time_s, r.iteration_time_s,
                           wan, wan, ref.tokens_per_s, list(r.warnings))
-    site, inner, grad = st.site, st.inner, st.grad
-    t = inner.iteration_time_s
-    ranks = site.world_size
+    grad, t, ranks = st.grad, st.inner_s, st.ranks
+    warnings = _site_notes(st)
     exchange = _wan_allreduce_s if fidelity == "analytic" else _wan_allreduce_des
     if sync.kind == "hierarchical":
         wan = exchange(cluster, grad.raw_bytes, ranks)
-        return _result(sync, plan, t, t + wan, wan, wan, ref.tokens_per_s, inner.warnings)
+        return _result(sync, plan, t, t + wan, wan, wan, ref.tokens_per_s, warnings, st)
     if sync.kind == "two-stage":  # the important share blocks, the rest runs under the next step
         first = exchange(cluster, grad.raw_bytes * sync.fraction, ranks)
         rest = exchange(cluster, grad.raw_bytes * (1 - sync.fraction), ranks) \
             if sync.fraction < 1 else 0.0
         step = first + max(t, rest)
         return _result(sync, plan, t, step, first + rest, step - t, ref.tokens_per_s,
-                       inner.warnings)
+                       warnings, st)
     # DiLoCo: the pseudo-gradient in its dtype, then the outer step on each rank's shard
     nbytes = grad.elements * PAYLOAD_BYTES[sync.dtype]
-    outer = outer_step_s(site.gpu, grad.elements / ranks)
+    outer = max(outer_step_s(c.gpu, grad.elements / c.world_size) for c in st.sites)
     if sync.kind == "diloco":
         wan = exchange(cluster, nbytes, ranks) + outer
         step, exposed = t + wan / sync.H, wan / sync.H
@@ -244,13 +311,27 @@ def simulate_sites(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan
         window = sync.H * t + sync.fragments * max(0.0, frag - sync.overlap * t)
         per_H = max(window, wan)
         step, exposed = per_H / sync.H, per_H / sync.H - t
-    return _result(sync, plan, t, step, wan, exposed, ref.tokens_per_s, inner.warnings)
+    return _result(sync, plan, t, step, wan, exposed, ref.tokens_per_s, warnings, st)
+
+
+def _site_notes(st: SiteSteps) -> list[str]:
+    """The sites' warnings, and how long the faster sites wait for the slowest."""
+    out = list(dict.fromkeys(w for r in st.inner for w in r.warnings))
+    t = st.inner_s
+    waits = [(n, 1 - r.iteration_time_s / t) for n, r in zip(st.names, st.inner, strict=True)]
+    if max(w for _, w in waits) > 0.01:
+        slow = min(waits, key=lambda x: x[1])[0]
+        out.append(f"sites wait for {slow} each step: " + ", ".join(
+            f"{n} idle {w:.0%}" for n, w in waits if w > 0.01) + " (trainsim sites "
+            "--balance splits the batch by site speed, as far as whole micro-batches go)")
+    return out
 
 
 def _result(sync: SiteSync, plan: Plan, inner_s: float, step: float, wan: float,
-            exposed: float, single: float, warnings: Any) -> SiteResult:
+            exposed: float, single: float, warnings: Any, st: SiteSteps) -> SiteResult:
     tokens = plan.global_batch_size * plan.seq_len / step
-    return SiteResult(sync, tokens, step, inner_s, wan, exposed, single, list(warnings))
+    return SiteResult(sync, tokens, step, inner_s, wan, exposed, single, list(warnings),
+                      {n: r.iteration_time_s for n, r in zip(st.names, st.inner, strict=True)})
 
 
 def wan_sweep(cluster: ClusterSpec, Gbps: float) -> ClusterSpec:

@@ -69,6 +69,12 @@ def cmd_sites(args: argparse.Namespace) -> int:
 
         loss_model(args.convergence, args.lr)  # checked before anything runs
     model, cluster, plan = load_any(args.model), load_cluster(args.cluster), load_plan(args.plan)
+    if args.balance:
+        from optimizer.sites import balance_sites
+
+        plan = balance_sites(model, cluster, plan)
+        if not args.json:
+            print(f"batch over the sites: {_split(cluster, plan)}")
     syncs = [parse_site_sync(s) for s in (args.sync or DEFAULT_SYNCS)]
     rates = _gbps(args.wan_gbps) if args.wan_gbps else [None]
     rows: list[dict[str, Any]] = []
@@ -108,6 +114,16 @@ def cmd_sites(args: argparse.Namespace) -> int:
     if args.out is not None:
         print(f"wrote {args.out}")
     return 0
+
+
+def _split(cluster: Any, plan: Any) -> str:
+    """Micro-batches a replica at each site, e.g. ``e 5, w 2``."""
+    from sim.strategies.sites import site_replicas
+
+    mbr = plan.replica_microbatches
+    return ", ".join(f"{s.name} {'/'.join(str(m) for m in sorted({mbr[d] for d in reps}))}"
+                     for s, reps in zip(cluster.sites, site_replicas(cluster, plan),
+                                        strict=True)) + " micro-batches a replica"
 
 
 def _print(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
@@ -208,6 +224,9 @@ def add_sites_parser(sub: Any, model_help: str) -> None:
                    "or a CSV of such runs")
     p.add_argument("--lr", type=float, default=2e-3, help="--convergence: the inner "
                    "learning rate the model predicts at (default 2e-3)")
+    p.add_argument("--balance", action="store_true", help="first split the global batch "
+                   "over the sites by their speed (sites of different GPUs, fabrics or "
+                   "sizes: optimizer.sites.balance_sites), and print the split")
     p.add_argument("--out", type=Path, help="folder: inputs, sites.csv, sites.png")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     p.set_defaults(func=cmd_sites)
