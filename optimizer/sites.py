@@ -138,6 +138,10 @@ def balance_sites(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan)
 
     plan = site_aware(plan, cluster)
     held = site_replicas(cluster, plan)
+    if plan.zero_stage > 1 or plan.ep > 1:
+        raise SpecError("--balance", "an uneven batch split (micro_batches_per_replica) "
+                        f"needs zero_stage <= 1 and ep = 1, got zero_stage={plan.zero_stage}, "
+                        f"ep={plan.ep}")
     unit, least = _micro_unit(plan)
     least = -(-least // unit) * unit
     total = plan.global_batch_size // plan.micro_batch_size

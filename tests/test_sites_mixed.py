@@ -62,15 +62,28 @@ def test_placement_sees_where_unequal_sites_meet() -> None:
     assert err.value.field == "plan.placement" and "replica 1 spans sites e, w" in str(err.value)
 
 
+def _sites(nodes: tuple[int, ...], gbps: float):  # noqa: ANN202
+    return cluster_from_dict({
+        "gpus_per_node": 8, "gpu": "h100-sxm5-80gb",
+        "sites": [{"name": f"s{i}", "nodes": n} for i, n in enumerate(nodes)],
+        "wan": [{"a": f"s{i}", "b": f"s{j}", "Gbps": gbps, "latency_ms": 35.0}
+                for i in range(len(nodes)) for j in range(i + 1, len(nodes))]}, "sites")
+
+
 @pytest.mark.parametrize("gbps", [1.0, 100.0, 1e5])
 def test_the_exchange_between_unequal_sites_as_flows_equals_its_closed_form(gbps: float
                                                                            ) -> None:
     """The smaller site's ranks carry larger shards; its NICs may be slower too: whatever
-    binds (the WAN, the small site's NICs), the flows and the closed form agree."""
-    for c in (_mixed(gbps), _mixed(gbps, inter_node={"nic_Gbps": 100.0})):
-        ranks = (32, 16)
-        assert _wan_allreduce_des(c, 1e9, ranks) == pytest.approx(
-            _wan_allreduce_s(c, 1e9, ranks), rel=2e-3)
+    binds (the WAN, the small site's NICs), the flows and the closed form agree, also
+    where one site's rank count does not divide another's (24 and 16: the gradient is cut
+    wherever a shard ends, not into equal pieces)."""
+    clusters = [(_mixed(gbps), (32, 16)),
+                (_mixed(gbps, inter_node={"nic_Gbps": 100.0}), (32, 16)),
+                (_sites((3, 2), gbps), (24, 16)), (_sites((5, 3), gbps), (40, 24)),
+                (_sites((3, 2, 2), gbps), (24, 16, 16))]
+    for c, ranks in clusters:
+        assert _wan_allreduce_des(c, 1e10, ranks) == pytest.approx(
+            _wan_allreduce_s(c, 1e10, ranks), rel=2e-4)
     latency = 2 * 35e-3  # two ring steps
     fast = _wan_allreduce_s(_mixed(1e5), 1e11, (32, 16)) - latency
     slow = _wan_allreduce_s(_mixed(1e5, inter_node={"nic_Gbps": 100.0}), 1e11, (32, 16))
@@ -152,6 +165,15 @@ def test_cli_sites_balance(tmp_path, capsys) -> None:  # noqa: ANN001
     assert main([*args[:3], "--cluster", str(bad), *args[5:]]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "sites[1].inter_node.nic_Gbps" in err[0]
+    assert main([*args[:3], "--cluster", "dgx-h100:6", *args[5:], "--balance"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cluster.sites" in err[0]
+    assert main([*args, "--balance", "--wan-gbps", "10,100", "--out",
+                 str(tmp_path / "o")]) == 0
+    import pandas as pd
+
+    df = pd.read_csv(tmp_path / "o" / "sites.csv")
+    assert {"step_s_e", "step_s_w"} <= set(df.columns) and "site_step_s" not in df.columns
 
 
 def test_the_split_by_speed_moves_whole_units_of_a_schedule() -> None:
@@ -169,3 +191,47 @@ def test_the_split_by_speed_moves_whole_units_of_a_schedule() -> None:
     dualpipev = Plan(global_batch_size=64, seq_len=2048, dp=16, tp=2, pp=2, vpp=2,
                      micro_batch_size=1, schedule="dualpipev")
     assert balance_sites(model, c, dualpipev).micro_batches_per_replica is None
+
+
+def test_the_mixed_example_loads_as_two_sites_of_their_own_gpus() -> None:
+    from pathlib import Path
+
+    from sim.spec.cluster import load_cluster
+
+    c = load_cluster(str(Path(__file__).parents[1] / "examples" / "two-regions-mixed.toml"))
+    assert [(g.nodes, g.gpu.name, g.nic_Gbps) for g in c.node_groups] == [
+        (8, "h100-sxm5-80gb", 400.0), (8, "a100-sxm4-80gb", 200.0)]
+    assert c.pods == 64 and len(c.wan) == 1
+
+
+def test_what_the_local_ways_and_the_split_refuse() -> None:
+    """Expert-parallel groups across sites, plans an uneven split cannot express, a
+    cluster without sites, a first site on another device than the cluster's."""
+    from optimizer.sites import balance_sites
+
+    model, c = load_any("mixtral-8x7b"), _mixed(nodes=(4, 2), gpu="a100-sxm4-80gb")
+    moe = Plan(global_batch_size=96, seq_len=4096, dp=24, tp=2, ep=8, sequence_parallel=True)
+    with pytest.raises(SpecError) as err:
+        balance_sites(model, c, moe)
+    assert err.value.field == "--balance" and "ep=8" in str(err.value)
+    hint = simulate_sites(model, c, moe, SiteSync("hierarchical")).notes
+    assert not any("--balance" in n for n in hint)  # (not suggested where it cannot run)
+    table = list(range(48))  # replicas 0-5 at e in order, but swap two EP peers across
+    table[8:16], table[40:48] = table[40:48], table[8:16]
+    crossing = Plan(global_batch_size=96, seq_len=4096, dp=24, tp=2, ep=8,
+                    sequence_parallel=True, placement=tuple(table))
+    with pytest.raises(SpecError) as err:
+        site_replicas(c, crossing)
+    assert err.value.field == "plan.placement" and "ep groups span sites" in str(err.value)
+    with pytest.raises(SpecError) as err:
+        site_replicas(single_site(c), PLAN)
+    assert err.value.field == "cluster.sites"
+    with pytest.raises(SpecError) as err:
+        cluster_from_dict({**_mixed().to_dict(), "sites": [
+            {"name": "e", "nodes": 4, "gpu": "a100-sxm4-80gb"}, {"name": "w", "nodes": 2}]},
+            "x")
+    assert err.value.field == "sites[0].gpu"
+    with pytest.raises(SpecError) as err:
+        cluster_from_dict({**_mixed().to_dict(), "sites": [
+            {"name": "e", "nodes": 4}, {"name": "w", "nodes": 2, "gpu": ""}]}, "x")
+    assert err.value.field == "sites[1].gpu"

@@ -134,10 +134,17 @@ class ClusterSpec:
         inter = self.inter_node
         check_sites(self.sites, self.wan, self.nodes, inter.pod_gpus, inter.topology,
                     inter.oversubscription, self.gpus_per_node)
+        first = self.sites[0].gpu
+        if first is not None and first.name != self.gpu.name:
+            raise SpecError("sites[0].gpu", f"the first site's device is the cluster's: set "
+                            f"gpu = {first.name!r} at the top, or leave sites[0].gpu unset")
         if any(s.own_nodes for s in self.sites) and not self.node_groups:
             object.__setattr__(self, "node_groups", tuple(
                 NodeGroup(s.nodes, s.gpu or self.gpu, s.nic_Gbps, s.nics_per_node,
                           s.intra_GBps) for s in self.sites))
+        if self.node_groups and [g.nodes for g in self.node_groups] != \
+                [s.nodes for s in self.sites]:  # (groups kept from other sites: a replace)
+            raise SpecError("node_groups", "with sites, one node group a site, as many nodes")
         pod = max(s.nodes for s in self.sites) * self.gpus_per_node
         object.__setattr__(self, "inter_node", dataclasses.replace(inter, pod_gpus=pod))
 

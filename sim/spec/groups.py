@@ -246,7 +246,8 @@ def sites_from_dict(data: dict[str, Any]) -> tuple[tuple[Site, ...], tuple[WanLi
         if gpu is not None and not isinstance(gpu, str):
             raise SpecError(f"sites[{i}].gpu", f"must be a catalog name, got {gpu!r}")
         sub = _rates(f"sites[{i}]", t)
-        sites.append(Site(str(t["name"]), t["nodes"], _device(f"sites[{i}]", gpu) if gpu else None,
+        sites.append(Site(str(t["name"]), t["nodes"],
+                          _device(f"sites[{i}]", gpu) if gpu is not None else None,
                           sub.get("nic_Gbps"), sub.get("nics_per_node"),
                           sub.get("bandwidth_GBps")))
     wan = []

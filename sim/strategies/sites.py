@@ -1,8 +1,10 @@
 """Training across sites joined by WAN links: how data-parallel replicas in several data
 centres synchronise, and how close each way gets to one site's throughput.
 
-The plan's data parallelism is split evenly over the sites (``dp / S`` replicas each, model
-parallelism inside a site, as :mod:`sim.spec.groups` places it). Ways to synchronise:
+Each site holds whole replicas (model parallelism inside a site, data parallelism across,
+as :mod:`sim.spec.groups` places it) and steps on its own devices (sites may differ in
+size, GPU and NICs: :func:`site_shares`); BSP across sites waits for the slowest site.
+Ways to synchronise:
 
 - ``flat``: BSP with one all-reduce over every replica, as if the sites were one cluster
   whose groups cross the WAN (the one-step tiers with the WAN in the fabric,
@@ -24,9 +26,9 @@ parallelism inside a site, as :mod:`sim.spec.groups` places it). Ways to synchro
   cannot carry every fragment within ``H`` steps, the difference.
 
 In the DES (``fidelity="des"``) every step is the DES's, and the WAN exchange runs as
-flows on the topology (rank ``i`` of each site with rank ``i`` of the others, every rank at
-once, sharing NICs and WAN links, with the WAN's jitter drawn); the exchange still follows
-the in-site step (not overlapped), as in the closed form.
+flows on the topology (the ranks holding each piece of the gradient, every piece at once,
+sharing NICs and WAN links, with the WAN's jitter drawn); the exchange still follows the
+in-site step (not overlapped), as in the closed form.
 
 Throughput is tokens (samples) per second of the whole job; the single-site figure is the
 same plan on one cluster holding every node. With the WAN as fast as a NIC and as near as a
@@ -46,7 +48,7 @@ from typing import Any
 from sim.api import simulate
 from sim.cost.sync import outer_step_s
 from sim.errors import SpecError
-from sim.layout.placement import SITE_PLACEMENT, site_aware
+from sim.layout.placement import SITE_PLACEMENT, group_span, site_aware
 from sim.layout.sync import PAYLOAD_BYTES, gradient
 from sim.network.wan import jitter_s, ring_wan
 from sim.spec.cluster import ClusterSpec
@@ -152,6 +154,8 @@ def site_replicas(cluster: ClusterSpec, plan: Plan) -> list[list[int]]:
     from sim.layout.placement import stage_devices
     from sim.spec.plan import validate
 
+    if len(cluster.sites) < 2:
+        raise SpecError("cluster.sites", "needs two or more sites joined by WAN links")
     validate(plan, cluster=cluster)  # every GPU of the cluster, no more
     table = plan.placement
     held: list[list[int]] = [[] for _ in cluster.sites]
@@ -165,6 +169,10 @@ def site_replicas(cluster: ClusterSpec, plan: Plan) -> list[list[int]]:
                             "each site must hold whole replicas (tp x pp x cp ranks) for "
                             "its own step")
         held[where.pop()].append(d)
+    if plan.ep > 1 and group_span(plan, cluster, "ep").cross_pod:
+        raise SpecError("plan.placement", "ep groups span sites: each site must hold whole "
+                        "expert-parallel groups for its own step (their all-to-alls would "
+                        "cross the WAN every layer)")
     return held
 
 
@@ -207,10 +215,13 @@ def _wan_allreduce_s(cluster: ClusterSpec, nbytes: float, ranks: tuple[int, ...]
 
 
 def _wan_allreduce_des(cluster: ClusterSpec, nbytes: float, ranks: tuple[int, ...]) -> float:
-    """The same exchange as flows on the topology: the gradient in ``max(ranks)`` pieces,
-    each all-reduced by a ring over the sites among the ranks holding it (rank ``i`` of
-    every site when the sites are alike), every piece at once, the flows sharing the NICs
-    and WAN links max-min and paying their latency and jitter."""
+    """The same exchange as flows on the topology: the gradient cut wherever a site's shard
+    ends (rank ``k`` of site ``i`` holds ``[k / ranks[i], (k + 1) / ranks[i])``), each piece
+    all-reduced by a ring over the sites among the ranks holding it (rank ``i`` of every
+    site when the sites are alike), every piece at once, the flows sharing the NICs and WAN
+    links max-min and paying their latency and jitter."""
+    from fractions import Fraction
+
     import simpy
 
     from sim.network.engine import CommEngine
@@ -221,10 +232,11 @@ def _wan_allreduce_des(cluster: ClusterSpec, nbytes: float, ranks: tuple[int, ..
     env = simpy.Environment()
     engine = CommEngine(env, topo, Network(env, topo.cap, topo.lat))
     starts = [0, *(n * cluster.gpus_per_node for n in cluster.site_starts)]
-    pieces = max(ranks)
-    for j in range(pieces):
-        group = [start + j * r // pieces for start, r in zip(starts, ranks, strict=True)]
-        env.process(engine.run("all_reduce", "ring", group, nbytes / pieces))
+    cuts = sorted({Fraction(k, r) for r in ranks for k in range(r + 1)})
+    for a, b in zip(cuts, cuts[1:], strict=False):
+        group = [start + int(a * r) for start, r in zip(starts, ranks, strict=True)]
+        w = b - a  # (a whole 1/r as nbytes / r, exactly as alike sites always had)
+        env.process(engine.run("all_reduce", "ring", group, nbytes * w.numerator / w.denominator))
     env.run()
     return float(env.now)
 
@@ -321,9 +333,10 @@ def _site_notes(st: SiteSteps) -> list[str]:
     waits = [(n, 1 - r.iteration_time_s / t) for n, r in zip(st.names, st.inner, strict=True)]
     if max(w for _, w in waits) > 0.01:
         slow = min(waits, key=lambda x: x[1])[0]
+        hint = " (trainsim sites --balance splits the batch by site speed, as far as whole " \
+            "micro-batches go)" if st.plan.zero_stage <= 1 and st.plan.ep == 1 else ""
         out.append(f"sites wait for {slow} each step: " + ", ".join(
-            f"{n} idle {w:.0%}" for n, w in waits if w > 0.01) + " (trainsim sites "
-            "--balance splits the batch by site speed, as far as whole micro-batches go)")
+            f"{n} idle {w:.0%}" for n, w in waits if w > 0.01) + hint)
     return out
 
 

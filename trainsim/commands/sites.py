@@ -172,7 +172,9 @@ def _write(out: Path, rows: list[dict[str, Any]], cluster: Any, plan: Any, model
     from sim.io import atomic_write_files
     from trainsim.plots.output import save_figure
 
-    df = pd.DataFrame([{k: v for k, v in r.items() if k != "notes"} for r in rows])
+    df = pd.DataFrame([{**{k: v for k, v in r.items() if k not in ("notes", "site_step_s")},
+                        **{f"step_s_{n}": t for n, t in (r.get("site_step_s") or {}).items()}}
+                       for r in rows])
     atomic_write_files({
         out / "inputs.json": json.dumps({"cluster": cluster.to_dict(), "plan": plan.to_dict(),
                                          "model": model.name}, indent=2) + "\n",
