@@ -24,6 +24,12 @@ loss), ``diloco_text_curves_cpu.csv`` (test loss against steps), ``diloco_text_c
 (the curves at lr 2e-3) and the runs the bundled
 statistical-efficiency model ``text-cpu`` is fitted to, ``sim/data/convergence/text_cpu.csv``
 (``updates_to_target``: steps to a test loss of 1.9 nats a character).
+
+``--workers 4`` (the whole grid, about 21 minutes here; ``--workers 8 --periods 1,50,500
+--lrs 2e-3`` about 8) runs the same task with four (eight) replicas, each on its quarter
+(eighth) of the text, 16 windows a worker a step (BSP's batch grows with them), and writes
+``diloco_text_cpu_4w.csv``, ``diloco_text_curves_cpu_4w.csv`` and ``diloco_text_cpu_4w.png``
+(``_8w``); the bundled model is left as the two-worker runs fitted it.
 """
 
 from __future__ import annotations
@@ -41,15 +47,22 @@ from sim.io import atomic_write_text
 from sim.spec.plan import Plan
 
 RESULTS = Path(__file__).resolve().parent / "results"
-N, BATCH = 2, 16
+BATCH = 16
 PERIODS = (10, 50, 100, 250, 500)
 LRS = (1e-3, 2e-3, 4e-3)
 TARGETS = (2.2, 2.0, 1.9, 1.8)  # test loss, nats a character
 TARGET = 1.9  # the bundled model's
 
 
-def _plan(sync: object) -> Plan:
-    return Plan(global_batch_size=N * BATCH, seq_len=64, dp=N, sync=sync)  # type: ignore[arg-type]
+def _plan(sync: object, n: int) -> Plan:
+    return Plan(global_batch_size=n * BATCH, seq_len=64, dp=n, sync=sync)  # type: ignore[arg-type]
+
+
+def _files(n: int) -> tuple[Path, Path, Path]:
+    """(runs, curves, figure) of ``n`` workers."""
+    tail = "" if n == 2 else f"_{n}w"
+    return (RESULTS / f"diloco_text_cpu{tail}.csv", RESULTS / f"diloco_text_curves_cpu{tail}.csv",
+            RESULTS / f"diloco_text_cpu{tail}.png")
 
 
 def steps_to(evals: list[dict[str, Any]], loss: float) -> int | None:
@@ -60,11 +73,12 @@ def steps_to(evals: list[dict[str, Any]], loss: float) -> int | None:
     return None
 
 
-def runs(periods: set[int] | None = None) -> list[tuple[str, Plan, float]]:
+def runs(periods: set[int] | None = None, n: int = 2, lrs: tuple[float, ...] = LRS
+         ) -> list[tuple[str, Plan, float]]:
     """(label, plan, lr) of the grid, or of its ``periods`` (1: BSP)."""
-    out = [("BSP", _plan("bsp"), lr) for lr in LRS]
-    out += [(f"DiLoCo H={h}", _plan({"kind": "diloco", "period": h}), lr)
-            for h in PERIODS for lr in LRS]
+    out = [("BSP", _plan("bsp", n), lr) for lr in lrs]
+    out += [(f"DiLoCo H={h}", _plan({"kind": "diloco", "period": h}, n), lr)
+            for h in PERIODS for lr in lrs]
     return [r for r in out if periods is None or _period(r[1]) in periods]
 
 
@@ -84,12 +98,13 @@ def _row(label: str, p: Plan, lr: float, r: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def _write(df: pd.DataFrame, curves: list[dict[str, Any]]) -> None:
+def _write(df: pd.DataFrame, curves: list[dict[str, Any]], n: int) -> None:
     RESULTS.mkdir(exist_ok=True)
-    atomic_write_text(RESULTS / "diloco_text_cpu.csv", df.to_csv(index=False,
-                                                                 float_format="%.6g"))
-    atomic_write_text(RESULTS / "diloco_text_curves_cpu.csv",
-                      pd.DataFrame(curves).to_csv(index=False, float_format="%.6g"))
+    table, curve_file, _ = _files(n)
+    atomic_write_text(table, df.to_csv(index=False, float_format="%.6g"))
+    atomic_write_text(curve_file, pd.DataFrame(curves).to_csv(index=False, float_format="%.6g"))
+    if n != 2:
+        return  # (the bundled model: the two-worker runs)
     fit = pd.DataFrame({
         "kind": df["kind"], "lr": df["lr"], "staleness_mean": 0.0, "period": df["period"],
         "updates_to_target": df[f"steps_to_{TARGET:g}"], "diverged": df["diverged"],
@@ -97,12 +112,13 @@ def _write(df: pd.DataFrame, curves: list[dict[str, Any]]) -> None:
     atomic_write_text(BUNDLED / "text_cpu.csv", fit.to_csv(index=False, float_format="%.6g"))
 
 
-def _kept(only: set[int] | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _kept(only: set[int] | None, n: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The rows and curves of the periods not rerun (none without ``--periods``)."""
-    if only is None:
+    table, curve_file, _ = _files(n)
+    if only is None or not table.is_file():
         return [], []
-    df = pd.read_csv(RESULTS / "diloco_text_cpu.csv")
-    curves = pd.read_csv(RESULTS / "diloco_text_curves_cpu.csv")
+    df = pd.read_csv(table)
+    curves = pd.read_csv(curve_file)
     df = df[~df["period"].isin(only)]
     keep = {(s, lr) for s, lr in zip(df["strategy"], df["lr"], strict=True)}
     curves = curves[[(s, lr) in keep for s, lr in zip(curves["strategy"], curves["lr"],
@@ -110,7 +126,7 @@ def _kept(only: set[int] | None) -> tuple[list[dict[str, Any]], list[dict[str, A
     return df.to_dict("records"), curves.to_dict("records")
 
 
-def figure(curves: pd.DataFrame, path: Path, lr: float = 2e-3) -> None:
+def figure(curves: pd.DataFrame, path: Path, lr: float = 2e-3, n: int = 2) -> None:
     """Test loss against inner steps at one inner learning rate, BSP and every H."""
     import matplotlib.pyplot as plt
 
@@ -123,7 +139,7 @@ def figure(curves: pd.DataFrame, path: Path, lr: float = 2e-3) -> None:
     ax.set_ylim(1.3, 3.5)
     ax.set_xlabel("Inner steps of a worker")
     ax.set_ylabel("Test loss (nats a character)")
-    ax.set_title(f"DiLoCo vs BSP, 2 workers, text task, inner AdamW lr {lr:g}")
+    ax.set_title(f"DiLoCo vs BSP, {n} workers, text task, inner AdamW lr {lr:g}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -137,14 +153,22 @@ def main() -> None:
     ap.add_argument("--periods", help="rerun these periods only (comma-separated, 1: BSP)")
     ap.add_argument("--plot-only", action="store_true", help="redraw the figure from the "
                     "curves already written")
+    ap.add_argument("--workers", type=int, default=2, help="replicas (2: the bundled model's "
+                    "runs; others write *_<N>w files)")
+    ap.add_argument("--lrs", help="inner learning rates (comma-separated; default 1e-3,2e-3,"
+                    "4e-3)")
     args = ap.parse_args()
+    n = args.workers
+    if not 2 <= n <= 8:
+        ap.error(f"--workers: 2 to 8 replicas on this machine, got {n}")
+    _, curve_file, png = _files(n)
     if args.plot_only:
-        figure(pd.read_csv(RESULTS / "diloco_text_curves_cpu.csv"),
-               RESULTS / "diloco_text_cpu.png")
+        figure(pd.read_csv(curve_file), png, n=n)
         return
     only = {int(x) for x in args.periods.split(",")} if args.periods else None
-    todo = runs(only)
-    rows, curves = _kept(only)
+    lrs = tuple(float(x) for x in args.lrs.split(",")) if args.lrs else LRS
+    todo = runs(only, n, lrs)
+    rows, curves = _kept(only, n)
     for i, (label, p, lr) in enumerate(todo):  # a torchrun start a run: none starves the rest
         steps = max(args.steps, 8 * _period(p))
         r = execute_sync_batch([(p, lr, 0)], "text", steps=steps, eval_every=50,
@@ -154,10 +178,10 @@ def main() -> None:
         print(f"[{i + 1}/{len(todo)}] {label} lr {lr:g}: final loss "
               f"{rows[-1]['final_loss']:.3f}, steps to {TARGET}: "
               f"{rows[-1][f'steps_to_{TARGET:g}']} ({r['wall_s']:.0f} s)", flush=True)
-        _write(pd.DataFrame(rows), curves)  # what has run so far survives an interruption
+        _write(pd.DataFrame(rows), curves, n)  # what has run survives an interruption
     df = pd.DataFrame(rows).sort_values(["period", "lr"], kind="stable")
-    _write(df, curves)
-    figure(pd.DataFrame(curves), RESULTS / "diloco_text_cpu.png")
+    _write(df, curves, n)
+    figure(pd.DataFrame(curves), png, lr=lrs[0] if 2e-3 not in lrs else 2e-3, n=n)
     cols = ["strategy", "lr", "final_loss"] + [f"steps_to_{t:g}" for t in TARGETS]
     print(df[cols].to_string(index=False))
 
