@@ -98,6 +98,9 @@ def choose_site_sync(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Pl
         if left:
             notes.append(f"{left} fp32 DiLoCo period(s) left out: outside the periods or "
                          f"learning rates the runs measured (lr {lr:g})")
+        from sim.strategies.accuracy import replicas_note
+
+        notes += replicas_note(convergence, len(cluster.sites))
         return SiteChoice(next(r for r in rows if r.sync.label() == best), rows, floor, True,
                           times, notes)
     ok = [r for r in rows if r.of_single_site >= floor]

@@ -235,3 +235,15 @@ def test_what_the_local_ways_and_the_split_refuse() -> None:
         cluster_from_dict({**_mixed().to_dict(), "sites": [
             {"name": "e", "nodes": 4}, {"name": "w", "nodes": 2, "gpu": ""}]}, "x")
     assert err.value.field == "sites[1].gpu"
+
+
+def test_a_loss_model_of_two_replicas_says_so_across_three_sites() -> None:
+    from optimizer.sites import choose_site_sync
+    from sim.spec.cluster import load_cluster
+    from sim.strategies.accuracy import replicas_note
+
+    assert replicas_note("text-cpu", 2) == [] and replicas_note("my-runs.csv", 5) == []
+    plan = Plan(global_batch_size=48, seq_len=2048, dp=12, tp=4, micro_batch_size=1)
+    notes = choose_site_sync(load_any("llama3-8b"), load_cluster("regions3-dgx-h100:2"), plan,
+                             convergence="text-cpu").notes
+    assert any("fitted to 2 replicas, here 3 sites" in n for n in notes)

@@ -26,7 +26,8 @@ from sim.cost.convergence import (
 )
 from sim.errors import SpecError
 
-__all__ = ["time_to_target", "BUNDLED_MODELS", "LOSS_MODELS", "loss_model", "steps_over_bsp"]
+__all__ = ["time_to_target", "BUNDLED_MODELS", "LOSS_MODELS", "loss_model", "steps_over_bsp",
+           "replicas_note"]
 
 BUNDLED_MODELS = {"digits-cpu": (BUNDLED / "digits_cpu.csv",
                                  "digits, 64-64-10 MLP, 4 workers x batch 32, plain SGD "
@@ -42,6 +43,21 @@ LOSS_MODELS = {"text-cpu": (BUNDLED / "text_cpu.csv",
                             "110,400-parameter transformer, 2 workers x 16 windows of 64 "
                             "characters, AdamW inside, to a test loss of 1.9 nats "
                             "(experiments/diloco_text_cpu.py)")}
+
+
+# replicas the bundled loss models' runs had, and what more of them measured (the guide)
+LOSS_MODEL_REPLICAS = {"text-cpu": (2, "4 and 8 replicas measured 5.7x and 6.7x BSP's steps "
+                                       "at H = 500 against 4.4x with 2")}
+
+
+def replicas_note(convergence: str | Path, replicas: int) -> list[str]:
+    """A note when a bundled loss model is applied to more DiLoCo replicas (sites) than
+    its runs had; none for a user's CSV or as many replicas."""
+    fitted, measured = LOSS_MODEL_REPLICAS.get(str(convergence), (replicas, ""))
+    if replicas <= fitted:
+        return []
+    return [f"{convergence} was fitted to {fitted} replicas, here {replicas} sites: likely "
+            f"optimistic for DiLoCo ({measured} on the same task)"]
 
 
 def loss_model(convergence: str | Path, lr: float) -> tuple[Path, str]:

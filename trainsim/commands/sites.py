@@ -110,7 +110,7 @@ def cmd_sites(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2, default=str))
         return 0
-    _print(rows, args)
+    _print(rows, args, len(cluster.sites))
     if args.out is not None:
         print(f"wrote {args.out}")
     return 0
@@ -126,7 +126,7 @@ def _split(cluster: Any, plan: Any) -> str:
                                         strict=True)) + " micro-batches a replica"
 
 
-def _print(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
+def _print(rows: list[dict[str, Any]], args: argparse.Namespace, sites: int) -> None:
     loss = args.convergence is not None
     print(f"{'WAN Gb/s':>9}  {'sync':52s} {'tokens/s':>11} {'of one site':>11}"
           + (f" {'time to loss':>12}" if loss else ""))
@@ -143,6 +143,12 @@ def _print(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
               "model's runs: see docs/guide/sites.md)")
         for note in sorted({n for row in rows for n in row.get("loss_notes") or ()}):
             print(f"* extrapolated: {note}")
+        from sim.strategies.accuracy import replicas_note
+
+        chosen = {n for row in rows for n in row.get("choice_notes") or ()}
+        for note in replicas_note(args.convergence, sites):
+            if note not in chosen:  # (printed with the choice's notes below)
+                print(f"note: {note}")
     for note in sorted({n for row in rows for n in row.get("choice_notes") or ()}):
         print(f"choice: {note}")
 
