@@ -34,7 +34,6 @@ import pandas as pd
 
 from optimizer.sites import balance_sites
 from sim import simulate
-from sim.io import atomic_write_text
 from sim.layout.placement import site_aware
 from sim.spec.cluster import ClusterSpec, cluster_from_dict, load_cluster
 from sim.spec.plan import Plan
@@ -48,8 +47,6 @@ from sim.strategies.sites import (
     wan_sweep,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "experiments" / "results"
 RATES = (1.0, 10.0, 100.0, 400.0)
 SYNCS = (SiteSync("flat"), SiteSync("hierarchical"), SiteSync("diloco", H=50),
          SiteSync("diloco", H=500), SiteSync("streaming-diloco", H=50, fragments=5, overlap=5))
@@ -146,15 +143,9 @@ def figure(df: pd.DataFrame, path: Path) -> None:
 
 
 def main() -> int:
-    df, lim = study(), limit()
-    print(lim.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(RESULTS / "sites_mixed.csv", df.to_csv(index=False))
-    atomic_write_text(RESULTS / "sites_mixed_limit.csv", lim.to_csv(index=False))
-    figure(df, RESULTS / "sites_mixed.png")
-    worst = float(lim["difference"].abs().max())
-    print(f"single-site limit: worst difference {worst:.3%} (target <= 1%)")
-    return 0 if worst <= 0.01 else 1
+    from study_multisite import finish  # (run as a script: experiments/ is on the path)
+
+    return finish(study(), limit(), "sites_mixed", figure)
 
 
 if __name__ == "__main__":

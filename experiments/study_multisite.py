@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -169,16 +170,22 @@ def figure(df: pd.DataFrame, path: Path) -> None:
     save_figure(fig, path)
 
 
-def main() -> int:
-    df, lim = study(), limit()
+def finish(df: pd.DataFrame, lim: pd.DataFrame, stem: str,
+           draw: Callable[[pd.DataFrame, Path], None]) -> int:
+    """Write ``STEM.csv``, ``STEM_limit.csv`` and ``STEM.png``; 0 when the single-site
+    limit holds within 1%."""
     print(lim.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
     RESULTS.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(RESULTS / "study_multisite.csv", df.to_csv(index=False))
-    atomic_write_text(RESULTS / "study_multisite_limit.csv", lim.to_csv(index=False))
-    figure(df, RESULTS / "study_multisite.png")
+    atomic_write_text(RESULTS / f"{stem}.csv", df.to_csv(index=False))
+    atomic_write_text(RESULTS / f"{stem}_limit.csv", lim.to_csv(index=False))
+    draw(df, RESULTS / f"{stem}.png")
     worst = float(lim["difference"].abs().max())
     print(f"single-site limit: worst difference {worst:.3%} (target <= 1%)")
     return 0 if worst <= 0.01 else 1
+
+
+def main() -> int:
+    return finish(study(), limit(), "study_multisite", figure)
 
 
 if __name__ == "__main__":

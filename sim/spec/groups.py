@@ -127,6 +127,16 @@ def _positive_int(name: str, v: Any) -> None:
         raise SpecError(name, f"must be a positive integer, got {v!r}")
 
 
+def _check_rates(name: str, g: NodeGroup | Site) -> None:
+    """A group's or site's own NIC rate, NIC count and node-fabric rate, where set."""
+    for attr, key in (("nic_Gbps", "inter_node.nic_Gbps"),
+                      ("intra_GBps", "intra_node.bandwidth_GBps")):
+        if getattr(g, attr) is not None:
+            _positive(f"{name}.{key}", getattr(g, attr))
+    if g.nics_per_node is not None:
+        _positive_int(f"{name}.inter_node.nics_per_node", g.nics_per_node)
+
+
 def resolve_groups(c: Any, pcie_GBps: float) -> tuple[NodeGroup, ...]:
     """A cluster's groups, validated, with the cluster's rates filled in where a group has
     none (the node fabric: the group GPU's NVLink rate, or ``pcie_GBps``)."""
@@ -136,12 +146,7 @@ def resolve_groups(c: Any, pcie_GBps: float) -> tuple[NodeGroup, ...]:
     for i, g in enumerate(groups):
         name = f"node_groups[{i}]"
         _positive_int(f"{name}.nodes", g.nodes)
-        for attr, field_ in (("nic_Gbps", "inter_node.nic_Gbps"),
-                             ("intra_GBps", "intra_node.bandwidth_GBps")):
-            if getattr(g, attr) is not None:
-                _positive(f"{name}.{field_}", getattr(g, attr))
-        if g.nics_per_node is not None:
-            _positive_int(f"{name}.inter_node.nics_per_node", g.nics_per_node)
+        _check_rates(name, g)
     if groups and sum(g.nodes for g in groups) != c.nodes:
         raise SpecError("node_groups", f"nodes {'+'.join(str(g.nodes) for g in groups)} = "
                         f"{sum(g.nodes for g in groups)} != nodes = {c.nodes}")
@@ -284,12 +289,7 @@ def check_sites(sites: tuple[Site, ...], wan: tuple[WanLink, ...], nodes: int,
         if s.name in names[:i] or not s.name:
             raise SpecError(f"sites[{i}].name", f"must be a unique non-empty name, got "
                             f"{s.name!r}")
-        for attr, key in (("nic_Gbps", "inter_node.nic_Gbps"),
-                          ("intra_GBps", "intra_node.bandwidth_GBps")):
-            if getattr(s, attr) is not None:
-                _positive(f"sites[{i}].{key}", getattr(s, attr))
-        if s.nics_per_node is not None:
-            _positive_int(f"sites[{i}].inter_node.nics_per_node", s.nics_per_node)
+        _check_rates(f"sites[{i}]", s)
     if sum(s.nodes for s in sites) != nodes:
         raise SpecError("sites", f"nodes {'+'.join(str(s.nodes) for s in sites)} != "
                         f"nodes = {nodes}")
