@@ -8,6 +8,7 @@ replica is one node (DP across types), with ``pp=2, tp=8`` each stage is (PP acr
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -315,3 +316,23 @@ def test_stragglers_multiply_gpu_type_scales(model, fidelity):
     assert slow.iteration_time_s > 1.05 * base
     a100 = simulate(model, c, plan, fidelity, faults=faults_from_options(["gpu:1=1.05"]))
     assert a100.iteration_time_s < slow.iteration_time_s
+
+
+def test_each_replica_runs_its_own_groups_on_its_own_node_fabric() -> None:
+    """With more micro-batches on the H100 replicas, an H100 replica sets the step: the
+    closed form times its tensor parallelism on the H100s' NVLink (it took the slowest
+    group's, the A100s', for every replica: 6.8% above the DES here, now 0.3%), as the
+    DES does; replicas on the A100s keep theirs."""
+    from sim.analytic.replicas import fabrics_differ
+
+    model, c = load_model("llama3-8b"), load_cluster("dgx-a100:2+dgx-h100:2")
+    assert fabrics_differ(c) and not fabrics_differ(load_cluster("dgx-h100:2"))
+    fast = Plan(global_batch_size=96, seq_len=8192, dp=8, tp=4, micro_batch_size=1,
+                micro_batches_per_replica=(6, 6, 6, 6, 18, 18, 18, 18))
+    a, d = (simulate(model, c, fast, fidelity=f) for f in ("analytic", "des"))
+    assert a.iteration_time_s == pytest.approx(d.iteration_time_s, rel=0.01)
+    alike = dataclasses.replace(fast, micro_batches_per_replica=(6,) * 8, global_batch_size=48)
+    a100 = simulate(model, c, alike)  # the A100 replicas set the step: as before
+    assert a100.breakdown["tp"] / 6 == pytest.approx(
+        simulate(model, c, alike, fidelity="des").breakdown["tp"] / 6, rel=0.01)
+    assert a.breakdown["tp"] / 18 < 0.75 * a100.breakdown["tp"] / 6  # H100s: 450 against 300

@@ -83,11 +83,12 @@ class StageCost:
 class _Ctx:
     """Inputs shared by every stage, computed once per call."""
 
-    def __init__(self, model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel
-                 ) -> None:
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel,
+                 local: ClusterSpec | None = None) -> None:
         self.m, self.c, self.p, self.cost = model, cluster, plan, cost
-        self.fabric: dict[str, Fabric] = {
-            g: fabric_for(cluster, group_span(plan, cluster, g))
+        self.fabric: dict[str, Fabric] = {  # a replica's own groups on its own node fabric
+            g: fabric_for(local if local and g in ("tp", "cp", "pp", "emb") else cluster,
+                          group_span(plan, cluster, g))
             for g in ("tp", "cp", "ep", "pp", "dp", "edp", "emb")}
         self.dense = cm.layer_time(cost, model, plan)
         self.moe = cm.layer_time(cost, model, plan, moe=True) if model.is_moe else self.dense
@@ -364,11 +365,12 @@ def _dualpipev(x: _Ctx, stages: Sequence[StageCost], bound: bool = False) -> flo
 
 def analytic_iteration(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel,
                        stage_scale: Sequence[float] | None = None,
-                       dualpipev_bound: bool = False) -> Timing:
+                       dualpipev_bound: bool = False, local: ClusterSpec | None = None
+                       ) -> Timing:
     """One iteration; ``dualpipev_bound``: a DualPipeV plan's pipeline phase as the lower
     bound of :func:`sim.analytic.dualpipev.dualpipev_pipeline` (what the search screens
-    with), not the time."""
-    x = _Ctx(model, cluster, plan, cost)
+    with), not the time; ``local``: the node fabric of one replica's own nodes."""
+    x = _Ctx(model, cluster, plan, cost, local)
     stages = _stage_costs(x, stage_scale)
     m, v = plan.num_microbatches, plan.vpp
     times = [s.per_microbatch_s for s in stages]

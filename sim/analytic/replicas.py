@@ -6,6 +6,8 @@ of its own and the slowest one sets the iteration.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Sequence
 
 from sim.analytic.iteration import analytic_iteration
@@ -18,6 +20,7 @@ from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan, replica_plan
 
 __all__ = ["replica_stage_scales", "replica_analytic", "replica_timings", "analytic_timing",
+           "fabrics_differ",
            "analytic_lower_bound", "bounds_below"]
 
 
@@ -44,12 +47,41 @@ def replica_timings(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: Co
     seen: dict[tuple, Timing] = {}
     out = []
     for d, m in enumerate(plan.replica_microbatches):
-        key = (m, tuple(per_stage[d]))
+        local = _own_fabric(cluster, plan, d)
+        key = (m, tuple(per_stage[d]), local)
         if key not in seen:
             seen[key] = analytic_iteration(model, cluster, replica_plan(plan, d), cost,
-                                           per_stage[d] if scales is not None else None)
+                                           per_stage[d] if scales is not None else None,
+                                           local=local)
         out.append(seen[key])
     return out
+
+
+def fabrics_differ(cluster: ClusterSpec) -> bool:
+    """Whether node groups differ in their node fabric (the closed form then times each
+    replica's tensor, context and pipeline groups on its own nodes' fabric)."""
+    return len({g.intra_GBps for g in cluster.node_groups}) > 1
+
+
+def _own_fabric(cluster: ClusterSpec, plan: Plan, replica: int) -> ClusterSpec | None:
+    """The cluster as replica ``replica``'s own groups see it: every node's fabric its
+    slowest node's (as the flow network runs them; the collective's algorithm and
+    efficiency stay the cluster's, its first group's device's, in both tiers); None where
+    node fabrics are alike or the replica's is the slowest anyway."""
+    if not fabrics_differ(cluster):
+        return None
+    pl, g = plan.placement, cluster.gpus_per_node
+    nodes = {(r if isinstance(pl, str) else pl[r]) // g for s in range(plan.pp)
+             for r in stage_devices(plan, replica, s)}
+    return _with_fabric(cluster, min(cluster.node_intra_GBps(n) for n in nodes))
+
+
+@functools.lru_cache(maxsize=256)
+def _with_fabric(cluster: ClusterSpec, intra_GBps: float) -> ClusterSpec | None:
+    if intra_GBps == cluster.intra_GBps:
+        return None
+    return dataclasses.replace(cluster, node_groups=tuple(
+        dataclasses.replace(x, intra_GBps=intra_GBps) for x in cluster.node_groups))
 
 
 def replica_analytic(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel,
@@ -65,7 +97,7 @@ def bounds_below(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> bool:
     """Whether :func:`analytic_lower_bound` gives a bound rather than the time: DualPipeV
     with even replicas on devices of one compute speed."""
     return plan.schedule == "dualpipev" and plan.micro_batches_per_replica is None \
-        and gpu_compute_scales(model, cluster, plan) is None
+        and gpu_compute_scales(model, cluster, plan) is None and not fabrics_differ(cluster)
 
 
 def analytic_lower_bound(model: ModelSpec, cluster: ClusterSpec, plan: Plan,
@@ -82,6 +114,7 @@ def analytic_timing(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: Co
                     ) -> Timing:
     """The analytic tier on any cluster: per replica where devices or replicas differ."""
     scales = gpu_compute_scales(model, cluster, plan)
-    if scales is None and plan.micro_batches_per_replica is None:
+    if scales is None and plan.micro_batches_per_replica is None \
+            and not fabrics_differ(cluster):
         return analytic_iteration(model, cluster, plan, cost)
     return replica_analytic(model, cluster, plan, cost, scales)
