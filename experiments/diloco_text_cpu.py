@@ -103,8 +103,9 @@ def _write(df: pd.DataFrame, curves: list[dict[str, Any]], n: int) -> None:
     table, curve_file, _ = _files(n)
     atomic_write_text(table, df.to_csv(index=False, float_format="%.6g"))
     atomic_write_text(curve_file, pd.DataFrame(curves).to_csv(index=False, float_format="%.6g"))
-    if n != 2:
-        return  # (the bundled model: the two-worker runs)
+    grid = {(h, lr) for h in (1, *PERIODS) for lr in LRS}
+    if n != 2 or set(zip(df["period"], df["lr"], strict=True)) != grid:
+        return  # (the bundled model: the two-worker runs, the whole grid)
     fit = pd.DataFrame({
         "kind": df["kind"], "lr": df["lr"], "staleness_mean": 0.0, "period": df["period"],
         "updates_to_target": df[f"steps_to_{TARGET:g}"], "diverged": df["diverged"],
@@ -112,14 +113,16 @@ def _write(df: pd.DataFrame, curves: list[dict[str, Any]], n: int) -> None:
     atomic_write_text(BUNDLED / "text_cpu.csv", fit.to_csv(index=False, float_format="%.6g"))
 
 
-def _kept(only: set[int] | None, n: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The rows and curves of the periods not rerun (none without ``--periods``)."""
+def _kept(todo: list[tuple[str, Plan, float]], n: int
+          ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The rows and curves of the (period, lr) pairs not rerun."""
     table, curve_file, _ = _files(n)
-    if only is None or not table.is_file():
+    if not table.is_file():
         return [], []
     df = pd.read_csv(table)
     curves = pd.read_csv(curve_file)
-    df = df[~df["period"].isin(only)]
+    redo = {(_period(p), lr) for _, p, lr in todo}
+    df = df[[(h, lr) not in redo for h, lr in zip(df["period"], df["lr"], strict=True)]]
     keep = {(s, lr) for s, lr in zip(df["strategy"], df["lr"], strict=True)}
     curves = curves[[(s, lr) in keep for s, lr in zip(curves["strategy"], curves["lr"],
                                                        strict=True)]]
@@ -168,7 +171,7 @@ def main() -> None:
     only = {int(x) for x in args.periods.split(",")} if args.periods else None
     lrs = tuple(float(x) for x in args.lrs.split(",")) if args.lrs else LRS
     todo = runs(only, n, lrs)
-    rows, curves = _kept(only, n)
+    rows, curves = _kept(todo, n) if only is not None or args.lrs else ([], [])
     for i, (label, p, lr) in enumerate(todo):  # a torchrun start a run: none starves the rest
         steps = max(args.steps, 8 * _period(p))
         r = execute_sync_batch([(p, lr, 0)], "text", steps=steps, eval_every=50,

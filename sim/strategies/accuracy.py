@@ -53,10 +53,12 @@ LOSS_MODEL_REPLICAS = {"text-cpu": (2, "4 and 8 replicas measured 5.7x and 6.7x 
 def replicas_note(convergence: str | Path, replicas: int) -> list[str]:
     """A note when a bundled loss model is applied to more DiLoCo replicas (sites) than
     its runs had; none for a user's CSV or as many replicas."""
-    fitted, measured = LOSS_MODEL_REPLICAS.get(str(convergence), (replicas, ""))
+    name = next((k for k, (path, _) in LOSS_MODELS.items() if str(convergence) == k
+                 or Path(convergence).resolve() == path.resolve()), str(convergence))
+    fitted, measured = LOSS_MODEL_REPLICAS.get(name, (replicas, ""))
     if replicas <= fitted:
         return []
-    return [f"{convergence} was fitted to {fitted} replicas, here {replicas} sites: likely "
+    return [f"{name} was fitted to {fitted} replicas, here {replicas} sites: likely "
             f"optimistic for DiLoCo ({measured} on the same task)"]
 
 
