@@ -156,6 +156,8 @@ def test_cli_sites_balance(tmp_path, capsys) -> None:  # noqa: ANN001
     (tmp_path / "p.json").write_text(json.dumps(PLAN.to_dict()))
     args = ["sites", "--model", "llama3-8b", "--cluster", str(tmp_path / "c.toml"),
             "--plan", str(tmp_path / "p.json"), "--sync", "hierarchical"]
+    assert main(args) == 0
+    assert "note: sites wait for w each step: e idle" in capsys.readouterr().out
     assert main([*args, "--balance"]) == 0
     out = capsys.readouterr().out
     assert "batch over the sites: e 5, w 2 micro-batches a replica" in out

@@ -334,7 +334,8 @@ def _site_notes(st: SiteSteps) -> list[str]:
     if max(w for _, w in waits) > 0.01:
         slow = min(waits, key=lambda x: x[1])[0]
         hint = " (trainsim sites --balance splits the batch by site speed, as far as whole " \
-            "micro-batches go)" if st.plan.zero_stage <= 1 and st.plan.ep == 1 else ""
+            "micro-batches go)" if st.plan.zero_stage <= 1 and st.plan.ep == 1 \
+            and st.plan.micro_batches_per_replica is None else ""
         out.append(f"sites wait for {slow} each step: " + ", ".join(
             f"{n} idle {w:.0%}" for n, w in waits if w > 0.01) + hint)
     return out

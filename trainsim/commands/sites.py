@@ -151,6 +151,8 @@ def _print(rows: list[dict[str, Any]], args: argparse.Namespace, sites: int) -> 
                 print(f"note: {note}")
     for note in sorted({n for row in rows for n in row.get("choice_notes") or ()}):
         print(f"choice: {note}")
+    for note in dict.fromkeys(n for row in rows for n in row.get("notes") or ()):
+        print(f"note: {note}")  # (the sites' warnings, how long the faster sites idle)
 
 
 def _to_loss(sync: Any, of_single_site: float, args: argparse.Namespace) -> dict[str, Any]:
