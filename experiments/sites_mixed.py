@@ -40,9 +40,9 @@ from sim.spec.plan import Plan
 from sim.spec.zoo import load_any
 from sim.strategies.sites import (
     SiteSync,
+    batch_split,
     simulate_sites,
     single_site,
-    site_replicas,
     site_steps,
     wan_sweep,
 )
@@ -70,13 +70,6 @@ def clusters() -> dict[str, tuple[ClusterSpec, Plan]]:
     }
 
 
-def split_label(cluster: ClusterSpec, plan: Plan) -> str:
-    mbr = plan.replica_microbatches
-    return ", ".join(f"{s.name} {'/'.join(map(str, sorted({mbr[d] for d in reps})))}"
-                     for s, reps in zip(cluster.sites, site_replicas(cluster, plan),
-                                        strict=True))
-
-
 def study() -> pd.DataFrame:
     model, rows = load_any("llama3-8b"), []
     for case, (base, even) in clusters().items():
@@ -88,7 +81,7 @@ def study() -> pd.DataFrame:
                     a, d = (simulate_sites(model, c, plan, s, f, steps[f])
                             for f in ("analytic", "des"))
                     rows.append({"case": case, "split": split,
-                                 "micro_batches": split_label(base, plan),
+                                 "micro_batches": batch_split(base, plan),
                                  "wan_Gbps": g, "sync": s.label(),
                                  "tokens_per_s": a.tokens_per_s,
                                  "tokens_per_s_des": d.tokens_per_s,
@@ -97,7 +90,7 @@ def study() -> pd.DataFrame:
                                  "single_site_tokens_per_s": a.single_site_tokens_per_s,
                                  **{f"step_s_{k}": v for k, v in a.site_step_s.items()},
                                  "step_s": a.step_s, "wan_s_per_sync": a.wan_s_per_sync})
-            print(f"{case}, {split} ({split_label(base, plan)}): done", flush=True)
+            print(f"{case}, {split} ({batch_split(base, plan)}): done", flush=True)
     return pd.DataFrame(rows)
 
 

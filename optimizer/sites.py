@@ -148,7 +148,7 @@ def balance_sites(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan)
     unit, least = _micro_unit(plan)
     least = -(-least // unit) * unit
     total = plan.global_batch_size // plan.micro_batch_size
-    shares = site_shares(cluster, plan)
+    shares = site_shares(cluster, plan, held)
     ks = [least] * len(held)  # micro-batches a replica at each site, raised one unit at a time
     steps = [{least: _even_step(model, c, share, least)} for c, share in shares]
     while sum(k * len(reps) for k, reps in zip(ks, held, strict=True)) < total:

@@ -46,8 +46,9 @@ def replica_timings(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: Co
     per_stage = replica_stage_scales(plan, scales)
     seen: dict[tuple, Timing] = {}
     out = []
+    differ = fabrics_differ(cluster)
     for d, m in enumerate(plan.replica_microbatches):
-        local = _own_fabric(cluster, plan, d)
+        local = _own_fabric(cluster, plan, d) if differ else None
         key = (m, tuple(per_stage[d]), local)
         if key not in seen:
             seen[key] = analytic_iteration(model, cluster, replica_plan(plan, d), cost,
@@ -67,9 +68,7 @@ def _own_fabric(cluster: ClusterSpec, plan: Plan, replica: int) -> ClusterSpec |
     """The cluster as replica ``replica``'s own groups see it: every node's fabric its
     slowest node's (as the flow network runs them; the collective's algorithm and
     efficiency stay the cluster's, its first group's device's, in both tiers); None where
-    node fabrics are alike or the replica's is the slowest anyway."""
-    if not fabrics_differ(cluster):
-        return None
+    the replica's is the slowest anyway (node fabrics differ: :func:`fabrics_differ`)."""
     pl, g = plan.placement, cluster.gpus_per_node
     nodes = {(r if isinstance(pl, str) else pl[r]) // g for s in range(plan.pp)
              for r in stage_devices(plan, replica, s)}

@@ -124,7 +124,7 @@ def add_nics(t: Topology, node: int) -> None:
 
 def _nic_Bps(c: ClusterSpec, node: int) -> float:
     """Achievable bytes/s of one NIC of ``node`` (node groups may differ)."""
-    return c.node_nics(node)[0] / 8 * 1e9 * c.gpu_of(node * c.gpus_per_node).nic_eff
+    return c.nic_Bps(node)
 
 
 def _node_Bps(c: ClusterSpec, node: int) -> float:

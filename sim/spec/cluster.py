@@ -208,6 +208,11 @@ class ClusterSpec:
         g = self.group_of_node(node)
         return float(g.intra_GBps) if g and g.intra_GBps else self.intra_GBps
 
+    def nic_Bps(self, node: int) -> float:
+        """Achievable bytes/s of one NIC of ``node`` (its rate times its device's
+        ``nic_eff``)."""
+        return self.node_nics(node)[0] / 8 * 1e9 * self.gpu_of(node * self.gpus_per_node).nic_eff
+
     def node_nics(self, node: int) -> tuple[float, int]:
         """(NIC Gb/s, NICs) of ``node``."""
         g = self.group_of_node(node)

@@ -57,8 +57,8 @@ from sim.spec.plan import Plan
 from sim.spec.workload import Workload
 
 __all__ = ["SiteSync", "SiteResult", "SiteSteps", "site_steps", "simulate_sites",
-           "SITE_SYNCS", "single_site", "site_replicas", "site_shares", "wan_sweep", "at_hour",
-           "over_a_day"]
+           "SITE_SYNCS", "single_site", "site_replicas", "site_shares", "batch_split",
+           "wan_sweep", "at_hour", "over_a_day"]
 
 SITE_SYNCS = ("flat", "hierarchical", "two-stage", "diloco", "streaming-diloco")
 
@@ -176,10 +176,20 @@ def site_replicas(cluster: ClusterSpec, plan: Plan) -> list[list[int]]:
     return held
 
 
-def site_shares(cluster: ClusterSpec, plan: Plan) -> list[tuple[ClusterSpec, Plan]]:
+def batch_split(cluster: ClusterSpec, plan: Plan) -> str:
+    """Micro-batches a replica at each site, e.g. ``e 5, w 2`` (``5/6`` where they differ)."""
+    mbr = plan.replica_microbatches
+    return ", ".join(f"{s.name} {'/'.join(map(str, sorted({mbr[d] for d in reps})))}"
+                     for s, reps in zip(cluster.sites, site_replicas(cluster, plan),
+                                        strict=True))
+
+
+def site_shares(cluster: ClusterSpec, plan: Plan, held: list[list[int]] | None = None
+                ) -> list[tuple[ClusterSpec, Plan]]:
     """Each site as a cluster of its own, with its share of the plan: the replicas whose
-    ranks all sit there (every replica must sit at one site) and their micro-batches."""
-    held = site_replicas(cluster, plan)
+    ranks all sit there (every replica must sit at one site; ``held``: the
+    :func:`site_replicas` already found) and their micro-batches."""
+    held = held if held is not None else site_replicas(cluster, plan)
     out = []
     for i, reps in enumerate(held):
         micro = [plan.replica_microbatches[d] for d in reps]
@@ -206,10 +216,8 @@ def _wan_allreduce_s(cluster: ClusterSpec, nbytes: float, ranks: tuple[int, ...]
     share = 2 * (s - 1) / s * nbytes
     rank_s = 0.0
     for first, r in zip((0, *cluster.site_starts), ranks, strict=True):
-        gbps, nics = cluster.node_nics(first)  # a rank's achievable NIC share, bytes/s
-        eff = cluster.gpu_of(first * cluster.gpus_per_node).nic_eff
-        rank_s = max(rank_s, share / max(r, 1) / (gbps * 1e9 / 8 * eff * nics
-                                                  / cluster.gpus_per_node))
+        rank_Bps = cluster.node_nics(first)[1] * cluster.nic_Bps(first) / cluster.gpus_per_node
+        rank_s = max(rank_s, share / max(r, 1) / rank_Bps)
     step_latency = latency + jitter_s(cluster, max(max(ranks), 1))
     return max(share / rate, rank_s) + 2 * (s - 1) * step_latency
 

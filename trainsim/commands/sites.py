@@ -71,10 +71,12 @@ def cmd_sites(args: argparse.Namespace) -> int:
     model, cluster, plan = load_any(args.model), load_cluster(args.cluster), load_plan(args.plan)
     if args.balance:
         from optimizer.sites import balance_sites
+        from sim.strategies.sites import batch_split
 
         plan = balance_sites(model, cluster, plan)
         if not args.json:
-            print(f"batch over the sites: {_split(cluster, plan)}")
+            print(f"batch over the sites: {batch_split(cluster, plan)} micro-batches a "
+                  "replica")
     syncs = [parse_site_sync(s) for s in (args.sync or DEFAULT_SYNCS)]
     rates = _gbps(args.wan_gbps) if args.wan_gbps else [None]
     rows: list[dict[str, Any]] = []
@@ -114,16 +116,6 @@ def cmd_sites(args: argparse.Namespace) -> int:
     if args.out is not None:
         print(f"wrote {args.out}")
     return 0
-
-
-def _split(cluster: Any, plan: Any) -> str:
-    """Micro-batches a replica at each site, e.g. ``e 5, w 2``."""
-    from sim.strategies.sites import site_replicas
-
-    mbr = plan.replica_microbatches
-    return ", ".join(f"{s.name} {'/'.join(str(m) for m in sorted({mbr[d] for d in reps}))}"
-                     for s, reps in zip(cluster.sites, site_replicas(cluster, plan),
-                                        strict=True)) + " micro-batches a replica"
 
 
 def _print(rows: list[dict[str, Any]], args: argparse.Namespace, sites: int) -> None:
