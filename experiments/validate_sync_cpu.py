@@ -44,11 +44,14 @@ import pandas as pd
 from executor.launch import launch
 from executor.sync.compare import predict_sync, profile_of, task_workload
 from executor.sync.launch import summarize_sync
+from executor.sync.task import TASKS
 from sim.io import atomic_write_text
 from sim.spec.plan import Plan
 
 RESULTS = Path(__file__).resolve().parent / "results"
-N, BATCH, STEPS, LR = 4, 32, 300, 0.1
+N, BATCH, LR = 4, 32, 0.1
+DEFAULTS = {"digits": (300, 200), "digits-resnet18": (40, 10)}  # steps, probe repetitions
+TIMEOUT_S = {"digits": 120.0, "digits-resnet18": 900.0}
 PS1, PS2 = {"architecture": "ps", "servers": 1, "placement": "colocated"}, \
     {"architecture": "ps", "servers": 2, "placement": "colocated"}
 WORLDS = [  # strategies sharing one torchrun start (same ranks)
@@ -63,41 +66,57 @@ def _plan(sync: object, comm: object) -> Plan:
                 sync=sync, communication=comm)  # type: ignore[arg-type]
 
 
-def _world(world: list[tuple[str, object, object]], reps: int) -> tuple[dict, list[dict]]:
+def _world(world: list[tuple[str, object, object]], reps: int, task: str, steps: int
+           ) -> tuple[dict, list[dict]]:
     plans = [_plan(s, c) for _, s, c in world]
     servers = plans[0].communication.servers if plans[0].sync.kind != "bsp" or \
         plans[0].communication.architecture == "ps" else 0
     gossip = next((p for p in plans if p.sync.kind == "gossip"), plans[0])  # its graph
-    base = {"task": "digits", "hidden": [64], "steps": STEPS, "eval_every": STEPS,
-            "device": "cpu", "threads": 1, "timeout_s": 120, "lr": LR, "seed": 0,
+    timeout = TIMEOUT_S[task]
+    base = {"task": task, "hidden": list(TASKS[task]), "steps": steps, "eval_every": steps,
+            "device": "cpu", "threads": 1, "timeout_s": timeout, "lr": LR, "seed": 0,
             "plan": plans[0].to_dict(),
             "runs": [{"probe": reps, "plan": gossip.to_dict()}]
             + [{"plan": p.to_dict()} for p in plans]}
-    ranks = launch("executor.sync.worker", base, N + servers, 120.0, 1)
+    ranks = launch("executor.sync.worker", base, N + servers, timeout, 1)
     profile = profile_of([r["runs"][0] for r in ranks])
     runs = [summarize_sync([r["runs"][i + 1] for r in ranks], p, {**base, "plan": p.to_dict()})
             for i, p in enumerate(plans)]
     return profile, runs
 
 
+def _cores_busy(run: dict) -> float:
+    """The cores the run's processes kept busy on average (their CPU seconds / wall)."""
+    cpu = run["cpu_s"]
+    return (sum(cpu["workers"]) + sum(cpu["servers"])) / run["wall_s"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--reps", type=int, default=200, help="probe repetitions")
+    ap.add_argument("--task", choices=sorted(DEFAULTS), default="digits",
+                    help="digits (the MLP) or digits-resnet18 (the graph workload)")
+    ap.add_argument("--reps", type=int, help="probe repetitions (default 200 digits, "
+                    "10 digits-resnet18)")
+    ap.add_argument("--steps", type=int, help="local steps a worker (default 300 digits, "
+                    "40 digits-resnet18)")
     args = ap.parse_args()
-    workload = task_workload("digits", (64,), BATCH)
+    steps, reps = (args.steps or DEFAULTS[args.task][0]), (args.reps or DEFAULTS[args.task][1])
+    workload = task_workload(args.task, TASKS[args.task], BATCH)
     rows = []
     for rep in range(args.repeats):
         for world in WORLDS:
-            profile, runs = _world(world, args.reps)
+            profile, runs = _world(world, reps, args.task, steps)
             for (label, s, c), r in zip(world, runs, strict=True):
-                pred = predict_sync(_plan(s, c), profile, workload, STEPS)
+                pred = predict_sync(_plan(s, c), profile, workload, steps)
                 rows.append({"repeat": rep, "strategy": label,
                              "measured_updates_per_s": r["updates_per_s"],
                              "predicted_updates_per_s": pred.updates_per_s,
                              "error": pred.updates_per_s / r["updates_per_s"] - 1,
                              "measured_staleness": r["staleness"]["mean"],
                              "predicted_staleness": pred.staleness.get("mean"),
+                             "measured_cores_busy": _cores_busy(r),
+                             "host_bound": any(w.startswith("host-bound") for w in pred.warnings),
                              **{f"profile_{k}": v for k, v in profile.items()
                                 if k != "step_samples_s"}})
                 print(f"{rep} {label:22s} measured {r['updates_per_s']:8.1f} predicted "
@@ -107,8 +126,8 @@ def main() -> None:
     df = pd.DataFrame(rows)
     errs = df.error.abs()
     print(f"median |error| {errs.median():.1%}, worst {errs.max():.1%} over {len(df)} runs")
-    atomic_write_text(RESULTS / "sync_validation_cpu.csv", df.to_csv(index=False,
-                                                                     float_format="%.5g"))
+    name = "sync_validation_cpu" + ("" if args.task == "digits" else f"_{args.task}")
+    atomic_write_text(RESULTS / f"{name}.csv", df.to_csv(index=False, float_format="%.5g"))
 
 
 if __name__ == "__main__":

@@ -88,3 +88,14 @@ def test_a_small_fedbuff_run_steps_every_buffer_with_staleness() -> None:
     assert all(0 <= s["accuracy"] <= 1 for s in steps)
     assert steps[0]["staleness_mean"] == 0.0  # both processes started from version 0
     assert max(s["staleness_mean"] for s in steps) > 0
+
+
+@pytest.mark.parametrize("task", ["text", "digits-resnet18", "mnist"])
+def test_federated_runs_only_labelled_tables(task: str) -> None:
+    """Clients split labelled rows and train the MLP: the text and image tasks are refused in
+    one line (text used to fail inside the ranks)."""
+    from executor.federated.launch import FLRun
+    from sim.errors import SpecError
+
+    with pytest.raises(SpecError, match="must be one of digits, cancer"):
+        FLRun(population=4, processes=2, clients_per_round=2, task=task).check()

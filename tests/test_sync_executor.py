@@ -7,7 +7,7 @@ import pytest
 
 from executor.sync.launch import execute_sync, execute_sync_batch, runnable, updates_to
 from executor.sync.replica import gossip_weights, shard_indices
-from executor.sync.task import load_task, mlp
+from executor.sync.task import build_model, load_task, mlp
 from sim.errors import SpecError
 from sim.spec.plan import Plan
 
@@ -77,6 +77,23 @@ def test_task_model_and_shards() -> None:
         [[0, 1, 2, 3, 6, 7, 8, 9], [4, 5]]
     x0, _ = t.shard(0, 4)
     assert len(x0) == (len(t.x_train) + 3) // 4
+
+
+def test_digits_on_resnet18_runs_for_real() -> None:
+    """The graph workload the issue names (ResNet-18 on small inputs): the digits as
+    3 x 32 x 32 images; two workers push to a server; every rank reports its CPU seconds."""
+    t = load_task("digits-resnet18")
+    assert tuple(t.x_train.shape[1:]) == (3, 32, 32) and t.classes == 10
+    assert float(t.x_train[0, 0, :4, :4].std()) == 0  # a pixel is a 4 x 4 block
+    m = build_model(t, (), 0)
+    assert sum(p.numel() for p in m.parameters()) == 11_181_642
+    m.train()
+    t.evaluate(m)
+    assert m.training  # evaluated in eval mode (batch norm), then back
+    r = execute_sync(plan("asp"), "digits-resnet18", steps=4, eval_every=4, timeout_s=300)
+    assert r["task"] == "digits-resnet18" and r["updates_per_s"] > 0
+    assert len(r["cpu_s"]["workers"]) == 2 and len(r["cpu_s"]["servers"]) == 1
+    assert all(x > 0 for x in r["cpu_s"]["workers"] + r["cpu_s"]["servers"])
 
 
 def test_gossip_weights_are_doubly_stochastic() -> None:
@@ -149,6 +166,9 @@ def test_compare_puts_measured_beside_predicted(tmp_path, capsys) -> None:
         p["updates_per_s"] / m["updates_per_s"] - 1)
     assert 0.5 < p["staleness_mean"] < 2  # n - 1 = 1 for two alike workers
     assert c["profile"]["p2p_s"] > 0 and c["profile"]["service_s"] > 0
+    prof = c["profile"]
+    assert prof["host_cores"] >= 1 and all(  # what the host cap needs
+        prof[k] > 0 for k in ("step_cpu_s", "allreduce_cpu_s", "push_cpu_s", "serve_cpu_s"))
     assert p["diverges"] or p["updates_to_target"] > 0
     assert main(["compare", "--plan", str(path), "--cluster", "dgx-h100:1", "--task",
                  "digits"]) == 2

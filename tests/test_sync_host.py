@@ -4,6 +4,8 @@ computed by hand from the same distribution."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -13,7 +15,7 @@ from sim.spec.faults import Dist
 from sim.spec.plan import Plan
 from sim.spec.zoo import load_any
 from sim.strategies import simulate_sync
-from sim.strategies.host import Resampled, resampled
+from sim.strategies.host import Resampled, cpu_per_step, resampled
 
 TINY = load_any("tiny")
 CPU = load_cluster("cpu:4")
@@ -75,3 +77,56 @@ def test_step_s_overrides_the_samples_mean_and_jitter_conflicts() -> None:
                       measured={"step_samples_s": [1e-3]})
     with pytest.raises(SpecError, match="measured.step_samples_s"):
         simulate_sync(TINY, CPU, plan(), "des", steps=5, measured={"step_samples_s": 1e-3})
+
+
+# The host cap: the ranks' measured CPU seconds against the host's cores -------------------
+
+CPU_S = {"step_cpu_s": 1e-3, "allreduce_cpu_s": 2e-3, "exchange_cpu_s": 3e-3,
+         "push_cpu_s": 0.5e-3, "serve_cpu_s": 0.25e-3}
+PS1 = {"architecture": "ps", "servers": 1, "placement": "colocated"}
+
+
+@pytest.mark.parametrize("sync, comm, per_step", [
+    ("bsp", None, 3e-3),
+    ({"kind": "local-sgd", "period": 4}, None, 1.5e-3),
+    ({"kind": "gossip", "graph": "ring"}, None, 4e-3),
+    ("asp", PS1, 1.75e-3),
+    ("bsp", PS1, 1.75e-3),
+    ("two-stage", None, None),  # no measured CPU cost for its stages
+])
+def test_cpu_per_step_adds_what_the_strategy_runs_each_step(sync, comm, per_step) -> None:
+    p = Plan(global_batch_size=8, seq_len=128, dp=4, sync=sync,
+             **({"communication": comm} if comm else {}))  # type: ignore[arg-type]
+    got = cpu_per_step(p, CPU_S)
+    assert got == (None if per_step is None else pytest.approx(per_step, rel=1e-12))
+    assert cpu_per_step(p, {k: v for k, v in CPU_S.items() if k != "step_cpu_s"}) is None
+
+
+def test_host_cap_scales_the_rates_to_the_cores_where_it_binds() -> None:
+    """BSP on equal 1 ms steps and a 4 ms all-reduce: 200 updates, 800 worker steps a
+    second. At 3 ms of CPU a worker step they need 2.4 cores: 4 cores leave the rate alone,
+    2 cap it at 2 / 3e-3 = 666.7 worker steps a second."""
+    measured = {"step_samples_s": [1e-3] * 3, "allreduce_s": AR_S,
+                "step_cpu_s": 1e-3, "allreduce_cpu_s": 2e-3}
+    free = simulate_sync(TINY, CPU, plan(), "des", steps=50, measured=measured)
+    assert free.updates_per_s == pytest.approx(200, rel=1e-9)
+    roomy = simulate_sync(TINY, CPU, plan(), "des", steps=50,
+                          measured={**measured, "host_cores": 4})
+    assert dataclasses.replace(roomy, simulation=free.simulation) == free
+    capped = simulate_sync(TINY, CPU, plan(), "des", steps=50,
+                           measured={**measured, "host_cores": 2})
+    assert capped.samples_per_s == pytest.approx(2 * 2 / 3e-3, rel=1e-9)  # 2 samples a step
+    assert capped.updates_per_s == pytest.approx(2 / 3e-3 / 4, rel=1e-9)
+    assert capped.step_time_s == pytest.approx(1 / capped.updates_per_s, rel=1e-9)
+    assert [w for w in capped.warnings if w.startswith("host-bound")]
+    assert capped.staleness == free.staleness
+    closed = simulate_sync(TINY, CPU, plan(), "analytic", steps=50,
+                           measured={**measured, "host_cores": 2})
+    assert closed.updates_per_s == pytest.approx(capped.updates_per_s, rel=1e-9)
+
+
+@pytest.mark.parametrize("cores", [0, 0.5, float("inf"), "2"])
+def test_bad_host_cores_are_one_line_errors(cores) -> None:
+    with pytest.raises(SpecError, match="measured.host_cores"):
+        simulate_sync(TINY, CPU, plan(), "des", steps=5,
+                      measured={"step_s": 1e-3, "host_cores": cores})

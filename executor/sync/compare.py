@@ -8,7 +8,9 @@ How the profile becomes a prediction (``experiments/validate_sync_cpu.py`` measu
 well it does): every worker's local step is drawn from the measured steps (per worker and
 step, :mod:`sim.strategies.host`); the all-reduce and averages take the measured reduction;
 the loopback latency is set so a message takes the measured time (an exchange's for
-D-PSGD); a server's CPU time per push is the first server's measured handling of its shard.
+D-PSGD); a server's CPU time per push is the first server's measured handling of its shard;
+and the CPU seconds every rank spent on each of those cap the rate where the ranks need more
+cores than the host has (:func:`sim.strategies.host.host_cap`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from sim.spec.cluster import load_cluster
 from sim.spec.plan import Plan
 from sim.spec.scenario import apply_cluster_edits
 from sim.spec.sync import architecture
+from sim.strategies.host import CPU_KEYS
 
 __all__ = ["compare_sync", "profile_of", "predict_sync", "task_workload"]
 
@@ -38,8 +41,12 @@ def profile_of(probes: list[dict[str, Any]]) -> dict[str, Any]:
         return statistics.fmean(xs) if xs else None
 
     first = next((r for r in probes if "service_s" in r), {})  # the first server's own
-    return {**{k: mean(k) for k in KEYS},
+    serve = [r["serve_cpu_s"] for r in probes if "serve_cpu_s" in r]
+    return {**{k: mean(k) for k in KEYS + CPU_KEYS},
             "service_s": first.get("service_s"), "handling_s": first.get("handling_s"),
+            "serve_cpu_s": sum(serve) if serve else None,  # a push reaches every server
+            "host_cores": min((r["host_cores"] for r in probes if "host_cores" in r),
+                              default=None),
             "step_samples_s": [x for r in probes for x in r.get("step_samples_s", [])],
             "numel": probes[0]["numel"]}
 
@@ -53,8 +60,9 @@ def task_workload(task: str, hidden: tuple[int, ...], batch: int) -> Any:
 
     t = load_task(task)
     if isinstance(t, Task):
-        return trace_module(build_model(t, hidden, 0), torch.zeros(batch, t.x_train.shape[1]),
-                            f"{task}-mlp")
+        name = task if task == "digits-resnet18" else f"{task}-mlp"
+        return trace_module(build_model(t, hidden, 0), torch.zeros(batch, *t.x_train.shape[1:]),
+                            name)
     ids = torch.zeros(batch, t.context, dtype=torch.long)
     return trace_module(build_model(t, hidden, 0), ids, f"{task}-transformer")
 
@@ -83,9 +91,10 @@ def predict_sync(plan: Plan, profile: dict[str, Any], workload: Any, steps: int,
                                                                "sharding")},
                               "server_cpu_GBps": shard / profile["service_s"] / 1e9}
         plan = Plan.from_dict(d)
+    host = {k: profile[k] for k in ("host_cores", *CPU_KEYS) if profile.get(k) is not None}
     return simulate_sync(workload, cluster, plan, "des", steps=steps, measured={
         "step_samples_s": profile["step_samples_s"],
-        "allreduce_s": profile["allreduce_s"]}, **kw)
+        "allreduce_s": profile["allreduce_s"], **host}, **kw)
 
 
 def compare_sync(plan: Plan, task: str = "digits", steps: int = 300, lr: float = 0.1,
@@ -110,7 +119,8 @@ def compare_sync(plan: Plan, task: str = "digits", steps: int = 300, lr: float =
     kw = {"convergence": convergence, "lr": lr, "target": target} if convergence else {}
     pred = predict_sync(plan, profile, task_workload(task, hidden, batch), steps, **kw)
     return {"plan": plan.to_dict(), "task": task, "measured": measured,
-            "predicted": _predicted(pred), "profile": {k: profile[k] for k in KEYS},
+            "predicted": _predicted(pred),
+            "profile": {k: profile[k] for k in (*KEYS, *CPU_KEYS, "host_cores")},
             "errors": _errors(measured, pred, target)}
 
 

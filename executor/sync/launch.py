@@ -144,7 +144,9 @@ def summarize_sync(ranks: list[dict[str, Any]], plan: Plan, cfg: dict[str, Any]
             "dropped": servers[0].get("dropped", 0) if servers else 0,  # pushes (shard 0)
             "evals": workers[0]["evals"], "steps": cfg["steps"], "lr": cfg["lr"],
             "task": cfg["task"], "hidden": cfg["hidden"], "straggler": cfg.get("straggler"),
-            "wall_s": max(w["step_end"][-1] for w in workers) - workers[0]["start"][0]}
+            "wall_s": max(w["step_end"][-1] for w in workers) - workers[0]["start"][0],
+            "cpu_s": {"workers": [w["cpu_s"][0] for w in workers if "cpu_s" in w],
+                      "servers": [s["cpu_s"] for s in servers if "cpu_s" in s]}}
 
 
 def updates_to(summary: dict[str, Any], accuracy: float) -> int | None:

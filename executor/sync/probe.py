@@ -22,11 +22,16 @@ times a collective over all its ranks): what the simulator needs to predict them
   worker's whole push and pull of every shard under that load (for reference).
 
 Means (throughput is a mean quantity) over ``reps`` repetitions after ``reps // 5`` warm-up
-ones; ``step_samples_s`` keeps the repetitions themselves.
+ones; ``step_samples_s`` keeps the repetitions themselves. Beside each wall time, the CPU
+seconds the rank spent on it (``step_cpu_s``, ``allreduce_cpu_s``, ``exchange_cpu_s``,
+``push_cpu_s``; a server's ``serve_cpu_s`` a push: ``time.process_time``, its gloo threads
+included) and the cores this process may run on (``host_cores``): the simulator's host cap
+(:func:`sim.strategies.host.host_cap`) needs what every rank costs the shared cores.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -48,19 +53,23 @@ __all__ = ["probe"]
 LOAD_S = 0.5  # how long the other workers step while one times a message
 
 
-def _times(fn: Callable[[], None], reps: int) -> list[float]:
+def _times(fn: Callable[[], None], reps: int) -> tuple[list[float], float]:
+    """Each repetition's wall time, and the mean CPU seconds of one."""
     for _ in range(reps // 5):
         fn()
     times = []
+    cpu0 = time.process_time()
     for _ in range(reps):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return times
+    return times, (time.process_time() - cpu0) / reps
 
 
-def _mean(fn: Callable[[], None], reps: int) -> float:
-    return statistics.fmean(_times(fn, reps))
+def _mean(fn: Callable[[], None], reps: int) -> tuple[float, float]:
+    """(mean wall seconds, mean CPU seconds) of one repetition."""
+    times, cpu = _times(fn, reps)
+    return statistics.fmean(times), cpu
 
 
 def _replica(cfg: dict[str, Any], rank: int) -> Worker:
@@ -108,11 +117,11 @@ def _workers(cfg: dict[str, Any], plan: Plan, rank: int, reps: int) -> dict[str,
         dist.recv(token, src=0)
         return res
     w = _replica(cfg, rank)
-    samples = _times(_local_step(w), reps)
+    samples, res["step_cpu_s"] = _times(_local_step(w), reps)
     res["step_s"], res["step_samples_s"] = statistics.fmean(samples), samples
-    res["allreduce_s"] = _mean(_reduction(w, group), reps)
+    res["allreduce_s"], res["allreduce_cpu_s"] = _mean(_reduction(w, group), reps)
     weights = gossip_weights(_gossip_plan(plan), rank)
-    res["exchange_s"] = _mean(lambda: gossip_mix(w, weights), reps)
+    res["exchange_s"], res["exchange_cpu_s"] = _mean(lambda: gossip_mix(w, weights), reps)
     if rank == 0:
         for server in range(n, dist.get_world_size()):
             dist.send(token, dst=server)
@@ -124,7 +133,8 @@ def probe(cfg: dict[str, Any], out: Path, rank: int) -> dict[str, Any]:
     reps = int(cfg["probe"])
     numel = sum(p.numel() for p in build_model(load_task(cfg["task"], cfg["seed"]),
                                        tuple(cfg["hidden"]), cfg["seed"]).parameters())
-    res: dict[str, Any] = {"rank": rank, "role": "probe", "numel": numel}
+    res: dict[str, Any] = {"rank": rank, "role": "probe", "numel": numel,
+                           "host_cores": len(os.sched_getaffinity(0))}
     progress(out, rank, cfg.get("stage0", 0) + 1, "probing")
     res.update(_workers(cfg, plan, rank, reps))
     dist.barrier()
@@ -201,7 +211,11 @@ def _service(cfg: dict[str, Any], plan: Plan, rank: int, reps: int) -> dict[str,
         server = Server(asp, flat[idx], n)
         buf = torch.empty(HEADER + idx.numel())
         handling, ends = [], []
-        for _ in range(n * pushes):
+        warm = n * (reps // 5)
+        cpu0 = time.process_time()
+        for i in range(n * pushes):
+            if i == warm:
+                cpu0 = time.process_time()
             dist.recv(buf)
             t0 = time.perf_counter()
             _, worker, tag, read = (int(x) for x in buf[:HEADER].tolist())
@@ -209,12 +223,12 @@ def _service(cfg: dict[str, Any], plan: Plan, rank: int, reps: int) -> dict[str,
             server._release()
             ends.append(time.perf_counter())
             handling.append(ends[-1] - t0)
-        warm = n * (reps // 5)
         out["handling_s"] = statistics.fmean(handling[warm:])
         out["service_s"] = (ends[-1] - ends[warm]) / (len(ends) - 1 - warm)
+        out["serve_cpu_s"] = (time.process_time() - cpu0) / (len(ends) - warm)
     else:
         w = _replica(asp, rank)
         w.gradient()
-        out["push_s"] = _mean(lambda: w.ps_step(0), reps)
+        out["push_s"], out["push_cpu_s"] = _mean(lambda: w.ps_step(0), reps)
     dist.barrier()
     return out

@@ -61,6 +61,7 @@ class Server:
         launcher's progress report)."""
         buf = torch.empty(HEADER + self.w.numel())
         last = 0.0
+        cpu0 = time.process_time()
         while len(self.done) < self.n:
             if time.monotonic() - last > 1.0:
                 tick()
@@ -76,7 +77,8 @@ class Server:
             self._close()
             self._release()
         return {"staleness": self.staleness, "applied_at": self.applied_at,
-                "busy_s": self.busy_s, "updates": self.version, "dropped": self.dropped}
+                "busy_s": self.busy_s, "cpu_s": time.process_time() - cpu0,
+                "updates": self.version, "dropped": self.dropped}
 
     def _push(self, worker: int, tag: int, read: int, grad: torch.Tensor) -> None:
         if self.kind in ("asp", "ssp"):

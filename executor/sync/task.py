@@ -7,6 +7,10 @@ download) and an MLP.
   30-32-2 MLP.
 - ``text``: next-character prediction on CPython's bundled documentation prose with a
   small causal transformer (:mod:`executor.sync.text`; ``hidden`` = width, layers).
+- ``digits-resnet18``: the digits as 3 x 32 x 32 images (each pixel a 4 x 4 block, its grey
+  level in every channel) on torchvision's ResNet-18 with 10 classes (11,181,642
+  parameters, a 44.7 MB gradient): the graph workload the issue names "resnet18 on small
+  inputs", whose compute and messages are 10^3-10^4 times the MLP's (``hidden`` unused).
 
 Digits' pixels (0-16) are divided by 16; the cancer table's columns standardised on the
 training split (scikit-learn's ``StandardScaler``); the test split (20%, stratified) is fixed
@@ -25,7 +29,9 @@ from executor.sync.text import TEXT_HIDDEN, CharTransformer, TextTask, load_text
 
 __all__ = ["TASKS", "Task", "load_task", "mlp", "build_model"]
 
-TASKS = {"digits": (64,), "cancer": (32,), "text": TEXT_HIDDEN}  # default hidden widths
+TASKS = {"digits": (64,), "cancer": (32,), "text": TEXT_HIDDEN,  # default hidden widths
+         "digits-resnet18": ()}
+IMAGE_SCALE = 4  # digits-resnet18: 8 x 8 pixels -> 32 x 32
 
 
 @dataclass
@@ -47,11 +53,14 @@ class Task:
         return data[0][idx], data[1][idx]
 
     def evaluate(self, model: torch.nn.Module) -> tuple[float, float]:
-        """(test loss, test accuracy)."""
+        """(test loss, test accuracy), in eval mode (batch norm's running statistics)."""
+        training = model.training
+        model.eval()
         with torch.no_grad():
             logits = model(self.x_test)
             loss = F.cross_entropy(logits, self.y_test).item()
             acc = (logits.argmax(1) == self.y_test).float().mean().item()
+        model.train(training)
         return loss, acc
 
 
@@ -62,18 +71,28 @@ def load_task(name: str, seed: int = 0) -> Task | TextTask:
     from sklearn.model_selection import train_test_split
     from sklearn.preprocessing import StandardScaler
 
-    data = {"digits": load_digits, "cancer": load_breast_cancer}[name]()
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}")
+    image = name == "digits-resnet18"
+    data = load_breast_cancer() if name == "cancer" else load_digits()
     x_tr, x_te, y_tr, y_te = train_test_split(data.data, data.target, test_size=0.2,
                                               random_state=seed, stratify=data.target)
     scaler = StandardScaler().fit(x_tr)
 
     def as_x(a: object) -> torch.Tensor:
         # digits' pixels are 0..16 and some (nearly) constant: divided by 16, not z-scored
-        x = a / 16.0 if name == "digits" else scaler.transform(a)  # type: ignore[operator]
-        return torch.tensor(x, dtype=torch.float32)
+        x = scaler.transform(a) if name == "cancer" else a / 16.0  # type: ignore[operator]
+        t = torch.tensor(x, dtype=torch.float32)
+        return _as_images(t) if image else t
 
     return Task(name, as_x(x_tr), torch.tensor(y_tr), as_x(x_te), torch.tensor(y_te),
                 int(data.target.max()) + 1)
+
+
+def _as_images(x: torch.Tensor) -> torch.Tensor:
+    """(n, 64) digits -> (n, 3, 32, 32): each pixel a square block, its level in every channel."""
+    img = x.view(-1, 1, 8, 8).repeat_interleave(IMAGE_SCALE, 2).repeat_interleave(IMAGE_SCALE, 3)
+    return img.expand(-1, 3, -1, -1).contiguous()
 
 
 def mlp(task: Task, hidden: tuple[int, ...], seed: int) -> torch.nn.Sequential:
@@ -94,4 +113,9 @@ def build_model(task: Task | TextTask, hidden: tuple[int, ...], seed: int) -> to
     if isinstance(task, TextTask):
         torch.manual_seed(seed)
         return CharTransformer(task.classes, *hidden)
+    if task.name == "digits-resnet18":
+        from profiler.graph.vision import import_torchvision
+
+        torch.manual_seed(seed)
+        return import_torchvision().models.resnet18(weights=None, num_classes=task.classes)
     return mlp(task, hidden, seed)

@@ -135,6 +135,7 @@ def _worker_loop(w: Worker, out: Path) -> None:
     cfg = w.cfg
     state = _strategy_state(w)
     start = last = time.monotonic()
+    cpu0 = time.process_time()  # this process's CPU seconds, its gloo threads included
     outer = state.get("global") if cfg.get("eval_global") else None
     for k in range(cfg["steps"]):
         if w.rank == 0 and k % cfg["eval_every"] == 0:
@@ -159,6 +160,7 @@ def _worker_loop(w: Worker, out: Path) -> None:
     if architecture(w.plan) == "ps":
         w.finish_ps()
     w.log["start"] = [start]
+    w.log["cpu_s"] = [time.process_time() - cpu0]
 
 
 def _one(cfg: dict[str, Any], out: Path, rank: int) -> dict[str, Any]:

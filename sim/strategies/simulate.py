@@ -42,6 +42,7 @@ from sim.spec.plan import Plan, validate
 from sim.spec.sync import architecture, as_bsp
 from sim.spec.workload import Workload
 from sim.strategies.byteps import aggregate_nodes, partition_count, partition_note
+from sim.strategies.host import CPU_KEYS, host_cap, resampled
 from sim.strategies.result import SyncResult, summarise
 
 if TYPE_CHECKING:
@@ -96,8 +97,9 @@ def _simulate(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan, fid
     if fidelity == "analytic":
         from sim.analytic.sync import sync_closed_form
 
-        return summarise(setup, tier, fidelity, rates=sync_closed_form(setup),
-                         wall_s=time.perf_counter() - t0, model=model, cluster=cluster)
+        return _on_host(summarise(setup, tier, fidelity, rates=sync_closed_form(setup),
+                                  wall_s=time.perf_counter() - t0, model=model,
+                                  cluster=cluster), plan, measured)
     from sim.des.workers import run_workers
 
     sync = plan.sync
@@ -105,13 +107,23 @@ def _simulate(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan, fid
         setup.notes.append(f"{steps} steps cover fewer than three averaging periods of "
                            f"{sync.period}: the rate is not a steady state (give more steps)")
     rec = run_workers(setup, steps, trace_steps if trace else 0)
-    out = summarise(setup, tier, fidelity, record=rec, wall_s=time.perf_counter() - t0,
-                    model=model, cluster=cluster)
+    out = _on_host(summarise(setup, tier, fidelity, record=rec,
+                             wall_s=time.perf_counter() - t0, model=model, cluster=cluster),
+                   plan, measured)
     if trace:
         from sim.strategies.result import write_sync_trace
 
         write_sync_trace(trace, rec, setup)
     return out
+
+
+def _on_host(out: SyncResult, plan: Plan, measured: Measured | None) -> SyncResult:
+    """The host cap (:func:`sim.strategies.host.host_cap`) where the profile gives the
+    host's cores and the ranks' CPU seconds."""
+    if not measured or "host_cores" not in measured:
+        return out
+    cpu = {k: float(v) for k, v in measured.items() if k in CPU_KEYS}  # type: ignore[arg-type]
+    return host_cap(out, plan, cpu, float(measured["host_cores"]))  # type: ignore[arg-type]
 
 
 def covering_steps(plan: Plan, steps: int) -> int:
@@ -178,20 +190,22 @@ def _measured(s: SyncSetup, measured: Measured, local: float) -> float:
     step as a jitter (:mod:`sim.strategies.host`; their mean is the step unless ``step_s``
     is given); ``allreduce_s``: a whole all-reduce, replacing the collective model's (and
     BSP's exposed share: a step measured without overlap)."""
-    known = {"step_s", "step_samples_s", "allreduce_s"}
+    known = {"step_s", "step_samples_s", "allreduce_s", "host_cores", *CPU_KEYS}
     seconds: dict[str, float] = {}
     for key, value in measured.items():
         if key not in known:
             raise SpecError(f"measured.{key}", f"unknown (known: {', '.join(sorted(known))})")
         if key == "step_samples_s":
             continue
+        if key == "host_cores":
+            if not (isinstance(value, (int, float)) and 1 <= value < math.inf):
+                raise SpecError("measured.host_cores", f"must be a number >= 1, got {value!r}")
+            continue
         if not (isinstance(value, (int, float)) and 0 <= value < math.inf):
             raise SpecError(f"measured.{key}", f"must be seconds >= 0, got {value!r}")
         seconds[key] = float(value)
     samples = measured.get("step_samples_s")
     if samples is not None:
-        from sim.strategies.host import resampled
-
         if s.jitter is not None:
             raise SpecError("measured.step_samples_s", "give measured steps or a jitter, "
                             "not both")

@@ -14,8 +14,9 @@ __all__ = ["cmd_execute_sync", "cmd_compare_sync", "add_sync_execute_options",
 def add_sync_execute_options(p: Any) -> None:
     from trainsim.commands.profile import int_at_least
 
-    p.add_argument("--task", choices=("digits", "cancer"), help="plans with a sync strategy: "
-                   "train this bundled scikit-learn dataset (an MLP) instead of --model")
+    p.add_argument("--task", choices=("digits", "cancer", "digits-resnet18"),
+                   help="plans with a sync strategy: train this bundled scikit-learn dataset "
+                   "(an MLP; digits-resnet18: the digits on ResNet-18) instead of --model")
     p.add_argument("--lr", type=float, default=0.1, help="--task: SGD learning rate "
                    "(default 0.1; asynchronous servers apply it to every push)")
     p.add_argument("--eval-every", type=int_at_least(1), default=10, metavar="N",
@@ -44,7 +45,7 @@ def _sync_inputs(args: argparse.Namespace, plan: Any) -> None:
     if args.task is None:
         raise SpecError("--task", f"a plan with sync {plan.sync.kind!r} over "
                         f"{plan.communication.architecture!r} runs on a bundled task: give "
-                        "--task digits or --task cancer")
+                        "--task digits, cancer or digits-resnet18")
     if args.device != "cpu":
         raise SpecError("--device", "the real sync runs use cpu (gloo) for now")
 
