@@ -1,9 +1,12 @@
 """Predicted vs measured throughput of real synchronisation runs on this CPU (issue 16).
 
-Run: ``.venv/bin/python experiments/validate_sync_cpu.py [--repeats 3]`` (about 2 minutes a
-repeat). Writes ``experiments/results/sync_validation_cpu.csv``.
+Run: ``.venv/bin/python experiments/validate_sync_cpu.py [--repeats 3] [--task
+digits-resnet18]`` (about 2 minutes a repeat for digits, 3.5 for ResNet-18). Writes
+``experiments/results/sync_validation_cpu.csv`` (``_digits-resnet18.csv`` for the graph
+workload).
 
-Four workers train the digits MLP (batch 32 each, lr 0.1, 300 steps) under BSP (gloo
+Four workers train the digits MLP (batch 32 each, lr 0.1, 300 steps; ResNet-18 on the digits
+as 32 x 32 images: 40 steps, 10 probe repetitions) under BSP (gloo
 all-reduce), local SGD (H = 8), D-PSGD on a ring, ASP and SSP(2) over one parameter server,
 and BSP over two server shards. Each torchrun start first **profiles its own ranks**
 (``executor/sync/probe.py``) with the real loop's code, every worker doing the same thing at
@@ -27,11 +30,14 @@ The real servers hold the plan's shards (size-balanced: whole tensors, dealt as 
 simulator deals them, so one of two shards holds 85% of this MLP); a server's CPU rate is
 set so that the first (largest) shard takes its measured handling.
 
-Not modelled: processes sharing the host's cores beyond what each primitive saw while it
-was measured (the DES gives every process a core of its own). The one-way message is the
-unstable input: 0.06-1.4 ms from one start to the next, by where the kernel placed the
-processes, and ASP and SSP follow it. The runs themselves move 10-25% from one start to the
-next on this host (experiments/NOTES.md, 2026-12-05).
+Every rank also measures the CPU seconds each primitive costs it (``time.process_time``,
+gloo's threads included), and the prediction is capped where those need more cores than the
+host has (``sim.strategies.host.host_cap``: the DES gives every process a core of its own);
+each run records the cores its processes kept busy (``measured_cores_busy``) and whether the
+cap bound (``host_bound``). The one-way message is the unstable input: 0.06-1.4 ms from one
+start to the next, by where the kernel placed the processes, and ASP and SSP on the MLP
+follow it. The runs themselves move 10-25% from one start to the next on this host
+(experiments/NOTES.md, 2026-12-05).
 """
 
 from __future__ import annotations

@@ -92,6 +92,9 @@ PS1 = {"architecture": "ps", "servers": 1, "placement": "colocated"}
     ({"kind": "gossip", "graph": "ring"}, None, 4e-3),
     ("asp", PS1, 1.75e-3),
     ("bsp", PS1, 1.75e-3),
+    ({"kind": "backup-workers", "backups": 1}, PS1, 1.75e-3),
+    ("bsp", {**PS1, "partition_MB": 4}, None),  # BytePS-style partitions: not probed
+    ({"kind": "diloco", "period": 4}, None, None),  # its outer step: not probed
     ("two-stage", None, None),  # no measured CPU cost for its stages
 ])
 def test_cpu_per_step_adds_what_the_strategy_runs_each_step(sync, comm, per_step) -> None:
@@ -125,7 +128,7 @@ def test_host_cap_scales_the_rates_to_the_cores_where_it_binds() -> None:
     assert closed.updates_per_s == pytest.approx(capped.updates_per_s, rel=1e-9)
 
 
-@pytest.mark.parametrize("cores", [0, 0.5, float("inf"), "2"])
+@pytest.mark.parametrize("cores", [0, 0.5, float("inf"), "2", True])
 def test_bad_host_cores_are_one_line_errors(cores) -> None:
     with pytest.raises(SpecError, match="measured.host_cores"):
         simulate_sync(TINY, CPU, plan(), "des", steps=5,

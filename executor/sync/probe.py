@@ -48,9 +48,25 @@ from executor.sync.task import build_model, load_task
 from sim.spec.plan import Plan
 from sim.spec.sync import architecture
 
-__all__ = ["probe"]
+__all__ = ["probe", "host_cores"]
 
 LOAD_S = 0.5  # how long the other workers step while one times a message
+
+
+def host_cores() -> float:
+    """The cores this process may run on: its CPU affinity (``os.cpu_count()`` where the
+    platform has none), or a cgroup v2 quota (``cpu.max``) below that."""
+    try:
+        n = float(len(os.sched_getaffinity(0)))
+    except AttributeError:
+        n = float(os.cpu_count() or 1)
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            n = min(n, max(1.0, int(quota) / int(period)))
+    except (OSError, ValueError):
+        pass
+    return n
 
 
 def _times(fn: Callable[[], None], reps: int) -> tuple[list[float], float]:
@@ -134,7 +150,7 @@ def probe(cfg: dict[str, Any], out: Path, rank: int) -> dict[str, Any]:
     numel = sum(p.numel() for p in build_model(load_task(cfg["task"], cfg["seed"]),
                                        tuple(cfg["hidden"]), cfg["seed"]).parameters())
     res: dict[str, Any] = {"rank": rank, "role": "probe", "numel": numel,
-                           "host_cores": len(os.sched_getaffinity(0))}
+                           "host_cores": host_cores()}
     progress(out, rank, cfg.get("stage0", 0) + 1, "probing")
     res.update(_workers(cfg, plan, rank, reps))
     dist.barrier()

@@ -53,20 +53,22 @@ CPU_KEYS = ("step_cpu_s", "allreduce_cpu_s", "exchange_cpu_s", "push_cpu_s", "se
 
 def cpu_per_step(plan: Any, cpu: Mapping[str, float]) -> float | None:
     """CPU seconds the host spends for one worker's local step and its share of the
-    synchronisation: the step, then BSP's all-reduce, local SGD's or DiLoCo's every
-    ``period`` steps, D-PSGD's neighbour exchange, or a push and pull (``push_cpu_s``) and
-    every server's handling of it (``serve_cpu_s``, summed over the servers). None where a
-    strategy's synchronisation has no measured CPU cost (two-stage, SGP, AD-PSGD, backup
-    workers over all-reduce, compression) or an input is missing."""
-    sync = plan.sync
+    synchronisation: the step, then BSP's all-reduce, local SGD's every ``period`` steps,
+    D-PSGD's neighbour exchange, or a push and pull (``push_cpu_s``) and every server's
+    handling of it (``serve_cpu_s``, summed over the servers). None where a strategy's
+    synchronisation has no measured CPU cost (DiLoCo's outer step, two-stage, SGP, AD-PSGD,
+    BytePS-style partitions or node aggregation, compression) or an input is missing."""
+    sync, comm = plan.sync, plan.communication
     if plan.compression.kind != "none" or "step_cpu_s" not in cpu:
         return None
     keys: tuple[str, ...]
     if architecture(plan) == "ps":
+        if comm.partition_MB or comm.aggregate != "worker":
+            return None
         keys, share = ("push_cpu_s", "serve_cpu_s"), 1.0
     elif sync.kind == "bsp":
         keys, share = ("allreduce_cpu_s",), 1.0
-    elif sync.kind in ("local-sgd", "diloco"):
+    elif sync.kind == "local-sgd":
         keys, share = ("allreduce_cpu_s",), 1.0 / sync.period
     elif sync.kind == "gossip" and sync.gossip_mode == "d-psgd":
         keys, share = ("exchange_cpu_s",), 1.0
@@ -79,16 +81,19 @@ def cpu_per_step(plan: Any, cpu: Mapping[str, float]) -> float | None:
 
 def host_cap(result: Any, plan: Any, cpu: Mapping[str, float], cores: float) -> Any:
     """``result`` with its rates capped where the ranks' CPU work exceeds a host of
-    ``cores`` cores: the simulator runs every rank as if it had a core of its own, so on a
-    host shared by more busy ranks than cores the workers' local steps a second cannot pass
-    ``cores / cpu_per_step``. Where the cap binds, updates and samples a second are scaled
-    down to it (staleness and the other outputs are the simulation's) and a note says so;
-    elsewhere ``result`` is returned as it is."""
+    ``cores`` cores that every rank shares (servers included: the real runs of
+    :mod:`executor.sync`, on one machine): the simulator runs every rank as if it had a core
+    of its own, so the workers' local steps a second cannot pass ``cores / cpu_per_step``.
+    Where the cap binds, updates and samples a second are scaled down to it (staleness and
+    the other outputs are the simulation's) and a note says so; elsewhere ``result`` is
+    returned as it is."""
     per_step = cpu_per_step(plan, cpu)
-    batch = plan.global_batch_size / plan.dp
     if per_step is None or per_step <= 0 or result.samples_per_s <= 0:
         return result
-    steps_per_s = result.samples_per_s / batch  # every worker's local steps together
+    if plan.sync.kind == "backup-workers":  # every worker steps and pushes, n - b are kept
+        steps_per_s = result.updates_per_s * plan.dp
+    else:  # every worker's local steps together
+        steps_per_s = result.samples_per_s / (plan.global_batch_size / plan.dp)
     bound = cores / per_step
     if steps_per_s <= bound:
         return result

@@ -143,7 +143,9 @@ def build_setup(model: ModelSpec | Workload, cluster: ClusterSpec, plan: Plan,
     tier's BSP result it starts from). ``measured``: a profile of the workers themselves
     (``step_s``: a local step; ``step_samples_s``: measured local steps, drawn per worker
     and step; ``allreduce_s``: a whole all-reduce of the gradient over them, not
-    overlapped) in place of the tier's figures (:func:`_measured`)."""
+    overlapped) in place of the tier's figures (:func:`_measured`); ``host_cores`` and the
+    ranks' CPU seconds (``step_cpu_s``, ...: :data:`sim.strategies.host.CPU_KEYS`) cap the
+    result on a shared host (:func:`_on_host`)."""
     tier = simulate(model, cluster, as_bsp(plan), fidelity)
     if not math.isfinite(tier.iteration_time_s):
         raise SpecError("plan", "the BSP step it starts from cannot complete")
@@ -189,7 +191,9 @@ def _measured(s: SyncSetup, measured: Measured, local: float) -> float:
     mean local step; ``step_samples_s``: the measured steps themselves, drawn per worker and
     step as a jitter (:mod:`sim.strategies.host`; their mean is the step unless ``step_s``
     is given); ``allreduce_s``: a whole all-reduce, replacing the collective model's (and
-    BSP's exposed share: a step measured without overlap)."""
+    BSP's exposed share: a step measured without overlap); ``host_cores`` (>= 1) and the
+    CPU seconds of :data:`sim.strategies.host.CPU_KEYS` are checked here and applied after
+    the run (:func:`_on_host`)."""
     known = {"step_s", "step_samples_s", "allreduce_s", "host_cores", *CPU_KEYS}
     seconds: dict[str, float] = {}
     for key, value in measured.items():
@@ -197,11 +201,13 @@ def _measured(s: SyncSetup, measured: Measured, local: float) -> float:
             raise SpecError(f"measured.{key}", f"unknown (known: {', '.join(sorted(known))})")
         if key == "step_samples_s":
             continue
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise SpecError(f"measured.{key}", f"must be a number, got {value!r}")
         if key == "host_cores":
-            if not (isinstance(value, (int, float)) and 1 <= value < math.inf):
+            if not 1 <= value < math.inf:
                 raise SpecError("measured.host_cores", f"must be a number >= 1, got {value!r}")
             continue
-        if not (isinstance(value, (int, float)) and 0 <= value < math.inf):
+        if not 0 <= value < math.inf:
             raise SpecError(f"measured.{key}", f"must be seconds >= 0, got {value!r}")
         seconds[key] = float(value)
     samples = measured.get("step_samples_s")
