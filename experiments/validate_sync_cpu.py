@@ -6,9 +6,9 @@ digits-resnet18]`` (about 2 minutes a repeat for digits, 3.5 for ResNet-18). Wri
 workload).
 
 Four workers train the digits MLP (batch 32 each, lr 0.1, 300 steps; ResNet-18 on the digits
-as 32 x 32 images: 40 steps, 10 probe repetitions) under BSP (gloo
-all-reduce), local SGD (H = 8), D-PSGD on a ring, ASP and SSP(2) over one parameter server,
-and BSP over two server shards. Each torchrun start first **profiles its own ranks**
+as 32 x 32 images: 40 steps, 10 probe repetitions) under BSP (gloo all-reduce), local SGD
+(H = 8), D-PSGD on a ring, ASP and SSP(2) over one parameter server, and BSP over two server
+shards. Each torchrun start first **profiles its own ranks**
 (``executor/sync/probe.py``) with the real loop's code, every worker doing the same thing at
 once (the runs put 4-6 processes on this host's 2 cores, and a primitive's time depends on
 that): the whole local step (its times kept, not only their mean), BSP's reduction, a
