@@ -23,9 +23,11 @@ the bundled statistical-efficiency model is fitted to, ``sim/data/convergence/di
   1.6}, seeds 0 and 1, 160 steps.
 - The other families' grids, lr in {0.1, 0.4, 1.6}, seeds 0 and 1, 200 steps (DiLoCo
   400, to reach 95%): DiLoCo with H in {2, 5, 10, 20}; backup workers with b in {1, 2,
-  3}; D-PSGD over a complete graph, a ring and a path (mixing gaps 1, 2/3 and about 0.2);
-  and 160 steps of compressed BSP:
-  fp16, int8, 1-bit, top-10%, top-1%, PowerSGD rank 1 and 4, error feedback on.
+  3}; D-PSGD and AD-PSGD over a complete graph, a ring and a path (mixing gaps 1, 2/3 and
+  about 0.2); SGP over the exponential graph (lr 0.1 to 1.6, doubling: its k is 0 on 4
+  workers); two-stage with 10%, 30% and 60% of the gradient important; and 160 steps of
+  compressed BSP: fp16, int8, 1-bit, top-10%, top-1%, PowerSGD rank 1 and 4, error
+  feedback on. ``--grids sgp,ad-psgd,two-stage`` reruns those grids and keeps the rest.
 
 A run **diverged** when its last test loss is not finite or above its first, or its last
 accuracy is below 20% (chance is 10%).
@@ -103,7 +105,7 @@ def _row(label: str, grid: str, p: Plan, lr: float, seed: int, r: dict[str, Any]
             "final_accuracy": r["evals"][-1]["accuracy"],
             "final_loss": r["evals"][-1]["loss"], "diverged": diverged(r),
             "compression": p.compression.kind, "sent_bytes": r["sent_bytes_per_step"],
-            "k": _k(p, r)}
+            "k": _k(p, r), "gossip_mode": s.gossip_mode if s.kind == "gossip" else None}
 
 
 def _k(p: Plan, r: dict[str, Any]) -> float | None:
@@ -162,6 +164,18 @@ def _batches(seeds: list[int]) -> list[tuple[str, int, list[tuple[str, Plan, flo
         out.append(("compression", 160, [
             (f"BSP, {name}", _plan("bsp", compression=comp), lr, seed)
             for name, comp in COMPRESSIONS for lr in (0.1, 0.4, 1.6)]))
+        out.append(("sgp", 200, [
+            ("SGP exponential", _plan({"kind": "gossip", "gossip_mode": "sgp",
+                                       "graph": "exponential"}), lr, seed)
+            for lr in (0.1, 0.2, 0.4, 0.8, 1.6)]))  # one k (4 workers): more learning rates
+        out.append(("ad-psgd", 200, [
+            (f"AD-PSGD {name}", _plan({"kind": "gossip", "gossip_mode": "ad-psgd",
+                                       "graph": "edges", "edges": edges}), lr, seed)
+            for name, edges in GRAPHS for lr in (0.1, 0.4, 1.6)]))
+        out.append(("two-stage", 200, [
+            (f"two-stage {f:.0%} important", _plan({"kind": "two-stage",
+                                                   "important_fraction": f}), lr, seed)
+            for f in (0.1, 0.3, 0.6) for lr in (0.1, 0.4, 1.6)]))
     return out
 
 
@@ -174,20 +188,27 @@ def _write(df: pd.DataFrame, curves: list[dict[str, Any]], task: str) -> None:
     atomic_write_text(RESULTS / f"sync_curves{tag}_cpu.csv", pd.DataFrame(curves).to_csv(
         index=False, float_format="%.6g"))
     fit = df[df.k.notna()][[
-        "kind", "compression", "lr", "staleness_mean", "period", "k", "seed", "updates_to_90",
+        "kind", "gossip_mode", "compression", "lr", "staleness_mean", "period", "k", "seed",
+        "updates_to_90",
         "updates_to_95", "final_accuracy", "diverged", "grid", "strategy", "straggler_factor"]]
     atomic_write_text(BUNDLED / f"{task}_cpu.csv", fit.to_csv(index=False,
                                                               float_format="%.6g"))
 
 
-def _kept(task: str, kind: str | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The rows and curves of the runs not rerun (none without ``--kind``)."""
-    if kind is None:
+def _kept(task: str, kind: str | None, grids: list[str] | None
+          ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The rows and curves of the runs not rerun (none without ``--kind`` or ``--grids``);
+    rows from before the ``gossip_mode`` column get it from their label."""
+    if kind is None and grids is None:
         return [], []
     tag = "" if task == "digits" else f"_{task}"
     df = pd.read_csv(RESULTS / f"sync_runs{tag}_cpu.csv")
     curves = pd.read_csv(RESULTS / f"sync_curves{tag}_cpu.csv")
-    df = df[df["kind"] != kind]
+    if "gossip_mode" not in df:
+        mode = df.strategy.map(lambda x: "sgp" if x.startswith("SGP") else "ad-psgd"
+                               if x.startswith("AD-PSGD") else "d-psgd")
+        df["gossip_mode"] = mode.where(df.kind == "gossip")
+    df = df[df["kind"] != kind] if kind else df[~df["grid"].isin(grids or [])]
     curves = curves[curves["run"].isin(set(df["run"]))]
     return df.to_dict("records"), curves.to_dict("records")
 
@@ -199,14 +220,22 @@ def main() -> None:
                     "task (default digits; cancer writes its own files and model)")
     ap.add_argument("--kind", help="rerun only the runs of this sync kind (e.g. diloco) and "
                     "keep the other rows of the files")
+    ap.add_argument("--grids", help="rerun only these grids (comma-separated, e.g. "
+                    "sgp,ad-psgd,two-stage) and keep the other rows of the files")
     args = ap.parse_args()
     TASK["name"] = args.task
-    rows, curves = _kept(args.task, args.kind)
+    grids = args.grids.split(",") if args.grids else None
+    rows, curves = _kept(args.task, args.kind, grids)
     batches = _batches([0] if args.quick else [0, 1])
     if args.kind:
         batches = [(g, steps, [r for r in runs if r[1].sync.kind == args.kind])
                    for g, steps, runs in batches]
-        batches = [b for b in batches if b[2]]
+    if grids:
+        unknown = sorted(set(grids) - {g for g, _, _ in batches})
+        if unknown:
+            ap.error(f"--grids: unknown grid(s) {', '.join(unknown)}")
+        batches = [b for b in batches if b[0] in grids]
+    batches = [b for b in batches if b[2]]
     with tqdm(total=sum(len(b[2]) for b in batches), unit="run") as bar:
         for grid, steps, runs in batches:
             slow = [{"worker": 0, "factor": float(label.rsplit("x", 1)[1])}

@@ -105,6 +105,15 @@ def ranking_key(objective: str) -> Any:
     return key
 
 
+def _no_family(exc: SpecError) -> bool:
+    """Whether the convergence runs hold no model of the plan's family (none of its runs,
+    too few that reached the target, or two-stage by named layers): its time-to-accuracy is
+    left out and it ranks last, rather than the search failing."""
+    text = str(exc)
+    return (text.startswith("plan.sync.kind: no measured") or "runs reached the target" in text
+            or exc.field == "plan.sync.important_layers")
+
+
 def _simulate(model: Any, cluster: ClusterSpec, p: Plan, fidelity: str,
               kw: dict[str, Any]) -> dict[str, Any]:
     conv = kw.get("convergence")
@@ -113,7 +122,7 @@ def _simulate(model: Any, cluster: ClusterSpec, p: Plan, fidelity: str,
         r = simulate_sync(model, cluster, p, fidelity, steps=steps, faults=kw["faults"],
                           convergence=conv, lr=kw.get("lr"), target=kw["target"])
     except SpecError as exc:
-        if conv is None or not str(exc).startswith("plan.sync.kind: no measured"):
+        if conv is None or not _no_family(exc):
             raise
         r = simulate_sync(model, cluster, p, fidelity, steps=steps, faults=kw["faults"])
     return _row(r, p)

@@ -67,10 +67,34 @@ def test_gossip_and_backup_k() -> None:
     assert k_of(plan(Sync("backup-workers", backups=1))) == pytest.approx(1 / 3)
     assert k_of(plan(Sync("diloco", period=10))) == 9
     assert k_of(plan("bsp", "int8"), wire_ratio=4.0) == 3
-    with pytest.raises(SpecError, match="gossip mode 'sgp'"):
-        k_of(plan(Sync("gossip", gossip_mode="sgp", graph="exponential")))
     with pytest.raises(SpecError, match="wire_ratio"):
         k_of(plan("bsp", "fp16"))
+    # the families measured since: SGP, AD-PSGD (its graph's k), two-stage (share delayed)
+    assert k_of(plan(Sync("gossip", gossip_mode="sgp", graph="exponential"))) == 0
+    assert k_of(plan(Sync("gossip", gossip_mode="ad-psgd", graph="ring"))) == \
+        pytest.approx(0.5)
+    assert k_of(plan(Sync("two-stage", important_fraction=0.3))) == pytest.approx(0.7)
+    with pytest.raises(SpecError, match="important_layers"):
+        k_of(plan(Sync("two-stage", important_layers=("fc1",))))
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 6, 7, 12])
+def test_sgp_k_is_the_per_step_contraction_of_its_mixing_cycle(n: int) -> None:
+    """Against the dense product of one cycle's column-stochastic mixing matrices: the
+    second largest singular value of the cycle's product is rho^h (circulant: normal)."""
+    import numpy as np
+
+    from sim.cost.convergence import sgp_mixing_k
+
+    h = max(1, math.ceil(math.log2(n)))
+    eye = np.eye(n)
+    cycle = eye
+    for t in range(h):
+        cycle = (eye + np.roll(eye, 2**t, axis=0)) / 2 @ cycle
+    second = np.sort(np.abs(np.linalg.eigvals(cycle)))[-2]
+    want = 0.0 if second < 1e-12 else 1 / (1 - second ** (1 / h)) - 1
+    assert sgp_mixing_k(n) == pytest.approx(want, abs=1e-9)
+    assert (sgp_mixing_k(n) == 0) == (n & (n - 1) == 0)  # exact on powers of two
 
 
 def test_bundled_digits_runs_load_and_fit() -> None:
@@ -92,6 +116,10 @@ def test_bad_observation_files_are_one_line_errors(tmp_path) -> None:
         load_observations(bad)
     bad.write_text("kind,lr,staleness_mean,period,updates_to_95,diverged\nssp,-1,1,1,10,False\n")
     with pytest.raises(SpecError, match="lr: must be > 0"):
+        load_observations(bad)
+    bad.write_text("kind,gossip_mode,lr,staleness_mean,period,k,updates_to_95,diverged\n"
+                   "gossip,push-pull,0.1,0,1,0.5,10,False\n")
+    with pytest.raises(SpecError, match="gossip_mode: must be one of d-psgd"):
         load_observations(bad)
     with pytest.raises(SpecError, match="at least 3"):
         fit_convergence(_synthetic()[:2], "async")

@@ -5,7 +5,8 @@ times a collective over all its ranks): what the simulator needs to predict them
 (:mod:`executor.sync.worker`, :mod:`executor.sync.server`).
 
 - ``step_s``: one worker's whole local step as ``_worker_loop`` does it (mini-batch,
-  forward, backward, SGD step, its bookkeeping), every worker stepping at once;
+  forward, backward, SGD step unless the plan's servers step, its bookkeeping), every
+  worker stepping at once;
   ``step_samples_s``: every such step's time (the spread: a descheduled worker's step
   takes a scheduler time slice longer);
 - ``allreduce_s``: BSP's reduction (flatten, ``dist.all_reduce`` over the workers, unflatten),
@@ -93,13 +94,15 @@ def _replica(cfg: dict[str, Any], rank: int) -> Worker:
     return Worker(cfg, rank, load_task(cfg["task"], cfg["seed"]))
 
 
-def _local_step(w: Worker) -> Callable[[], None]:
-    """``_worker_loop``'s local step: its gradient, the SGD step, its bookkeeping."""
+def _local_step(w: Worker, sgd: bool = True) -> Callable[[], None]:
+    """``_worker_loop``'s local step: its gradient, the SGD step (not a parameter-server
+    worker's: its server steps), its bookkeeping."""
     def step() -> None:
         t0 = time.monotonic()
         w.log["loss"].append(w.gradient())
         w.log["compute_s"].append(time.monotonic() - t0)
-        w.opt.step()
+        if sgd:
+            w.opt.step()
         w.log["step_end"].append(time.monotonic())
     return step
 
@@ -133,7 +136,7 @@ def _workers(cfg: dict[str, Any], plan: Plan, rank: int, reps: int) -> dict[str,
         dist.recv(token, src=0)
         return res
     w = _replica(cfg, rank)
-    samples, res["step_cpu_s"] = _times(_local_step(w), reps)
+    samples, res["step_cpu_s"] = _times(_local_step(w, architecture(plan) != "ps"), reps)
     res["step_s"], res["step_samples_s"] = statistics.fmean(samples), samples
     res["allreduce_s"], res["allreduce_cpu_s"] = _mean(_reduction(w, group), reps)
     weights = gossip_weights(_gossip_plan(plan), rank)

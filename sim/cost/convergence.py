@@ -14,9 +14,17 @@ delays or thins it (``k``, :func:`k_of`):
 - ``diloco`` (one update = one inner step of a worker): ``k = H - 1``;
 - ``backup`` (``backup-workers``; one update = a step of the ``n - b`` kept gradients):
   ``k = b / (n - b)``, the gradients dropped per one kept;
-- ``gossip`` (D-PSGD only; one update = one local step of a worker): ``k = 1 / gap - 1``
+- ``gossip`` (D-PSGD; one update = one local step of a worker): ``k = 1 / gap - 1``
   with ``gap`` the spectral gap of the graph's Metropolis-Hastings mixing matrix (0 on a
   complete graph, which averages exactly; grows as the graph mixes slower);
+- ``ad-psgd`` (asynchronous pairwise gossip; one update = one local step of a worker): the
+  same ``k`` of its graph;
+- ``sgp`` (push-sum over the one-peer exponential graph; one update = one local step):
+  ``k = 1 / gap - 1`` with ``gap = 1 - rho`` and ``rho`` the per-step contraction of one
+  cycle of its time-varying mixing (:func:`sgp_mixing_k`; 0 where the cycle averages
+  exactly, as on 2, 4, 8, ... workers);
+- ``two-stage`` (one update = a step; the unimportant part of the gradient applied a step
+  late with the local correction): ``k = 1 - important_fraction``, the share delayed;
 - ``compressed`` (BSP with a compressed gradient, any scheme; one update = a step):
   ``k = raw / wire - 1``, the gradient's bytes uncompressed over those on the wire (a proxy
   for what the compression throws away, error feedback or not).
@@ -46,11 +54,14 @@ from sim.errors import SpecError
 from sim.spec.gossip import gossip_edges
 
 __all__ = ["Observation", "ConvergenceModel", "Prediction", "fit_convergence",
-           "load_observations", "family_of", "k_of", "mixing_k", "BUNDLED"]
+           "load_observations", "family_of", "k_of", "mixing_k", "sgp_mixing_k", "BUNDLED"]
 
 BUNDLED = Path(__file__).resolve().parents[1] / "data" / "convergence"
 FAMILIES = {"ssp": "async", "asp": "async", "local-sgd": "local", "bsp": "local",
-            "diloco": "diloco", "backup-workers": "backup", "gossip": "gossip"}
+            "diloco": "diloco", "backup-workers": "backup", "gossip": "gossip",
+            "two-stage": "two-stage"}
+GOSSIP_FAMILIES = {"d-psgd": "gossip", "ad-psgd": "ad-psgd", "sgp": "sgp"}  # by gossip_mode
+GIVEN_K = ("backup", "gossip", "ad-psgd", "sgp", "two-stage")  # a run's k is its CSV column
 COLUMNS = ("kind", "lr", "staleness_mean", "period", "updates_to_target", "diverged")
 
 
@@ -60,11 +71,33 @@ def family_of(kind: str, gossip_mode: str = "d-psgd", compression: str = "none")
             raise SpecError("plan.compression.kind", f"no measured statistical-efficiency "
                             f"family for {kind!r} with compression yet (measured: bsp)")
         return "compressed"
-    if kind not in FAMILIES or (kind == "gossip" and gossip_mode != "d-psgd"):
+    if kind == "gossip" and gossip_mode in GOSSIP_FAMILIES:
+        return GOSSIP_FAMILIES[gossip_mode]
+    if kind not in FAMILIES or kind == "gossip":
         what = f"gossip mode {gossip_mode!r}" if kind == "gossip" else repr(kind)
         raise SpecError("plan.sync.kind", f"no measured statistical-efficiency family for "
-                        f"{what} yet (measured: {', '.join(FAMILIES)}; gossip: d-psgd)")
+                        f"{what} (measured: {', '.join(FAMILIES)}; gossip: "
+                        f"{', '.join(GOSSIP_FAMILIES)})")
     return FAMILIES[kind]
+
+
+def sgp_mixing_k(n: int) -> float:
+    """``1 / gap - 1`` of SGP's one-peer exponential graph over ``n`` workers: step ``t``
+    keeps half and pushes half ``2^(t mod h)`` ahead (``h = ceil(log2 n)``), a circulant
+    mixing whose eigenvalues are ``(1 + w^(j 2^t)) / 2``; over a cycle of ``h`` steps the
+    slowest mode contracts by ``rho^h``, and ``gap = 1 - rho``."""
+    if n <= 1:
+        return 0.0
+    h = max(1, math.ceil(math.log2(n)))
+    j = np.arange(1, n)
+    cycle = np.ones(n - 1, dtype=complex)
+    for t in range(h):
+        cycle *= (1 + np.exp(2j * np.pi * j * (2**t % n) / n)) / 2
+    worst = float(np.abs(cycle).max())
+    if worst < 1e-12:  # the cycle averages exactly (n a power of 2): rounding, not mixing
+        return 0.0
+    rho = worst ** (1 / h)
+    return 1.0 / (1.0 - rho) - 1.0 if rho < 1 else math.inf
 
 
 def mixing_k(edges: list[tuple[int, int]], n: int) -> float:
@@ -104,6 +137,14 @@ def k_of(plan: Any, staleness: float | None = None, wire_ratio: float | None = N
         return float(sync.period - 1) if sync.kind != "bsp" else 0.0
     if family == "backup":
         return sync.backups / (dp - sync.backups)
+    if family == "two-stage":
+        if sync.important_layers:
+            raise SpecError("plan.sync.important_layers", "the two-stage runs measured chose "
+                            "the important part by magnitude (important_fraction), not by "
+                            "layer: no family for named layers")
+        return 1.0 - sync.important_fraction
+    if family == "sgp":
+        return sgp_mixing_k(dp)
     return mixing_k(gossip_edges(sync.graph, sync.edges, dp), dp)
 
 
@@ -117,10 +158,13 @@ class Observation:
     diverged: bool
     given_k: float | None = None  # the run's k (column ``k``), else from staleness/period
     compression: str = "none"  # the run's compression kind (column ``compression``)
+    gossip_mode: str = "d-psgd"  # column ``gossip_mode`` (gossip runs)
 
     @property
     def family(self) -> str:
-        return "compressed" if self.compression != "none" else FAMILIES[self.kind]
+        if self.compression != "none":
+            return "compressed"
+        return family_of(self.kind, self.gossip_mode)
 
     @property
     def k(self) -> float:
@@ -269,10 +313,16 @@ def load_observations(path: str | Path, target: float = 0.95) -> list[Observatio
         period = _number(row, "period", where)
         k = _number(row, "k", where)
         comp = (row.get("compression") or "none").strip() or "none"
-        if k is None and (FAMILIES[row["kind"]] in ("backup", "gossip") or comp != "none"):
+        mode = (row.get("gossip_mode") or "d-psgd").strip() or "d-psgd"
+        if row["kind"] == "gossip" and mode not in GOSSIP_FAMILIES:
+            raise SpecError(f"{where}.gossip_mode", f"must be one of "
+                            f"{', '.join(GOSSIP_FAMILIES)}, got {mode!r}")
+        family = family_of(row["kind"], mode)
+        if k is None and (family in GIVEN_K or comp != "none"):
             raise SpecError(f"{where}.k", f"a {row['kind']} run{' compressed' * (comp != 'none')}"
                             " needs its k (column k: sim.cost.convergence.k_of)")
         out.append(Observation(row["kind"], lr, _number(row, "staleness_mean", where) or 0.0,
                                int(period) if period else 1, _number(row, col, where),
-                               row["diverged"].strip().lower() in ("true", "1"), k, comp))
+                               row["diverged"].strip().lower() in ("true", "1"), k, comp,
+                               mode))
     return out
