@@ -49,7 +49,7 @@ def main() -> int:
         plan = _plan(sync, comm)
         mine = (runs.strategy == label) & (runs.lr == LR) & (runs.grid == "strategies")
         if not mine.any():
-            continue  # no statistical-efficiency family (SGP)
+            continue  # not in the fitted runs (no statistical-efficiency family)
         measured_u = runs[mine].updates_to_95.iloc[0]
         rest = [o for o, held in zip(obs, mine, strict=True) if not held]
         family = obs[int(mine.values.argmax())].family

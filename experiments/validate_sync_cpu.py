@@ -53,6 +53,7 @@ from executor.sync.launch import summarize_sync
 from executor.sync.task import TASKS
 from sim.io import atomic_write_text
 from sim.spec.plan import Plan
+from sim.spec.sync import architecture
 
 RESULTS = Path(__file__).resolve().parent / "results"
 N, BATCH, LR = 4, 32, 0.1
@@ -75,6 +76,7 @@ def _plan(sync: object, comm: object) -> Plan:
 def _world(world: list[tuple[str, object, object]], reps: int, task: str, steps: int
            ) -> tuple[dict, list[dict]]:
     plans = [_plan(s, c) for _, s, c in world]
+    assert len({architecture(p) == "ps" for p in plans}) == 1, "one profile: PS or not"
     servers = plans[0].communication.servers if plans[0].sync.kind != "bsp" or \
         plans[0].communication.architecture == "ps" else 0
     gossip = next((p for p in plans if p.sync.kind == "gossip"), plans[0])  # its graph

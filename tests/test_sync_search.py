@@ -100,3 +100,25 @@ def test_joint_search_bad_requests(capsys) -> None:
                  "--objective", "throughput"]) == 2
     err = capsys.readouterr().err
     assert "--global-batch-size" in err and err.count("\n") == 1
+
+
+def test_families_the_runs_do_not_hold_rank_last_without_failing_the_search(tmp_path) -> None:
+    """Runs with no two-stage family and only two SGP runs (too few to fit): those
+    candidates get no time-to-accuracy and rank after every strategy that has one."""
+    import pandas as pd
+
+    from sim.cost.convergence import BUNDLED
+
+    runs = pd.read_csv(BUNDLED / "digits_cpu.csv")
+    sgp = runs[runs.gossip_mode == "sgp"].dropna(subset=["updates_to_95"]).head(2)
+    keep = runs[(runs.kind != "two-stage") & (runs.gossip_mode != "sgp")]
+    path = tmp_path / "runs.csv"
+    pd.concat([keep, sgp]).to_csv(path, index=False)
+    s = optimize_sync(MODEL, CLUSTER, PLAN, convergence=str(path), lr=0.4, des_top=1,
+                      steps=40)
+    untimed = [r for r in s.rows if r["time_to_target_s"] is None]
+    assert {r["strategy"].split("(")[0] for r in untimed} >= {"two-stage"}
+    assert any("sgp" in r["strategy"] for r in untimed)
+    timed = [i for i, r in enumerate(s.rows) if r["time_to_target_s"] is not None
+             and not r["diverges"]]
+    assert max(timed) < min(i for i, r in enumerate(s.rows) if r["time_to_target_s"] is None)

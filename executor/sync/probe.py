@@ -108,7 +108,8 @@ def _local_step(w: Worker, sgd: bool = True) -> Callable[[], None]:
 
 
 def _reduction(w: Worker, group: Any) -> Callable[[], None]:
-    """``Worker.allreduce_step`` without its SGD step (the local step has it)."""
+    """``Worker.allreduce_step`` without its SGD step (an all-reduce plan's local step
+    has it)."""
     for p in w.params:
         p.grad = torch.zeros_like(p)
 
@@ -178,7 +179,7 @@ def _message(cfg: dict[str, Any], plan: Plan, rank: int, numel: int) -> dict[str
         elif rank == peer:
             _echo(w, numel)
         elif rank < n:
-            step = _local_step(_replica(cfg, rank))
+            step = _local_step(_replica(cfg, rank), architecture(plan) != "ps")
             end = time.monotonic() + LOAD_S
             while time.monotonic() < end:
                 step()

@@ -20,9 +20,8 @@ delays or thins it (``k``, :func:`k_of`):
 - ``ad-psgd`` (asynchronous pairwise gossip; one update = one local step of a worker): the
   same ``k`` of its graph;
 - ``sgp`` (push-sum over the one-peer exponential graph; one update = one local step):
-  ``k = 1 / gap - 1`` with ``gap = 1 - rho`` and ``rho`` the per-step contraction of one
-  cycle of its time-varying mixing (:func:`sgp_mixing_k`; 0 where the cycle averages
-  exactly, as on 2, 4, 8, ... workers);
+  ``k`` = the steps its time-varying mixing takes to shrink the slowest disagreement
+  e-fold, minus 1 (:func:`sgp_mixing_k`: 1 on 4 workers, ``log2 n - 1`` on a power of two);
 - ``two-stage`` (one update = a step; the unimportant part of the gradient applied a step
   late with the local correction): ``k = 1 - important_fraction``, the share delayed;
 - ``compressed`` (BSP with a compressed gradient, any scheme; one update = a step):
@@ -82,22 +81,22 @@ def family_of(kind: str, gossip_mode: str = "d-psgd", compression: str = "none")
 
 
 def sgp_mixing_k(n: int) -> float:
-    """``1 / gap - 1`` of SGP's one-peer exponential graph over ``n`` workers: step ``t``
-    keeps half and pushes half ``2^(t mod h)`` ahead (``h = ceil(log2 n)``), a circulant
-    mixing whose eigenvalues are ``(1 + w^(j 2^t)) / 2``; over a cycle of ``h`` steps the
-    slowest mode contracts by ``rho^h``, and ``gap = 1 - rho``."""
+    """SGP's k over ``n`` workers: the steps its one-peer exponential graph takes to shrink
+    the slowest disagreement between workers e-fold, minus 1. Step ``t`` keeps half and
+    pushes half ``2^(t mod h)`` ahead (``h = ceil(log2 n)``): a circulant mixing whose
+    eigenvalues are ``(1 + w^(j 2^t)) / 2``, so after ``t`` steps mode ``j`` keeps the
+    product of those. 0 on 2 workers (one step averages exactly), 1 on 3 or 4, ``h - 1`` on
+    a power of two: the information crosses the graph in about ``log2 n`` steps."""
     if n <= 1:
         return 0.0
     h = max(1, math.ceil(math.log2(n)))
     j = np.arange(1, n)
-    cycle = np.ones(n - 1, dtype=complex)
-    for t in range(h):
-        cycle *= (1 + np.exp(2j * np.pi * j * (2**t % n) / n)) / 2
-    worst = float(np.abs(cycle).max())
-    if worst < 1e-12:  # the cycle averages exactly (n a power of 2): rounding, not mixing
-        return 0.0
-    rho = worst ** (1 / h)
-    return 1.0 / (1.0 - rho) - 1.0 if rho < 1 else math.inf
+    left = np.ones(n - 1, dtype=complex)
+    for t in range(64 * h):
+        left *= (1 + np.exp(2j * np.pi * j * (2 ** (t % h) % n) / n)) / 2
+        if float(np.abs(left).max()) <= math.exp(-1):
+            return float(t)
+    return math.inf
 
 
 def mixing_k(edges: list[tuple[int, int]], n: int) -> float:
@@ -116,7 +115,8 @@ def mixing_k(edges: list[tuple[int, int]], n: int) -> float:
     w[np.diag_indices(n)] = 1.0 - w.sum(axis=1)
     lam = np.sort(np.abs(np.linalg.eigvalsh(w)))
     gap = 1.0 - float(lam[-2]) if n > 1 else 1.0
-    return max(0.0, 1.0 / gap - 1.0) if gap > 1e-12 else math.inf
+    k = 1.0 / gap - 1.0 if gap > 1e-12 else math.inf
+    return 0.0 if k < 1e-9 else k  # a complete graph averages exactly: rounding, not mixing
 
 
 def k_of(plan: Any, staleness: float | None = None, wire_ratio: float | None = None
