@@ -1,9 +1,10 @@
 """Real runs of the synchronisation strategies on this CPU (issue 16): throughput, measured
 staleness, and test accuracy against updates on scikit-learn's bundled digits.
 
-Run: ``.venv/bin/python experiments/sync_runs_cpu.py [--quick] [--task cancer] [--kind K]``
-(about 7.5 minutes on 2 cores, with a progress bar; ``--quick`` one seed; ``--kind diloco``
-reruns that kind's runs only and keeps the other rows). Each batch of runs shares
+Run: ``.venv/bin/python experiments/sync_runs_cpu.py [--quick] [--task cancer] [--kind K |
+--grids G,...]`` (321 runs in about 7 minutes on 2 cores, with a progress bar; ``--quick``
+one seed; ``--kind diloco`` reruns that kind's runs only, ``--grids sgp`` those grids, and
+both keep the other rows). Each batch of runs shares
 one torchrun start (``executor.sync.launch.execute_sync_batch``). Writes
 ``experiments/results/sync_runs_cpu.csv`` (a row per run) and ``sync_curves_cpu.csv`` (test
 loss and accuracy of worker 0 every 5 steps, against updates and wall time), and the runs

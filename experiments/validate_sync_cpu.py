@@ -50,14 +50,13 @@ import pandas as pd
 from executor.launch import launch
 from executor.sync.compare import predict_sync, profile_of, task_workload
 from executor.sync.launch import summarize_sync
-from executor.sync.task import TASKS
+from executor.sync.task import COMPARE_DEFAULTS, TASKS
 from sim.io import atomic_write_text
 from sim.spec.plan import Plan
 from sim.spec.sync import architecture
 
 RESULTS = Path(__file__).resolve().parent / "results"
 N, BATCH, LR = 4, 32, 0.1
-DEFAULTS = {"digits": (300, 200), "digits-resnet18": (40, 10)}  # steps, probe repetitions
 TIMEOUT_S = {"digits": 120.0, "digits-resnet18": 900.0}
 PS1, PS2 = {"architecture": "ps", "servers": 1, "placement": "colocated"}, \
     {"architecture": "ps", "servers": 2, "placement": "colocated"}
@@ -102,14 +101,15 @@ def _cores_busy(run: dict) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--task", choices=sorted(DEFAULTS), default="digits",
+    ap.add_argument("--task", choices=sorted(TIMEOUT_S), default="digits",
                     help="digits (the MLP) or digits-resnet18 (the graph workload)")
     ap.add_argument("--reps", type=int, help="probe repetitions (default 200 digits, "
                     "10 digits-resnet18)")
     ap.add_argument("--steps", type=int, help="local steps a worker (default 300 digits, "
                     "40 digits-resnet18)")
     args = ap.parse_args()
-    steps, reps = (args.steps or DEFAULTS[args.task][0]), (args.reps or DEFAULTS[args.task][1])
+    steps = args.steps or COMPARE_DEFAULTS[args.task][0]
+    reps = args.reps or COMPARE_DEFAULTS[args.task][1]
     workload = task_workload(args.task, TASKS[args.task], BATCH)
     rows = []
     for rep in range(args.repeats):

@@ -173,3 +173,23 @@ def test_compare_puts_measured_beside_predicted(tmp_path, capsys) -> None:
     assert main(["compare", "--plan", str(path), "--cluster", "dgx-h100:1", "--task",
                  "digits"]) == 2
     assert "give cpu:2" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_compare_on_resnet18_caps_asp_at_the_host(tmp_path, capsys) -> None:
+    """ASP on ResNet-18 keeps the 2 cores busy: the prediction says it is host-bound (about
+    a minute: 40 steps and 10 probe repetitions by default for this task)."""
+    import json
+
+    from sim.spec.plan import save_plan
+    from trainsim.cli import main
+
+    path = tmp_path / "p.json"
+    save_plan(plan("asp", {"architecture": "ps", "servers": 1, "placement": "colocated"},
+                   dp=4), path)
+    assert main(["compare", "--plan", str(path), "--cluster", "cpu:5", "--task",
+                 "digits-resnet18", "--timeout", "600", "--json"]) == 0
+    c = json.loads(capsys.readouterr().out)
+    assert c["measured"]["steps"] == 40 and c["profile"]["serve_cpu_s"] > 0
+    if c["profile"]["host_cores"] <= 2:
+        assert any(w.startswith("host-bound") for w in c["predicted"]["warnings"])

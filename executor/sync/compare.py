@@ -97,17 +97,22 @@ def predict_sync(plan: Plan, profile: dict[str, Any], workload: Any, steps: int,
         "allreduce_s": profile["allreduce_s"], **host}, **kw)
 
 
-def compare_sync(plan: Plan, task: str = "digits", steps: int = 300, lr: float = 0.1,
-                 eval_every: int = 10, reps: int = 200, timeout_s: float = 120.0,
+def compare_sync(plan: Plan, task: str = "digits", steps: int | None = None, lr: float = 0.1,
+                 eval_every: int = 10, reps: int | None = None, timeout_s: float = 120.0,
                  threads: int = 1, convergence: str | None = None,
                  target: float = 0.95) -> dict[str, Any]:
-    """Profile, run and predict ``plan`` on ``task``; measured beside predicted."""
+    """Profile, run and predict ``plan`` on ``task``; measured beside predicted. ``steps``
+    and ``reps`` (the probe's repetitions) default by task (``COMPARE_DEFAULTS``)."""
     refused = runnable(plan)
     if refused is not None:
         raise SpecError(*refused)
-    from executor.sync.task import TASKS
+    from executor.sync.task import COMPARE_DEFAULTS, TASKS
 
+    if task not in TASKS:
+        raise SpecError("task", f"must be one of {', '.join(TASKS)}, got {task!r}")
     hidden = TASKS[task]
+    steps = steps or COMPARE_DEFAULTS[task][0]
+    reps = reps or COMPARE_DEFAULTS[task][1]
     servers = plan.communication.servers if architecture(plan) == "ps" else 0
     cfg = {"task": task, "hidden": list(hidden), "steps": steps, "eval_every": eval_every,
            "device": "cpu", "threads": threads, "timeout_s": timeout_s, "lr": lr, "seed": 0,

@@ -27,11 +27,15 @@ import torch.nn.functional as F
 
 from executor.sync.text import TEXT_HIDDEN, CharTransformer, TextTask, load_text
 
-__all__ = ["TASKS", "Task", "load_task", "mlp", "build_model"]
+__all__ = ["TASKS", "COMPARE_DEFAULTS", "Task", "load_task", "mlp", "build_model"]
 
 TASKS = {"digits": (64,), "cancer": (32,), "text": TEXT_HIDDEN,  # default hidden widths
          "digits-resnet18": ()}
 IMAGE_SCALE = 4  # digits-resnet18: 8 x 8 pixels -> 32 x 32
+# (local steps, probe repetitions) a measured-beside-predicted run takes by default: a
+# ResNet-18 step is 10^3 times the MLP's
+COMPARE_DEFAULTS = {"digits": (300, 200), "cancer": (300, 200), "text": (300, 200),
+                    "digits-resnet18": (40, 10)}
 
 
 @dataclass

@@ -64,7 +64,7 @@ def cmd_compare_sync(args: argparse.Namespace, plan: Any) -> int:
         raise SpecError("--measured" if args.measured else "--calibrate", "not with --task "
                         "(a sync plan is profiled and run in one start)")
     try:
-        result = compare_sync(plan, args.task, steps=args.steps or 300, lr=args.lr,
+        result = compare_sync(plan, args.task, steps=args.steps, lr=args.lr,
                               eval_every=args.eval_every, timeout_s=args.timeout,
                               threads=args.threads, convergence=args.convergence,
                               target=args.target)
