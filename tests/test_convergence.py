@@ -101,7 +101,7 @@ def test_sgp_k_is_the_steps_its_mixing_takes_to_shrink_disagreement_e_fold(n: in
 def test_bundled_digits_runs_load_and_fit() -> None:
     obs = load_observations(BUNDLED / "digits_cpu.csv")
     families = {o.family for o in obs}
-    assert {"async", "local"} <= families
+    assert {"async", "local", "sgp", "ad-psgd", "two-stage"} <= families
     for family in families:
         m = fit_convergence(obs, family)
         spread = m.lr_range[0] < m.lr_range[1]  # else the lr slope is not identified: 0
@@ -133,8 +133,8 @@ def test_the_second_bundled_task_fits_and_times() -> None:
     from sim.strategies import simulate_sync
 
     obs = load_observations(BUNDLED / "cancer_cpu.csv")
-    assert {"async", "local", "diloco", "backup", "gossip", "compressed"} <= \
-        {o.family for o in obs}
+    assert {"async", "local", "diloco", "backup", "gossip", "compressed", "sgp", "ad-psgd",
+            "two-stage"} <= {o.family for o in obs}
     p = Plan(global_batch_size=256, seq_len=4096, dp=4, tp=8, sync="asp",
              communication={"architecture": "ps"})
     r = simulate_sync(load_any("llama3-8b"), load_cluster("dgx-h100:4"), p, "analytic",
