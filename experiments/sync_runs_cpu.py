@@ -25,7 +25,7 @@ the bundled statistical-efficiency model is fitted to, ``sim/data/convergence/di
 - The other families' grids, lr in {0.1, 0.4, 1.6}, seeds 0 and 1, 200 steps (DiLoCo
   400, to reach 95%): DiLoCo with H in {2, 5, 10, 20}; backup workers with b in {1, 2,
   3}; D-PSGD and AD-PSGD over a complete graph, a ring and a path (mixing gaps 1, 2/3 and
-  about 0.2); SGP over the exponential graph (lr 0.1 to 1.6, doubling: its k is 0 on 4
+  about 0.2); SGP over the exponential graph (lr 0.1 to 1.6, doubling: one k, 1 on 4
   workers); two-stage with 10%, 30% and 60% of the gradient important; and 160 steps of
   compressed BSP: fp16, int8, 1-bit, top-10%, top-1%, PowerSGD rank 1 and 4, error
   feedback on. ``--grids sgp,ad-psgd,two-stage`` reruns those grids and keeps the rest.
@@ -230,7 +230,9 @@ def main() -> None:
     if args.kind and args.grids:
         ap.error("--kind and --grids: give one (each keeps the rows the other would rerun)")
     TASK["name"] = args.task
-    grids = args.grids.split(",") if args.grids else None
+    grids = args.grids.split(",") if args.grids is not None else None
+    if grids is not None and not all(grids):
+        ap.error(f"--grids: comma-separated grid names, got {args.grids!r}")
     rows, curves = _kept(args.task, args.kind, grids)
     batches = _batches([0] if args.quick else [0, 1])
     if args.kind:

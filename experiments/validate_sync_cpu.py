@@ -54,6 +54,7 @@ from executor.sync.task import COMPARE_DEFAULTS, TASKS
 from sim.io import atomic_write_text
 from sim.spec.plan import Plan
 from sim.spec.sync import architecture
+from sim.strategies.host import HOST_BOUND
 
 RESULTS = Path(__file__).resolve().parent / "results"
 N, BATCH, LR = 4, 32, 0.1
@@ -92,6 +93,12 @@ def _world(world: list[tuple[str, object, object]], reps: int, task: str, steps:
     return profile, runs
 
 
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return int(text)
+
+
 def _cores_busy(run: dict) -> float:
     """The cores the run's processes kept busy on average (their CPU seconds / wall)."""
     cpu = run["cpu_s"]
@@ -103,10 +110,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--task", choices=sorted(TIMEOUT_S), default="digits",
                     help="digits (the MLP) or digits-resnet18 (the graph workload)")
-    ap.add_argument("--reps", type=int, help="probe repetitions (default 200 digits, "
-                    "10 digits-resnet18)")
-    ap.add_argument("--steps", type=int, help="local steps a worker (default 300 digits, "
-                    "40 digits-resnet18)")
+    ap.add_argument("--reps", type=_positive, help="probe repetitions (default 200 "
+                    "digits, 10 digits-resnet18)")
+    ap.add_argument("--steps", type=_positive, help="local steps a worker (default 300 "
+                    "digits, 40 digits-resnet18)")
     args = ap.parse_args()
     steps = args.steps or COMPARE_DEFAULTS[args.task][0]
     reps = args.reps or COMPARE_DEFAULTS[args.task][1]
@@ -124,7 +131,7 @@ def main() -> None:
                              "measured_staleness": r["staleness"]["mean"],
                              "predicted_staleness": pred.staleness.get("mean"),
                              "measured_cores_busy": _cores_busy(r),
-                             "host_bound": any(w.startswith("host-bound") for w in pred.warnings),
+                             "host_bound": any(w.startswith(HOST_BOUND) for w in pred.warnings),
                              **{f"profile_{k}": v for k, v in profile.items()
                                 if k != "step_samples_s"}})
                 print(f"{rep} {label:22s} measured {r['updates_per_s']:8.1f} predicted "

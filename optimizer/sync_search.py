@@ -125,6 +125,7 @@ def _simulate(model: Any, cluster: ClusterSpec, p: Plan, fidelity: str,
         if conv is None or not _no_family(exc):
             raise
         r = simulate_sync(model, cluster, p, fidelity, steps=steps, faults=kw["faults"])
+        return {**_row(r, p), "untimed": str(exc)}  # why it has no time-to-accuracy
     return _row(r, p)
 
 
@@ -186,4 +187,9 @@ def _notes(rows: list[dict[str, Any]], baseline: dict[str, Any], key: Any) -> li
     if rows[0]["extrapolated"]:
         out.append("the best's statistical efficiency is extrapolated: "
                    + "; ".join(rows[0]["extrapolated"]))
+    untimed = sorted({r["untimed"] for r in rows if r.get("untimed")})
+    if untimed:
+        n = sum(bool(r.get("untimed")) for r in rows)
+        out.append(f"{n} candidate(s) have no time-to-accuracy, ranked last: "
+                   + "; ".join(untimed))
     return out

@@ -96,6 +96,16 @@ def test_digits_on_resnet18_runs_for_real() -> None:
     assert all(x > 0 for x in r["cpu_s"]["workers"] + r["cpu_s"]["servers"])
 
 
+@pytest.mark.parametrize("kw, field", [({"hidden": (64,)}, "hidden"),
+                                       ({"dp": 4, "batch": 4}, "plan.global_batch_size"),
+                                       ({"task": "mnist"}, "task")])
+def test_what_the_resnet_task_refuses_before_launch(kw: dict, field: str) -> None:
+    p = Plan(global_batch_size=kw.get("batch", 64), seq_len=1, dp=kw.get("dp", 2))
+    with pytest.raises(SpecError) as err:
+        execute_sync(p, kw.get("task", "digits-resnet18"), steps=2, hidden=kw.get("hidden"))
+    assert err.value.field == field
+
+
 def test_gossip_weights_are_doubly_stochastic() -> None:
     p = plan({"kind": "gossip", "graph": "edges", "edges": [[0, 1], [1, 2], [2, 3], [1, 3]]},
              dp=4)

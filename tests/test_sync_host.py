@@ -133,3 +133,12 @@ def test_bad_host_cores_are_one_line_errors(cores) -> None:
     with pytest.raises(SpecError, match="measured.host_cores"):
         simulate_sync(TINY, CPU, plan(), "des", steps=5,
                       measured={"step_s": 1e-3, "host_cores": cores})
+
+
+def test_a_strategy_the_profile_cannot_price_says_the_cap_was_not_applied() -> None:
+    measured = {"step_samples_s": [1e-3] * 3, "allreduce_s": AR_S, "step_cpu_s": 9e-3,
+                "allreduce_cpu_s": 2e-3, "host_cores": 1}
+    r = simulate_sync(TINY, CPU, plan({"kind": "two-stage", "important_fraction": 0.5}),
+                      "des", steps=50, measured=measured)
+    assert any(w.startswith("host cap not applied") for w in r.warnings)
+    assert not any(w.startswith("host-bound") for w in r.warnings)

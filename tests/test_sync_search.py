@@ -118,6 +118,8 @@ def test_families_the_runs_do_not_hold_rank_last_without_failing_the_search(tmp_
                       steps=40)
     untimed = [r for r in s.rows if r["time_to_target_s"] is None]
     assert {r["strategy"].split("(")[0] for r in untimed} >= {"two-stage"}
+    assert all(r["untimed"] for r in untimed)
+    assert any("no time-to-accuracy" in n and "sgp runs reached" in n for n in s.notes)
     assert any("sgp" in r["strategy"] for r in untimed)
     timed = [i for i, r in enumerate(s.rows) if r["time_to_target_s"] is not None
              and not r["diverges"]]

@@ -98,21 +98,27 @@ def predict_sync(plan: Plan, profile: dict[str, Any], workload: Any, steps: int,
 
 
 def compare_sync(plan: Plan, task: str = "digits", steps: int | None = None, lr: float = 0.1,
-                 eval_every: int = 10, reps: int | None = None, timeout_s: float = 120.0,
+                 eval_every: int | None = None, reps: int | None = None,
+                 timeout_s: float = 120.0,
                  threads: int = 1, convergence: str | None = None,
                  target: float = 0.95) -> dict[str, Any]:
-    """Profile, run and predict ``plan`` on ``task``; measured beside predicted. ``steps``
-    and ``reps`` (the probe's repetitions) default by task (``COMPARE_DEFAULTS``)."""
+    """Profile, run and predict ``plan`` on ``task``; measured beside predicted. ``steps``,
+    ``reps`` (the probe's repetitions) and ``eval_every`` (0: at the start and the end) default
+    by task (``COMPARE_DEFAULTS``)."""
     refused = runnable(plan)
     if refused is not None:
         raise SpecError(*refused)
-    from executor.sync.task import COMPARE_DEFAULTS, TASKS
+    from executor.sync.task import COMPARE_DEFAULTS, TASKS, check_task
 
-    if task not in TASKS:
-        raise SpecError("task", f"must be one of {', '.join(TASKS)}, got {task!r}")
+    check_task(task, plan, None)
     hidden = TASKS[task]
-    steps = steps or COMPARE_DEFAULTS[task][0]
-    reps = reps or COMPARE_DEFAULTS[task][1]
+    steps, reps, every = (d if v is None else v for v, d in zip(
+        (steps, reps, eval_every), COMPARE_DEFAULTS[task], strict=True))
+    for name, value in (("steps", steps), ("reps", reps), ("eval_every", every)):
+        if not isinstance(value, int) or value < (0 if name == "eval_every" else 1):
+            raise SpecError(name, f"must be an integer >= {0 if name == 'eval_every' else 1}, "
+                            f"got {value!r}")
+    eval_every = every or steps
     servers = plan.communication.servers if architecture(plan) == "ps" else 0
     cfg = {"task": task, "hidden": list(hidden), "steps": steps, "eval_every": eval_every,
            "device": "cpu", "threads": threads, "timeout_s": timeout_s, "lr": lr, "seed": 0,

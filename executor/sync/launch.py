@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from executor.launch import launch
-from executor.sync.task import TASKS
+from executor.sync.task import TASKS, check_task
 from sim.errors import SpecError
 from sim.spec.plan import Plan
 from sim.spec.sync import architecture
@@ -71,8 +71,7 @@ def execute_sync_batch(runs: list[tuple[Plan, float, int]], task: str = "digits"
             raise SpecError(*why)
     if inner not in ("sgd", "adamw"):
         raise SpecError("inner", f"must be sgd or adamw, got {inner!r}")
-    if task not in TASKS:
-        raise SpecError("task", f"must be one of {', '.join(TASKS)}, got {task!r}")
+    check_task(task, runs[0][0], hidden)
     for name, value in (("steps", steps), ("eval_every", eval_every)):
         if value < 1:
             raise SpecError(name, f"must be >= 1, got {value}")

@@ -56,17 +56,27 @@ LOAD_S = 0.5  # how long the other workers step while one times a message
 
 def host_cores() -> float:
     """The cores this process may run on: its CPU affinity (``os.cpu_count()`` where the
-    platform has none), or a cgroup v2 quota (``cpu.max``) below that."""
+    platform has none), or its cgroup v2 quota (``cpu.max`` of the group
+    ``/proc/self/cgroup`` names, else the root's) below that."""
     try:
         n = float(len(os.sched_getaffinity(0)))
     except AttributeError:
         n = float(os.cpu_count() or 1)
+    root = Path("/sys/fs/cgroup")
     try:
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
-        if quota != "max":
-            n = min(n, max(1.0, int(quota) / int(period)))
-    except (OSError, ValueError):
-        pass
+        group = next((line.split("::", 1)[1].strip() for line in
+                      Path("/proc/self/cgroup").read_text().splitlines()
+                      if line.startswith("0::")), "/")
+    except OSError:
+        group = "/"
+    for where in (root / group.lstrip("/"), root):
+        try:
+            quota, period = (where / "cpu.max").read_text().split()[:2]
+            if quota != "max":
+                n = min(n, max(1.0, int(quota) / int(period)))
+        except (OSError, ValueError):
+            continue
+        break
     return n
 
 

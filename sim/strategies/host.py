@@ -22,7 +22,7 @@ import numpy as np
 from sim.errors import SpecError
 from sim.spec.sync import architecture
 
-__all__ = ["Resampled", "resampled", "CPU_KEYS", "cpu_per_step", "host_cap"]
+__all__ = ["Resampled", "resampled", "CPU_KEYS", "HOST_BOUND", "cpu_per_step", "host_cap"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,8 @@ def resampled(samples_s: Sequence[float]) -> Resampled:
                         "at least one of them > 0")
     return Resampled(tuple(float(x) for x in xs / xs.mean()))
 
+
+HOST_BOUND = "host-bound"  # how a capped result's note begins
 
 # CPU seconds the probe measures (executor/sync/probe.py), each for one of a rank's actions
 CPU_KEYS = ("step_cpu_s", "allreduce_cpu_s", "exchange_cpu_s", "push_cpu_s", "serve_cpu_s")
@@ -85,10 +87,15 @@ def host_cap(result: Any, plan: Any, cpu: Mapping[str, float], cores: float) -> 
     :mod:`executor.sync`, on one machine): the simulator runs every rank as if it had a core
     of its own, so the workers' local steps a second cannot pass ``cores / cpu_per_step``.
     Where the cap binds, updates and samples a second are scaled down to it (staleness and
-    the other outputs are the simulation's) and a note says so; elsewhere ``result`` is
-    returned as it is."""
+    the other outputs are the simulation's) and a note says so; where the profile cannot
+    price the strategy (:func:`cpu_per_step` is None) a note says the cap was not applied;
+    elsewhere ``result`` is returned as it is."""
     per_step = cpu_per_step(plan, cpu)
-    if per_step is None or per_step <= 0 or result.samples_per_s <= 0:
+    if per_step is None:
+        return dataclasses.replace(result, warnings=[*result.warnings, (
+            "host cap not applied: the profile has no CPU cost for this strategy's "
+            "synchronisation (rates as if every rank had a core of its own)")])
+    if per_step <= 0 or result.samples_per_s <= 0:
         return result
     if plan.sync.kind == "backup-workers":  # every worker steps and pushes, n - b are kept
         steps_per_s = result.updates_per_s * plan.dp
@@ -98,7 +105,7 @@ def host_cap(result: Any, plan: Any, cpu: Mapping[str, float], cores: float) -> 
     if steps_per_s <= bound:
         return result
     f = bound / steps_per_s
-    note = (f"host-bound: the ranks' CPU work ({per_step * 1e3:.3g} ms a worker's step, "
+    note = (f"{HOST_BOUND}: the ranks' CPU work ({per_step * 1e3:.3g} ms a worker's step, "
             f"synchronisation included) needs {steps_per_s * per_step:.3g} cores at the "
             f"simulated rate, the host has {cores:g}: rates scaled by {f:.3f}")
     return dataclasses.replace(result, updates_per_s=result.updates_per_s * f,

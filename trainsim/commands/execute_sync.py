@@ -19,8 +19,9 @@ def add_sync_execute_options(p: Any) -> None:
                    "(an MLP; digits-resnet18: the digits on ResNet-18) instead of --model")
     p.add_argument("--lr", type=float, default=0.1, help="--task: SGD learning rate "
                    "(default 0.1; asynchronous servers apply it to every push)")
-    p.add_argument("--eval-every", type=int_at_least(1), default=10, metavar="N",
-                   help="--task: worker 0 measures test accuracy every N steps (default 10)")
+    p.add_argument("--eval-every", type=int_at_least(1), default=None, metavar="N",
+                   help="--task: worker 0 measures test accuracy every N steps (default 10; "
+                   "compare --task digits-resnet18: at the start and the end only)")
 
 
 def cmd_execute_sync(args: argparse.Namespace, plan: Any) -> int:
@@ -30,7 +31,7 @@ def cmd_execute_sync(args: argparse.Namespace, plan: Any) -> int:
     _sync_inputs(args, plan)
     try:
         result = execute_sync(plan, args.task, steps=args.steps or 200, lr=args.lr,
-                              eval_every=args.eval_every, timeout_s=args.timeout,
+                              eval_every=args.eval_every or 10, timeout_s=args.timeout,
                               threads=args.threads)
     except ExecutionError as exc:
         print(f"trainsim: execution failed: {exc}", file=__import__("sys").stderr)
