@@ -112,12 +112,13 @@ def compare_sync(plan: Plan, task: str = "digits", steps: int | None = None, lr:
 
     check_task(task, plan, None)
     hidden = TASKS[task]
-    steps, reps, every = (d if v is None else v for v, d in zip(
-        (steps, reps, eval_every), COMPARE_DEFAULTS[task], strict=True))
-    for name, value in (("steps", steps), ("reps", reps), ("eval_every", every)):
-        if not isinstance(value, int) or value < (0 if name == "eval_every" else 1):
-            raise SpecError(name, f"must be an integer >= {0 if name == 'eval_every' else 1}, "
-                            f"got {value!r}")
+    default_steps, default_reps, default_every = COMPARE_DEFAULTS[task]
+    steps = default_steps if steps is None else steps
+    reps = default_reps if reps is None else reps
+    every = default_every if eval_every is None else eval_every
+    for name, value, least in (("steps", steps, 1), ("reps", reps, 1), ("eval_every", every, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise SpecError(name, f"must be an integer >= {least}, got {value!r}")
     eval_every = every or steps
     servers = plan.communication.servers if architecture(plan) == "ps" else 0
     cfg = {"task": task, "hidden": list(hidden), "steps": steps, "eval_every": eval_every,
