@@ -51,7 +51,7 @@ from sim.cost.convergence import BUNDLED, k_of, sgp_mixing_k
 from sim.errors import SpecError
 from sim.io import atomic_write_text
 from sim.spec.plan import Plan
-from sim.spec.sync import architecture
+from sim.spec.sync import SYNC_KINDS, architecture
 
 RESULTS = Path(__file__).resolve().parent / "results"
 N, BATCH = 4, 32
@@ -229,6 +229,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.kind and args.grids:
         ap.error("--kind and --grids: give one (each keeps the rows the other would rerun)")
+    if args.kind is not None and args.kind not in SYNC_KINDS:
+        ap.error(f"--kind: must be one of {', '.join(SYNC_KINDS)}, got {args.kind!r}")
     TASK["name"] = args.task
     grids = args.grids.split(",") if args.grids is not None else None
     if grids is not None and not all(grids):
