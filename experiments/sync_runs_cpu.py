@@ -46,8 +46,8 @@ import pandas as pd
 from tqdm import tqdm
 
 from executor.sync.launch import execute_sync_batch, updates_to
-from executor.sync.task import TASKS, load_task, mlp
-from sim.cost.convergence import BUNDLED, k_of, sgp_mixing_k
+from executor.sync.task import TABLE_TASKS, TASKS, load_task, mlp
+from sim.cost.convergence import BUNDLED, k_of
 from sim.errors import SpecError
 from sim.io import atomic_write_text
 from sim.spec.plan import Plan
@@ -200,18 +200,12 @@ def _write(df: pd.DataFrame, curves: list[dict[str, Any]], task: str) -> None:
 
 def _kept(task: str, kind: str | None, grids: list[str] | None
           ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The rows and curves of the runs not rerun (none without ``--kind`` or ``--grids``);
-    rows from before the ``gossip_mode`` column get it from their label."""
+    """The rows and curves of the runs not rerun (none without ``--kind`` or ``--grids``)."""
     if kind is None and grids is None:
         return [], []
     tag = "" if task == "digits" else f"_{task}"
     df = pd.read_csv(RESULTS / f"sync_runs{tag}_cpu.csv")
     curves = pd.read_csv(RESULTS / f"sync_curves{tag}_cpu.csv")
-    if "gossip_mode" not in df:
-        mode = df.strategy.map(lambda x: "sgp" if x.startswith("SGP") else "ad-psgd"
-                               if x.startswith("AD-PSGD") else "d-psgd")
-        df["gossip_mode"] = mode.where(df.kind == "gossip")
-    df.loc[df.gossip_mode == "sgp", "k"] = sgp_mixing_k(N)  # its k as defined now
     df = df[df["kind"] != kind] if kind else df[~df["grid"].isin(grids or [])]
     curves = curves[curves["run"].isin(set(df["run"]))]
     return df.to_dict("records"), curves.to_dict("records")
@@ -220,7 +214,7 @@ def _kept(task: str, kind: str | None, grids: list[str] | None
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="one seed of the grids")
-    ap.add_argument("--task", choices=("cancer", "digits"), default="digits", help="the bundled "
+    ap.add_argument("--task", choices=TABLE_TASKS, default="digits", help="the bundled "
                     "task (default digits; cancer writes its own files and model)")
     ap.add_argument("--kind", help="rerun only the runs of this sync kind (e.g. diloco) and "
                     "keep the other rows of the files")

@@ -55,6 +55,7 @@ from sim.io import atomic_write_text
 from sim.spec.plan import Plan
 from sim.spec.sync import architecture
 from sim.strategies.host import HOST_BOUND
+from trainsim.commands.profile import int_at_least
 
 RESULTS = Path(__file__).resolve().parent / "results"
 N, BATCH, LR = 4, 32, 0.1
@@ -93,12 +94,6 @@ def _world(world: list[tuple[str, object, object]], reps: int, task: str, steps:
     return profile, runs
 
 
-def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
-    return int(text)
-
-
 def _cores_busy(run: dict) -> float:
     """The cores the run's processes kept busy on average (their CPU seconds / wall)."""
     cpu = run["cpu_s"]
@@ -110,9 +105,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--task", choices=sorted(TIMEOUT_S), default="digits",
                     help="digits (the MLP) or digits-resnet18 (the graph workload)")
-    ap.add_argument("--reps", type=_positive, help="probe repetitions (default 200 "
+    ap.add_argument("--reps", type=int_at_least(1), help="probe repetitions (default 200 "
                     "digits, 10 digits-resnet18)")
-    ap.add_argument("--steps", type=_positive, help="local steps a worker (default 300 "
+    ap.add_argument("--steps", type=int_at_least(1), help="local steps a worker (default 300 "
                     "digits, 40 digits-resnet18)")
     args = ap.parse_args()
     steps = args.steps or COMPARE_DEFAULTS[args.task][0]

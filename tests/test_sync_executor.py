@@ -203,3 +203,10 @@ def test_compare_on_resnet18_caps_asp_at_the_host(tmp_path, capsys) -> None:
     assert c["measured"]["steps"] == 40 and c["profile"]["serve_cpu_s"] > 0
     if c["profile"]["host_cores"] <= 2:
         assert any(w.startswith("host-bound") for w in c["predicted"]["warnings"])
+
+
+def test_the_cli_offers_the_tasks_the_executor_has() -> None:
+    from executor.sync.task import CLI_TASKS
+    from trainsim.commands.execute_sync import TASKS
+
+    assert TASKS == CLI_TASKS

@@ -9,9 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from executor.launch import launch
+from executor.sync.task import TABLE_TASKS
 from sim.errors import SpecError
-
-TABLE_TASKS = ("digits", "cancer")  # the Dirichlet split and the MLP need labelled rows
 
 __all__ = ["FLRun", "execute_fl", "execute_fl_batch"]
 

@@ -28,10 +28,13 @@ import torch.nn.functional as F
 
 from executor.sync.text import TEXT_HIDDEN, CharTransformer, TextTask, load_text
 
-__all__ = ["TASKS", "COMPARE_DEFAULTS", "check_task", "Task", "load_task", "mlp", "build_model"]
+__all__ = ["TASKS", "TABLE_TASKS", "CLI_TASKS", "COMPARE_DEFAULTS", "check_task",
+           "Task", "load_task", "mlp", "build_model"]
 
 TASKS = {"digits": (64,), "cancer": (32,), "text": TEXT_HIDDEN,  # default hidden widths
          "digits-resnet18": ()}
+TABLE_TASKS = ("digits", "cancer")  # labelled rows on an MLP (federated runs, the sweeps)
+CLI_TASKS = (*TABLE_TASKS, "digits-resnet18")  # what ``trainsim execute --task`` offers
 IMAGE_SCALE = 4  # digits-resnet18: 8 x 8 pixels -> 32 x 32
 # (local steps, probe repetitions, steps between evaluations: 0 only at the start and end)
 # a measured-beside-predicted run takes by default: a ResNet-18 step is about 500 times the

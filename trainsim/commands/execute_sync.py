@@ -10,11 +10,14 @@ from typing import Any
 __all__ = ["cmd_execute_sync", "cmd_compare_sync", "add_sync_execute_options",
            "format_sync_run", "format_sync_comparison"]
 
+# executor.sync.task.CLI_TASKS, written out: that module imports torch, the parser must not
+TASKS = ("digits", "cancer", "digits-resnet18")
+
 
 def add_sync_execute_options(p: Any) -> None:
     from trainsim.commands.profile import int_at_least
 
-    p.add_argument("--task", choices=("digits", "cancer", "digits-resnet18"),
+    p.add_argument("--task", choices=TASKS,
                    help="plans with a sync strategy: train this bundled scikit-learn dataset "
                    "(an MLP; digits-resnet18: the digits on ResNet-18) instead of --model")
     p.add_argument("--lr", type=float, default=0.1, help="--task: SGD learning rate "
@@ -46,7 +49,7 @@ def _sync_inputs(args: argparse.Namespace, plan: Any) -> None:
     if args.task is None:
         raise SpecError("--task", f"a plan with sync {plan.sync.kind!r} over "
                         f"{plan.communication.architecture!r} runs on a bundled task: give "
-                        "--task digits, cancer or digits-resnet18")
+                        f"--task {' | '.join(TASKS)}")
     if args.device != "cpu":
         raise SpecError("--device", "the real sync runs use cpu (gloo) for now")
 
