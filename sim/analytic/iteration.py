@@ -16,14 +16,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sim.analytic.buckets import bucketed_s
+from sim.analytic.context import Ctx
+from sim.analytic.data_parallel import DPCost, dp_costs
 from sim.analytic.dualpipev import RankTime, StagePasses, dualpipev_pipeline
 from sim.cost import compute as cm
 from sim.cost.costmodel import CostModel
 from sim.layout.dualpipe import paired_share
-from sim.layout.inventory import rank_buckets
 from sim.layout.memory import rank_params
-from sim.layout.placement import group_span
 from sim.layout.routing import dispatches, replay_dispatches
 from sim.layout.schedule import warmup_forwards
 from sim.layout.stages import (
@@ -34,8 +33,6 @@ from sim.layout.stages import (
     tp_pass,
     virtual_stage_moe,
 )
-from sim.network.algorithms import collective_time
-from sim.network.alphabeta import Fabric, fabric_for
 from sim.result import Timing
 from sim.spec.cluster import ClusterSpec
 from sim.spec.model import ModelSpec
@@ -44,15 +41,6 @@ from sim.spec.recompute import reruns_core, stops_early
 from sim.spec.routing import comm_sm_share
 
 __all__ = ["StageCost", "Timing", "stage_costs", "analytic_iteration"]
-
-@dataclass(frozen=True)
-class _DPCost:
-    """Data-parallel seconds: per micro-batch (ZeRO-2/3) and once after the last backward."""
-
-    mb_exposed_s: float = 0.0
-    mb_overlapped_s: float = 0.0
-    tail_exposed_s: float = 0.0
-    tail_overlapped_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -65,7 +53,7 @@ class StageCost:
     cp_overlapped_s: float
     ep_s: float
     pp_s: float
-    dp: _DPCost
+    dp: DPCost
     optimizer_s: float
     embedding_s: float = 0.0  # the tied embedding's gradient all-reduce (first, last stage)
     ep_overlapped_s: float = 0.0  # expert all-to-alls hidden (plan.moe_overlap)
@@ -80,37 +68,7 @@ class StageCost:
         return self.dp.tail_exposed_s + self.embedding_s + self.optimizer_s
 
 
-class _Ctx:
-    """Inputs shared by every stage, computed once per call."""
-
-    def __init__(self, model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel,
-                 local: ClusterSpec | None = None) -> None:
-        self.m, self.c, self.p, self.cost = model, cluster, plan, cost
-        self.fabric: dict[str, Fabric] = {  # a replica's own groups on its own node fabric
-            g: fabric_for(local if local and g in ("tp", "cp", "pp", "emb") else cluster,
-                          group_span(plan, cluster, g))
-            for g in ("tp", "cp", "ep", "pp", "dp", "edp", "emb")}
-        self.dense = cm.layer_time(cost, model, plan)
-        self.moe = cm.layer_time(cost, model, plan, moe=True) if model.is_moe else self.dense
-        self.e = plan.activation_bytes
-        self.tokens = plan.local_tokens
-        self.overlap = cluster.comm_overlap
-        self.buckets: list[list[tuple[float, float]]] | None = None  # per rank, when needed
-        self.bucket_s: dict[tuple[str, float, float], float] = {}
-
-    def coll(self, group: str, kind: str, size: float) -> float:
-        """Seconds of one collective: measured (profile fit) if the cost model has it,
-        else the alpha-beta link model with the plan's algorithm."""
-        fabric = self.fabric[group]
-        if fabric.span.size > 1 and size > 0:
-            measured = self.cost.collective(kind, fabric.span.size, fabric.span.nodes > 1, size)
-            if measured is not None:
-                return measured
-        algo = self.p.algorithm("dp" if group == "edp" else group)
-        return collective_time(kind, fabric, size, algo)
-
-
-def _tp_per_layer(x: _Ctx, moe: bool = False) -> float:
+def _tp_per_layer(x: Ctx, moe: bool = False) -> float:
     """TP collectives of one layer, forward + backward (+ the replay if recomputed): the
     attention's and the MLP's, or an MoE layer's (:func:`sim.layout.stages.tp_pass`)."""
     act = x.tokens * x.m.hidden_size * x.e
@@ -127,13 +85,13 @@ def _tp_layers(st: StageLayers, dense_s: float, moe_s: float) -> float:
     return st.total * dense_s if moe_s == dense_s else st.dense * dense_s + st.moe * moe_s
 
 
-def _tp_edges(x: _Ctx, st: StageLayers) -> float:
+def _tp_edges(x: Ctx, st: StageLayers) -> float:
     """TP collectives of the embedding and the output layer and loss (first, last stage)."""
     return sum(x.coll("tp", coll, size)
                for _, coll, size in edge_tp_collectives(x.m, x.p, st.first, st.last))
 
 
-def _p2p(x: _Ctx, st: StageLayers, rank: int) -> float:
+def _p2p(x: Ctx, st: StageLayers, rank: int) -> float:
     """Pipeline communication per micro-batch, in Megatron-LM's blocking batched calls
     (:mod:`sim.layout.schedule`): ``calls * alpha + messages * S/beta + receives * gather``. Each
     TP rank sends ``S`` = 1/tp of the activation, and without sequence parallelism the
@@ -162,7 +120,7 @@ def _p2p(x: _Ctx, st: StageLayers, rank: int) -> float:
     return calls * send + (2 * p.vpp - end) * gather
 
 
-def _embedding_allreduce(x: _Ctx, st: StageLayers) -> float:
+def _embedding_allreduce(x: Ctx, st: StageLayers) -> float:
     """Megatron-LM's embedding group: with tied embeddings and pp > 1 the first and last
     stage all-reduce the word embedding's gradient (vocab x hidden / tp, training dtype)
     after the data-parallel reduction, before the optimizer step."""
@@ -171,7 +129,7 @@ def _embedding_allreduce(x: _Ctx, st: StageLayers) -> float:
     return x.coll("emb", "all_reduce", x.m.vocab_size * x.m.hidden_size / x.p.tp * x.e)
 
 
-def _cp_per_layer(x: _Ctx, layer: cm.LayerTime) -> tuple[float, float]:
+def _cp_per_layer(x: Ctx, layer: cm.LayerTime) -> tuple[float, float]:
     """Context parallelism's exchange of one layer and micro-batch (exposed, overlapped)
     (:func:`sim.layout.stages.cp_exchanges`). Ring attention (``p2p``): (cp-1) K/V hops
     forward, twice that backward, once more after recomputation, hidden behind the
@@ -191,7 +149,7 @@ def _cp_per_layer(x: _Ctx, layer: cm.LayerTime) -> tuple[float, float]:
     return max(0.0, comm - hide), min(comm, hide)
 
 
-def _ep_pass(x: _Ctx, forward: bool, replay: bool = False) -> float:
+def _ep_pass(x: Ctx, forward: bool, replay: bool = False) -> float:
     """One MoE layer's dispatch and combine in one forward or backward pass, or in
     recomputation's replay (:func:`sim.layout.routing.replay_dispatches`)."""
     if x.p.ep == 1:
@@ -202,7 +160,7 @@ def _ep_pass(x: _Ctx, forward: bool, replay: bool = False) -> float:
     return sum(max(x.coll("ep", kind, size) for kind, size in parts) for parts in ways)
 
 
-def _ep_stage(x: _Ctx, st: StageLayers, rank: int, k: float, tp_s: float
+def _ep_stage(x: Ctx, st: StageLayers, rank: int, k: float, tp_s: float
               ) -> tuple[float, float]:
     """(exposed, hidden) expert all-to-all seconds per micro-batch on a pipeline rank.
 
@@ -237,14 +195,14 @@ def _ep_stage(x: _Ctx, st: StageLayers, rank: int, k: float, tp_s: float
     return _sm_share(x, exposed, total - exposed)
 
 
-def _sm_share(x: _Ctx, exposed: float, hidden: float) -> tuple[float, float]:
+def _sm_share(x: Ctx, exposed: float, hidden: float) -> tuple[float, float]:
     """While the exchange runs beside compute its kernels hold ``S`` of the GPU's ``N``
     SMs, so that compute runs at ``(N - S) / N``: each hidden second costs ``S / N`` of a
     second, counted as exposed."""
     return exposed + hidden * comm_sm_share(x.p, x.c.gpu.sm_count), hidden
 
 
-def _stage_compute(x: _Ctx, st: StageLayers) -> float:
+def _stage_compute(x: Ctx, st: StageLayers) -> float:
     d, e = x.dense, x.moe
     t = st.dense * (d.forward + d.backward) + st.moe * (e.forward + e.backward)
     if x.p.recompute != "none":  # the replay, or the modules it re-runs (sim.spec.recompute)
@@ -257,48 +215,7 @@ def _stage_compute(x: _Ctx, st: StageLayers) -> float:
     return t
 
 
-def _hide(comm_s: float, window_s: float) -> tuple[float, float]:
-    """(exposed, overlapped) seconds of ``comm_s`` run beside ``window_s`` of compute."""
-    return max(0.0, comm_s - window_s), min(comm_s, window_s)
-
-
-def _bucketed(x: _Ctx, rank: int, kind: str) -> float:
-    x.buckets = x.buckets or rank_buckets(x.m, x.p)
-    return bucketed_s(x.coll, kind, x.buckets[rank], x.p.grad_bytes, x.bucket_s)
-
-
-def _dp_costs(x: _Ctx, st: StageLayers, compute_s: float, rank: int) -> _DPCost:
-    """Gradient reduction and ZeRO weight gathers of one pipeline rank. Gathered weights
-    move in the training dtype (fp32 for fp32 training, else 16 bits), gradients in
-    ``plan.grad_reduce_dtype``; ZeRO-0/1/2 reduce in DDP's buckets."""
-    dense, expert = rank_params(x.m, x.p, st)
-
-    def both(kind: str, scale: float = 1.0) -> float:
-        width = x.e if kind == "all_gather" else x.p.grad_bytes
-        return (x.coll("dp", kind, dense * width * scale)
-                + x.coll("edp", kind, expert * width * scale))
-
-    backward_s = st.dense * x.dense.backward + st.moe * x.moe.backward
-    window_s = backward_s * x.overlap if x.p.overlap_grad_reduce else 0.0
-    if x.p.zero_stage == 3:  # gather per pass, reduce-scatter per micro-batch, prefetched
-        passes = 2  # forward, backward (a recomputed forward reuses the backward's gather)
-        comm_s = passes * both("all_gather") + both("reduce_scatter")
-        first_layer_s = (passes * both("all_gather", 1 / st.total)
-                         + both("reduce_scatter", 1 / st.total))  # nothing to hide behind
-        exposed, overlapped = _hide(comm_s - first_layer_s,
-                                    (compute_s - first_layer_s) * x.overlap)
-        return _DPCost(exposed + first_layer_s, overlapped)
-    if x.p.zero_stage == 2:  # sharded gradients: reduce-scatter every micro-batch
-        exposed, overlapped = _hide(_bucketed(x, rank, "reduce_scatter"), window_s)
-        return _DPCost(exposed, overlapped, both("all_gather"))
-    if x.p.zero_stage == 1:
-        exposed, overlapped = _hide(_bucketed(x, rank, "reduce_scatter"), window_s)
-        return _DPCost(tail_exposed_s=exposed + both("all_gather"), tail_overlapped_s=overlapped)
-    exposed, overlapped = _hide(_bucketed(x, rank, "all_reduce"), window_s)
-    return _DPCost(tail_exposed_s=exposed, tail_overlapped_s=overlapped)
-
-
-def _optimizer(x: _Ctx, st: StageLayers) -> float:
+def _optimizer(x: Ctx, st: StageLayers) -> float:
     dense, expert = rank_params(x.m, x.p, st)
     shards = (x.p.dense_replicas, x.p.expert_replicas) if x.p.zero_stage >= 1 else (1, 1)
     params = dense / shards[0] + expert / shards[1]
@@ -309,10 +226,10 @@ def stage_costs(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostMo
                 stage_scale: Sequence[float] | None = None) -> list[StageCost]:
     """Per pipeline rank; ``stage_scale`` multiplies a stage's compute and optimizer step
     (stragglers: the stage's slowest rank, :func:`sim.network.failures.stage_scales`)."""
-    return _stage_costs(_Ctx(model, cluster, plan, cost), stage_scale)
+    return _stage_costs(Ctx(model, cluster, plan, cost), stage_scale)
 
 
-def _stage_costs(x: _Ctx, stage_scale: Sequence[float] | None) -> list[StageCost]:
+def _stage_costs(x: Ctx, stage_scale: Sequence[float] | None) -> list[StageCost]:
     plan, model = x.p, x.m
     tp_d, tp_m = _tp_per_layer(x), _tp_per_layer(x, moe=True)
     cp_d, cp_e = _cp_per_layer(x, x.dense), _cp_per_layer(x, x.moe)
@@ -325,12 +242,12 @@ def _stage_costs(x: _Ctx, stage_scale: Sequence[float] | None) -> list[StageCost
         out.append(StageCost(
             comp, tp,
             st.dense * cp_d[0] + st.moe * cp_e[0], st.dense * cp_d[1] + st.moe * cp_e[1],
-            ep[0], _p2p(x, st, len(out)), _dp_costs(x, st, comp, len(out)), k * _optimizer(x, st),
+            ep[0], _p2p(x, st, len(out)), dp_costs(x, st, comp, len(out)), k * _optimizer(x, st),
             _embedding_allreduce(x, st), ep[1]))
     return out
 
 
-def _chunk_passes(x: _Ctx, vs: int) -> StagePasses:
+def _chunk_passes(x: Ctx, vs: int) -> StagePasses:
     """One virtual stage's passes per micro-batch (:class:`StagePasses`). The weight
     gradients are the layers' GEMMs again (``dW = X^T dY`` has a forward GEMM's FLOPs): a
     layer's forward less its attention core, and the output layer's share of the
@@ -353,7 +270,7 @@ def _chunk_passes(x: _Ctx, vs: int) -> StagePasses:
     return StagePasses(f, b, w, moe * fwd, moe * (bwd + replay))
 
 
-def _dualpipev(x: _Ctx, stages: Sequence[StageCost], bound: bool = False) -> float:
+def _dualpipev(x: Ctx, stages: Sequence[StageCost], bound: bool = False) -> float:
     """The pipeline phase under DualPipeV (:mod:`sim.analytic.dualpipev`), or a lower
     bound on it."""
     passes = [_chunk_passes(x, vs) for vs in range(2 * x.p.pp)]
@@ -370,7 +287,7 @@ def analytic_iteration(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost:
     """One iteration; ``dualpipev_bound``: a DualPipeV plan's pipeline phase as the lower
     bound of :func:`sim.analytic.dualpipev.dualpipev_pipeline` (what the search screens
     with), not the time; ``local``: the node fabric of one replica's own nodes."""
-    x = _Ctx(model, cluster, plan, cost, local)
+    x = Ctx(model, cluster, plan, cost, local)
     stages = _stage_costs(x, stage_scale)
     m, v = plan.num_microbatches, plan.vpp
     times = [s.per_microbatch_s for s in stages]
