@@ -43,3 +43,12 @@ class Ctx:
                 return measured
         algo = self.p.algorithm("dp" if group == "edp" else group)
         return collective_time(kind, fabric, size, algo)
+
+    def off_dp_links(self, waits: dict[str, float]) -> float:
+        """Seconds of ``waits`` (blocking collectives by group) whose links data-parallel
+        traffic does not use: a group inside one node while the data-parallel groups cross
+        nodes, whose NICs bound them (ZeRO-2/3's traffic goes on beside such collectives, as
+        in the DES)."""
+        crosses = any(self.fabric[g].span.nodes > 1 for g in ("dp", "edp")
+                      if self.fabric[g].span.size > 1)
+        return sum(s for g, s in waits.items() if crosses and self.fabric[g].span.nodes == 1)

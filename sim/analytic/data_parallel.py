@@ -35,10 +35,14 @@ def _bucketed(x: Ctx, rank: int, kind: str) -> float:
     return bucketed_s(x.coll, kind, x.buckets[rank], x.p.grad_bytes, x.bucket_s)
 
 
-def dp_costs(x: Ctx, st: StageLayers, compute_s: float, rank: int) -> DPCost:
+def dp_costs(x: Ctx, st: StageLayers, compute_s: float, rank: int, beside_s: float = 0.0
+             ) -> DPCost:
     """Gradient reduction and ZeRO weight gathers of one pipeline rank. Gathered weights
     move in the training dtype (fp32 for fp32 training, else 16 bits), gradients in
-    ``plan.grad_reduce_dtype``; ZeRO-0/1/2 reduce in DDP's buckets."""
+    ``plan.grad_reduce_dtype``; ZeRO-0/1/2 reduce in DDP's buckets. ``beside_s``: seconds
+    a micro-batch waits on collectives whose links ZeRO-2/3's traffic does not use (it
+    goes on beside them as beside compute; ZeRO-2's reduce-scatters beside the backward's
+    share)."""
     dense, expert = rank_params(x.m, x.p, st)
 
     def both(kind: str, scale: float = 1.0) -> float:
@@ -51,12 +55,15 @@ def dp_costs(x: Ctx, st: StageLayers, compute_s: float, rank: int) -> DPCost:
     if x.p.zero_stage == 3:  # gather per pass, reduce-scatter per micro-batch, prefetched
         passes = 2  # forward, backward (a recomputed forward reuses the backward's gather)
         comm_s = passes * both("all_gather") + both("reduce_scatter")
-        first_layer_s = (_z3_first_gathers(x, rank)
-                         + both("reduce_scatter", 1 / st.total))  # nothing to hide behind
-        exposed, overlapped = hide(comm_s - first_layer_s,
-                                    (compute_s - first_layer_s) * x.overlap)
-        return DPCost(exposed + first_layer_s, overlapped)
-    if x.p.zero_stage == 2:  # sharded gradients: reduce-scatter every micro-batch
+        waits = _z3_waits(x, rank)  # nothing to hide behind
+        exposed, overlapped = hide(comm_s - waits,
+                                   (compute_s + beside_s - waits) * x.overlap)
+        return DPCost(exposed + waits, overlapped)
+    if x.p.zero_stage == 2:  # sharded gradients: reduce-scatter every micro-batch, the
+        # backward ending when they have (sim.des.data_parallel.DataParallel.settle), beside
+        # its compute and its share of the collectives they do not share links with
+        if compute_s > 0:
+            window_s *= 1 + beside_s / compute_s
         exposed, overlapped = hide(_bucketed(x, rank, "reduce_scatter"), window_s)
         return DPCost(exposed, overlapped, both("all_gather"))
     if x.p.zero_stage == 1:
@@ -66,16 +73,18 @@ def dp_costs(x: Ctx, st: StageLayers, compute_s: float, rank: int) -> DPCost:
     return DPCost(tail_exposed_s=exposed, tail_overlapped_s=overlapped)
 
 
-def _z3_first_gathers(x: Ctx, rank: int) -> float:
-    """ZeRO-3 gathers nothing hides, per micro-batch: each chunk (virtual stage) of the
-    pipeline rank prefetches its next layer's weights behind the current one, but waits
-    for the first it runs, in the forward (its first layer) and the backward (its last),
-    as the DES does (:meth:`sim.des.data_parallel.DataParallel.z3_gather`)."""
+def _z3_waits(x: Ctx, rank: int) -> float:
+    """ZeRO-3 collectives nothing hides, per micro-batch, as the DES runs them
+    (:class:`sim.des.data_parallel.DataParallel`): each chunk (virtual stage) of the
+    pipeline rank prefetches its next layer's weights behind the current one but waits for
+    the first it runs, in the forward (its first layer) and the backward (its last); and
+    its backward ends when the reduce-scatter of the last layer it ran (its first) has."""
     flags = virtual_stage_moe(x.p, x.m)
 
-    def gather(moe: bool) -> float:
+    def one(kind: str, moe: bool) -> float:
+        width = x.e if kind == "all_gather" else x.p.grad_bytes
         dense, expert = layer_rank_params(x.m, x.p, moe)
-        return (x.coll("dp", "all_gather", dense * x.e)
-                + x.coll("edp", "all_gather", expert * x.e))
-    return sum(gather(flags[vs][0]) + gather(flags[vs][-1])
+        return x.coll("dp", kind, dense * width) + x.coll("edp", kind, expert * width)
+    return sum(one("all_gather", flags[vs][0]) + one("all_gather", flags[vs][-1])
+               + one("reduce_scatter", flags[vs][0])
                for vs in rank_virtual_stages(x.p, rank) if flags[vs])

@@ -239,10 +239,12 @@ def _stage_costs(x: Ctx, stage_scale: Sequence[float] | None) -> list[StageCost]
         comp = k * _stage_compute(x, st)
         tp = _tp_layers(st, tp_d, tp_m) + _tp_edges(x, st)
         ep = _ep_stage(x, st, len(out), k, tp)
+        cp = st.dense * cp_d[0] + st.moe * cp_e[0]
+        beside = x.off_dp_links({"tp": tp, "cp": cp, "ep": ep[0]})
         out.append(StageCost(
-            comp, tp,
-            st.dense * cp_d[0] + st.moe * cp_e[0], st.dense * cp_d[1] + st.moe * cp_e[1],
-            ep[0], _p2p(x, st, len(out)), dp_costs(x, st, comp, len(out)), k * _optimizer(x, st),
+            comp, tp, cp, st.dense * cp_d[1] + st.moe * cp_e[1],
+            ep[0], _p2p(x, st, len(out)), dp_costs(x, st, comp, len(out), beside),
+            k * _optimizer(x, st),
             _embedding_allreduce(x, st), ep[1]))
     return out
 

@@ -97,6 +97,15 @@ class DataParallel:
         job = x.env.process(self._job(u, "reduce_scatter", dense, expert, tag))
         self._jobs[u].append(job)
 
+    def settle(self, u: Unit) -> Proc:
+        """The end of a backward under ZeRO-2/3: compute waits for the reduce-scatters it
+        issued (DeepSpeed synchronises after each backward's reduction epilogue; FSDP2's
+        post-backward callback makes the compute stream wait for the last reduce-scatter),
+        so they do not run on into the next micro-batch."""
+        pending = [job for job in self._jobs[u] if not job.triggered]
+        if pending:
+            yield from self.x.wait(u, "dp", simpy.AllOf(self.x.env, pending), "dp settle")
+
     def tail(self, u: Unit, stage: StageLayers) -> Proc:
         """The reduction left after the last backward: all of it without overlap, then the
         wait for every background job."""

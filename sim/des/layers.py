@@ -265,6 +265,8 @@ class Layers:
         if reduce_now and x.p.zero_stage < 3:
             dp.grad_ready(u, chunk_edge_params(x.m, x.p, vs), 0.0, gtag)
             dp.flush(u, gtag)
+        if x.p.zero_stage >= 2 and part != "input":
+            yield from dp.settle(u)
 
     def _layers_backward(self, u: Unit, vs: int, mb: int, layers: list[bool],
                          reduce_now: bool, gtag: tuple, part: str = "full") -> Proc:
