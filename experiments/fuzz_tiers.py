@@ -1,6 +1,6 @@
 """Random healthy plans at real sizes, the analytic tier against the DES.
 
-Run: ``.venv/bin/python experiments/fuzz_tiers.py [--cases 120] [--seed 0]`` (about five
+Run: ``.venv/bin/python experiments/fuzz_tiers.py [--cases 120] [--seed 0]`` (about two
 minutes on 2 cores). Draws a model (llama3-8b, llama3-70b, mixtral-8x7b, qwen3-30b-a3b), a
 DGX-H100 cluster of 2-8 nodes and a plan (TP with or without sequence parallelism, PP with
 1F1B, GPipe or interleaving, CP with each exchange, EP with each dispatcher and overlap,

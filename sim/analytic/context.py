@@ -46,9 +46,11 @@ class Ctx:
 
     def off_dp_links(self, waits: dict[str, float]) -> float:
         """Seconds of ``waits`` (blocking collectives by group) whose links data-parallel
-        traffic does not use: a group inside one node while the data-parallel groups cross
-        nodes, whose NICs bound them (ZeRO-2/3's traffic goes on beside such collectives, as
-        in the DES)."""
-        crosses = any(self.fabric[g].span.nodes > 1 for g in ("dp", "edp")
-                      if self.fabric[g].span.size > 1)
+        traffic does not use: a group inside one node while every data-parallel group
+        crosses nodes, whose NICs bound it (ZeRO-2/3's traffic goes on beside such
+        collectives, as in the DES; where a data-parallel group has several ranks in a node
+        its hops inside the node share NVLink with them, which the DES charges and this
+        leaves out)."""
+        spans = [self.fabric[g].span for g in ("dp", "edp") if self.fabric[g].span.size > 1]
+        crosses = bool(spans) and all(s.nodes > 1 for s in spans)
         return sum(s for g, s in waits.items() if crosses and self.fabric[g].span.nodes == 1)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from sim.analytic.buckets import bucketed_s
 from sim.analytic.context import Ctx
-from sim.layout.inventory import rank_buckets
+from sim.layout.inventory import chunk_buckets, rank_buckets
 from sim.layout.memory import layer_rank_params, rank_params
 from sim.layout.stages import StageLayers, rank_virtual_stages, virtual_stage_moe
 
@@ -55,17 +55,22 @@ def dp_costs(x: Ctx, st: StageLayers, compute_s: float, rank: int, beside_s: flo
     if x.p.zero_stage == 3:  # gather per pass, reduce-scatter per micro-batch, prefetched
         passes = 2  # forward, backward (a recomputed forward reuses the backward's gather)
         comm_s = passes * both("all_gather") + both("reduce_scatter")
-        waits = _z3_waits(x, rank)  # nothing to hide behind
+        waits = min(comm_s, _z3_waits(x, rank))  # nothing to hide behind
         exposed, overlapped = hide(comm_s - waits,
-                                   (compute_s + beside_s - waits) * x.overlap)
+                                   max(0.0, compute_s + beside_s - waits) * x.overlap)
         return DPCost(exposed + waits, overlapped)
-    if x.p.zero_stage == 2:  # sharded gradients: reduce-scatter every micro-batch, the
-        # backward ending when they have (sim.des.data_parallel.DataParallel.settle), beside
-        # its compute and its share of the collectives they do not share links with
+    if x.p.zero_stage == 2:  # sharded gradients: reduce-scatter every micro-batch beside the
+        # backward's compute and its share of the collectives on other links; each chunk's
+        # backward ends when they have (sim.des.data_parallel.DataParallel.settle): its last
+        # bucket, started at the end, waits
         if compute_s > 0:
             window_s *= 1 + beside_s / compute_s
-        exposed, overlapped = hide(_bucketed(x, rank, "reduce_scatter"), window_s)
-        return DPCost(exposed, overlapped, both("all_gather"))
+        total = _bucketed(x, rank, "reduce_scatter")
+        waits = min(total, sum(bucketed_s(x.coll, "reduce_scatter", chunk[-1:],
+                                          x.p.grad_bytes, x.bucket_s)
+                               for chunk in chunk_buckets(x.m, x.p)[rank]))
+        exposed, overlapped = hide(total - waits, window_s)
+        return DPCost(exposed + waits, overlapped, both("all_gather"))
     if x.p.zero_stage == 1:
         exposed, overlapped = hide(_bucketed(x, rank, "reduce_scatter"), window_s)
         return DPCost(tail_exposed_s=exposed + both("all_gather"), tail_overlapped_s=overlapped)

@@ -102,7 +102,7 @@ class DataParallel:
         issued (DeepSpeed synchronises after each backward's reduction epilogue; FSDP2's
         post-backward callback makes the compute stream wait for the last reduce-scatter),
         so they do not run on into the next micro-batch."""
-        pending = [job for job in self._jobs[u] if not job.triggered]
+        pending = self._jobs[u] = [job for job in self._jobs[u] if not job.triggered]
         if pending:
             yield from self.x.wait(u, "dp", simpy.AllOf(self.x.env, pending), "dp settle")
 

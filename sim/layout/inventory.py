@@ -239,14 +239,21 @@ def rank_buckets(m: ModelSpec, p: Plan) -> list[list[tuple[float, float]]]:
     """:func:`layer_buckets` of every pipeline rank."""
     if not p.overlap_grad_reduce and p.zero_stage < 2:
         return [[rank_params(m, p, st)] for st in pipeline_rank_layers(p, m)]
+    return [[b for chunk in rank for b in chunk] for rank in chunk_buckets(m, p)]
+
+
+def chunk_buckets(m: ModelSpec, p: Plan) -> list[list[list[tuple[float, float]]]]:
+    """Per pipeline rank, per chunk (virtual stage) it holds, the chunk's gradient buckets
+    in the order its backward fills them (its last is the rest, with its embedding or
+    output parameters)."""
     cap, flags = dp_bucket_params(p), virtual_stage_moe(p, m)
     layer = {moe: layer_rank_params(m, p, moe) for moe in {f for fs in flags for f in fs}}
     edge = {vs: chunk_edge_params(m, p, vs) for vs in (0, len(flags) - 1)}
-    out: list[list[tuple[float, float]]] = []
+    out: list[list[list[tuple[float, float]]]] = []
     for r in range(p.pp):
-        buckets = []
+        chunks = []
         for vs in rank_virtual_stages(p, r):
-            dense = expert = 0.0
+            buckets, dense, expert = [], 0.0, 0.0
             for moe in reversed(flags[vs]):
                 d, e = layer[moe]
                 dense, expert = dense + d, expert + e
@@ -254,7 +261,8 @@ def rank_buckets(m: ModelSpec, p: Plan) -> list[list[tuple[float, float]]]:
                     buckets.append((dense, expert))
                     dense = expert = 0.0
             buckets.append((dense + edge.get(vs, 0.0), expert))
-        out.append([(d, e) for d, e in buckets if d + e > 0])
+            chunks.append([(d, e) for d, e in buckets if d + e > 0])
+        out.append(chunks)
     return out
 
 
