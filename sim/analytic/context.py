@@ -31,6 +31,7 @@ class Ctx:
         self.tokens = plan.local_tokens
         self.overlap = cluster.comm_overlap
         self.buckets: list[list[tuple[float, float]]] | None = None  # per rank, when needed
+        self.chunk_buckets: list[list[list[tuple[float, float]]]] | None = None  # and chunk
         self.bucket_s: dict[tuple[str, float, float], float] = {}
 
     def coll(self, group: str, kind: str, size: float) -> float:

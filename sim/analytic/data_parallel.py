@@ -66,9 +66,10 @@ def dp_costs(x: Ctx, st: StageLayers, compute_s: float, rank: int, beside_s: flo
         if compute_s > 0:
             window_s *= 1 + beside_s / compute_s
         total = _bucketed(x, rank, "reduce_scatter")
+        x.chunk_buckets = x.chunk_buckets or chunk_buckets(x.m, x.p)
         waits = min(total, sum(bucketed_s(x.coll, "reduce_scatter", chunk[-1:],
                                           x.p.grad_bytes, x.bucket_s)
-                               for chunk in chunk_buckets(x.m, x.p)[rank]))
+                               for chunk in x.chunk_buckets[rank]))
         exposed, overlapped = hide(total - waits, window_s)
         return DPCost(exposed + waits, overlapped, both("all_gather"))
     if x.p.zero_stage == 1:
