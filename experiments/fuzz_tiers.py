@@ -4,10 +4,11 @@ Run: ``.venv/bin/python experiments/fuzz_tiers.py [--cases 120] [--seed 0]`` (ab
 minutes on 2 cores). Draws a model (llama3-8b, llama3-70b, mixtral-8x7b, qwen3-30b-a3b), a
 DGX-H100 cluster of 2-8 nodes and a plan (TP with or without sequence parallelism, PP with
 1F1B, GPipe or interleaving, CP with each exchange, EP with each dispatcher and overlap,
-ZeRO 0-3, each recomputation), and simulates it in both tiers. The two model the same
-step: the DES runs every event on the shared fabric, the closed form sums per-rank costs
-and assumes overlap where the DES schedules it, so they part where the fabric is shared or
-where the closed form counts a wait differently. Cases more than 5% apart are the ones to
+ZeRO 0-3 with and without overlapped gradient reduction, each recomputation), and
+simulates it in both tiers. The two model the same step: the DES runs every event on the
+shared fabric, the closed form sums per-rank costs and assumes overlap where the DES
+schedules it, so they part where the fabric is shared or where the closed form counts a
+wait differently. Cases more than 5% apart are the ones to
 read. Writes ``experiments/results/fuzz_tiers.csv`` (one row per case, each with its
 breakdowns) and prints the distribution of ``analytic / DES - 1`` overall and by feature.
 """
@@ -55,6 +56,7 @@ def draw(rng: random.Random) -> tuple[str, str, Plan] | None:
         "vpp": 2 if schedule == "interleaved-1f1b" else 1, "schedule": schedule,
         "zero_stage": rng.choice([0, 1, 2, 3]),
         "recompute": rng.choice(["none", "selective", "full"]),
+        "overlap_grad_reduce": rng.random() < 0.8,
         "sequence_parallel": tp > 1 and rng.random() < 0.7,
         "cp_comm": rng.choice(["p2p", "allgather", "a2a"]) if cp > 1 else "p2p"}
     if name in ("mixtral-8x7b", "qwen3-30b-a3b"):
@@ -84,6 +86,7 @@ def one(rng: random.Random) -> dict[str, object] | None:
         "model": name, "cluster": cluster_name, "tp": plan.tp, "pp": plan.pp, "vpp": plan.vpp,
         "cp": plan.cp, "ep": plan.ep, "dp": plan.dp, "schedule": plan.schedule,
         "zero": plan.zero_stage, "recompute": plan.recompute, "sp": plan.sequence_parallel,
+        "overlap": plan.overlap_grad_reduce,
         "cp_comm": plan.cp_comm if plan.cp > 1 else "", "mbs": plan.micro_batch_size,
         "microbatches": plan.num_microbatches,
         "dispatcher": plan.moe_dispatcher if plan.ep > 1 else "",
@@ -101,7 +104,7 @@ def summary(df: pd.DataFrame) -> None:
     print(f"{len(df)} cases: |analytic / DES - 1| median {100 * err.median():.2f}%, "
           f"p90 {100 * err.quantile(0.9):.2f}%, worst {100 * err.max():.2f}%; "
           f"{(err > 0.05).sum()} beyond 5%, {(err > 0.10).sum()} beyond 10%")
-    for col in ("model", "schedule", "zero", "recompute", "cp_comm", "dispatcher",
+    for col in ("model", "schedule", "zero", "overlap", "recompute", "cp_comm", "dispatcher",
                 "moe_overlap", "tp", "pp"):
         by = df.assign(e=100 * err).groupby(col)["e"].agg(["count", "median", "max"])
         print(f"by {col}:\n{by.to_string(float_format='%.2f')}")

@@ -112,3 +112,13 @@ def test_zero3_waits_never_exceed_the_communication():
         assert st.dp.mb_overlapped_s >= 0.0
     timing = simulate(model, cluster, plan)
     assert timing.communication["dp"]["overlapped_s"] >= 0.0
+
+
+def test_zero2_without_overlap_reduces_after_each_backward():
+    """``overlap_grad_reduce = false``: ZeRO-2 reduce-scatters a chunk's gradients at the
+    end of its backward, in both tiers (the DES used to overlap them anyway)."""
+    plan = dataclasses.replace(_sharded(8, 2, 16), overlap_grad_reduce=False)
+    a, d = (simulate(LLAMA, H100_4, plan, fidelity=f) for f in ("analytic", "des"))
+    overlapped = simulate(LLAMA, H100_4, _sharded(8, 2, 16), fidelity="des")
+    assert d.iteration_time_s > overlapped.iteration_time_s
+    assert a.iteration_time_s == pytest.approx(d.iteration_time_s, rel=0.03)

@@ -6,6 +6,7 @@ of the updated weights after the optimizer step.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import simpy
@@ -28,7 +29,8 @@ class DataParallel:
         self._jobs: dict[Unit, list[simpy.Process]] = {u: [] for u in x.units}
         self._pending: dict[Unit, list[float]] = {}
         self._seq: dict[Unit, int] = {}
-        self.bucket_params = dp_bucket_params(x.p)
+        # without overlap ZeRO-2 reduces a chunk's gradients at the end of its backward
+        self.bucket_params = dp_bucket_params(x.p) if x.p.overlap_grad_reduce else math.inf
 
     def reduces_after(self, u: Unit, mb: int) -> bool:
         """Whether gradients are reduced during this micro-batch's backward."""

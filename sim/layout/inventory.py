@@ -247,6 +247,8 @@ def chunk_buckets(m: ModelSpec, p: Plan) -> list[list[list[tuple[float, float]]]
     in the order its backward fills them (its last is the rest, with its embedding or
     output parameters)."""
     cap, flags = dp_bucket_params(p), virtual_stage_moe(p, m)
+    if not p.overlap_grad_reduce:  # ZeRO-2 without overlap: a chunk's all at its end
+        cap = math.inf
     layer = {moe: layer_rank_params(m, p, moe) for moe in {f for fs in flags for f in fs}}
     edge = {vs: chunk_edge_params(m, p, vs) for vs in (0, len(flags) - 1)}
     out: list[list[list[tuple[float, float]]]] = []
