@@ -25,6 +25,7 @@ from sim.layout.stages import rank_virtual_stages, virtual_stage_layers
 from sim.spec.experts import expert_tp, experts_follow_dense
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
+from sim.spec.zero import regathers
 
 __all__ = ["Parallel", "parallelize", "build_mesh", "ddp_bucket_bytes", "MESH_DIMS"]
 
@@ -310,7 +311,7 @@ def _fsdp(chunk: nn.Module, plan: Plan, dp_mesh: DeviceMesh, edp: Any) -> nn.Mod
 
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16) \
         if plan.dtype == "bf16" else MixedPrecisionPolicy()
-    kw = {"mp_policy": mp, "reshard_after_forward": plan.zero_stage == 3}
+    kw = {"mp_policy": mp, "reshard_after_forward": regathers(plan)}
     ignored: set[nn.Parameter] = set()
     for layer in chunk.layers.values():  # type: ignore[union-attr]
         ff = layer.feed_forward

@@ -24,6 +24,9 @@ Assumed where the benchmark does not say (marked in the table):
   on the last two); 8 micro-batches of 4 sequences (torchtitan's default then:
   ``pipeline_parallel_microbatches`` unset gives the PP degree).
 * Async TP (the 70B "+ AsyncTP" rows, all 405B rows): not modelled; predicted as vanilla TP.
+* 405B: FSDP keeps each layer's gathered weights from forward to backward
+  (``reshard_after_forward = false``: torchtitan's ``fsdp_reshard_after_forward = "default"``
+  under PP, "to avoid per-microbatch all-gathers").
 * The 2025-06 70B rows: the 2024-12 70B configuration (local batch 16, full AC), BF16 +
   compile.
 
@@ -84,7 +87,8 @@ def _plan(row: pd.Series, dtype: str) -> tuple[Plan, str]:
     base, extra = divmod(126, stages)
     layers = (base + 1,) * extra + (base,) * (stages - extra)
     plan = Plan(**common, pp=pp, vpp=vpp, micro_batch_size=local // pp,
-                schedule="interleaved-1f1b" if vpp > 1 else "1f1b", layers_per_stage=layers)
+                schedule="interleaved-1f1b" if vpp > 1 else "1f1b", layers_per_stage=layers,
+                reshard_after_forward=False)  # torchtitan's default under PP
     notes.append(f"{pp} micro-batches of {local // pp}, layers {layers[0]}/"
                  f"{layers[-1]} a stage")
     return plan, "; ".join(notes)

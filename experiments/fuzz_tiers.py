@@ -4,7 +4,8 @@ Run: ``.venv/bin/python experiments/fuzz_tiers.py [--cases 120] [--seed 0]`` (ab
 minutes on 2 cores). Draws a model (llama3-8b, llama3-70b, mixtral-8x7b, qwen3-30b-a3b), a
 DGX-H100 cluster of 2-8 nodes and a plan (TP with or without sequence parallelism, PP with
 1F1B, GPipe or interleaving, CP with each exchange, EP with each dispatcher and overlap,
-ZeRO 0-3 with and without overlapped gradient reduction, each recomputation), and
+ZeRO 0-3 with and without overlapped gradient reduction, ZeRO-3 keeping gathered weights
+or not, each recomputation), and
 simulates it in both tiers. The two model the same step: the DES runs every event on the
 shared fabric, the closed form sums per-rank costs and assumes overlap where the DES
 schedules it, so they part where the fabric is shared or where the closed form counts a
@@ -59,6 +60,8 @@ def draw(rng: random.Random) -> tuple[str, str, Plan] | None:
         "overlap_grad_reduce": rng.random() < 0.8,
         "sequence_parallel": tp > 1 and rng.random() < 0.7,
         "cp_comm": rng.choice(["p2p", "allgather", "a2a"]) if cp > 1 else "p2p"}
+    if fields["zero_stage"] == 3:
+        fields["reshard_after_forward"] = rng.random() < 0.7
     if name in ("mixtral-8x7b", "qwen3-30b-a3b"):
         fields |= _moe_fields(rng, dp, tp)
     try:
@@ -86,7 +89,7 @@ def one(rng: random.Random) -> dict[str, object] | None:
         "model": name, "cluster": cluster_name, "tp": plan.tp, "pp": plan.pp, "vpp": plan.vpp,
         "cp": plan.cp, "ep": plan.ep, "dp": plan.dp, "schedule": plan.schedule,
         "zero": plan.zero_stage, "recompute": plan.recompute, "sp": plan.sequence_parallel,
-        "overlap": plan.overlap_grad_reduce,
+        "overlap": plan.overlap_grad_reduce, "reshard": plan.reshard_after_forward,
         "cp_comm": plan.cp_comm if plan.cp > 1 else "", "mbs": plan.micro_batch_size,
         "microbatches": plan.num_microbatches,
         "dispatcher": plan.moe_dispatcher if plan.ep > 1 else "",
@@ -104,8 +107,8 @@ def summary(df: pd.DataFrame) -> None:
     print(f"{len(df)} cases: |analytic / DES - 1| median {100 * err.median():.2f}%, "
           f"p90 {100 * err.quantile(0.9):.2f}%, worst {100 * err.max():.2f}%; "
           f"{(err > 0.05).sum()} beyond 5%, {(err > 0.10).sum()} beyond 10%")
-    for col in ("model", "schedule", "zero", "overlap", "recompute", "cp_comm", "dispatcher",
-                "moe_overlap", "tp", "pp"):
+    for col in ("model", "schedule", "zero", "overlap", "reshard", "recompute", "cp_comm",
+                "dispatcher", "moe_overlap", "tp", "pp"):
         by = df.assign(e=100 * err).groupby(col)["e"].agg(["count", "median", "max"])
         print(f"by {col}:\n{by.to_string(float_format='%.2f')}")
     cols = ["model", "cluster", "tp", "pp", "vpp", "cp", "ep", "dp", "zero", "recompute",

@@ -19,11 +19,13 @@ How a row becomes a plan (assumptions, none tuned):
   every Automodel row dispatches with DeepEP (its "TE + DeepEP" column, ``enable_deepep``);
   gpt-oss-120b runs EP 64 and gpt-oss-20b EP 8 (the table prints "-"); DeepSeek-V3,
   Qwen3-30B-A3B and gpt-oss-20b checkpoint every block (full recomputation), gpt-oss-120b
-  none; gradients are reduced in fp32 (the MoE parallelizer's ``reduce_dtype``).
-  ``--as-published`` ignores the configs (EP as printed, DeepEP only where named, the
-  least recomputation that fits in 80 GB by trainsim's memory model, 16-bit gradients).
-  Megatron-LM's Mixtral row takes the least recomputation that fits. Flash attention,
-  bf16, forced-balance routing (trainsim's balanced routing).
+  none; gradients are reduced in fp32 (the MoE parallelizer's ``reduce_dtype``); under
+  PP (the DeepSeek-V3 rows) FSDP keeps each layer's gathered weights from forward to
+  backward (``reshard_after_forward``: ``not pp_enabled`` by default before 2c236e081, false
+  in the DeepSeek-V3 config after). ``--as-published`` ignores the configs (EP as printed,
+  DeepEP only where named, the least recomputation that fits in 80 GB by trainsim's memory
+  model, 16-bit gradients). Megatron-LM's Mixtral row takes the least recomputation that
+  fits. Flash attention, bf16, forced-balance routing (trainsim's balanced routing).
 * DeepSeek-V3 without multi-token prediction (as the rows say); gpt-oss's sliding-window
   layers as full attention (trainsim warns).
 * The implied FLOPs per token of each Automodel row (published TFLOP/s / tokens/s) is
@@ -71,9 +73,13 @@ _AUTOMODEL = {"moe_dispatcher": "deepep", "grad_reduce_dtype": "fp32"}
 # activation_checkpointing: each block in torch's checkpoint_wrapper (non-reentrant, torch's
 # default early stop: the replay ends before DeepEP's combine)
 _CHECKPOINT = {"recompute": "full", "recompute_replay": "early-stop"}
+# Automodel's FSDP2 kept the weights gathered from forward to backward under PP: its
+# reshard_after_forward defaulted to `not pp_enabled` before 2c236e081, and the DeepSeek-V3
+# config sets it false after
+_KEPT = {"reshard_after_forward": False}
 CONFIGURED: dict[str, dict[str, object]] = {
-    "AM-1": {**_AUTOMODEL, **_CHECKPOINT},
-    "AM-2": {**_AUTOMODEL, **_CHECKPOINT},
+    "AM-1": {**_AUTOMODEL, **_CHECKPOINT, **_KEPT},
+    "AM-2": {**_AUTOMODEL, **_CHECKPOINT, **_KEPT},
     "AM-3": {**_AUTOMODEL, **_CHECKPOINT},
     "AM-4": {**_AUTOMODEL, "ep": 64, "recompute": "none"},
     "AM-5": {**_AUTOMODEL, "ep": 8, **_CHECKPOINT},

@@ -211,7 +211,7 @@ HELP_OPTIONS: dict[tuple[str, ...], list[str]] = {
                       "--placement",
                       "--sequence-parallel", "--moe-max-load", "--moe-capacity-factor",
                       "--moe-dispatcher", "--moe-dispatch-dtype", "--moe-comm-sms", "--cp-comm",
-                      "--recompute-modules", "--recompute-replay",
+                      "--recompute-modules", "--recompute-replay", "--keep-gathered-weights",
                       "--moe-overlap", "--sync",
                       "--communication",
                       "--compression", "--model", "--cluster", "--out"],

@@ -38,6 +38,9 @@ def check(plan: Plan, model: ModelSpec) -> None:
     if plan.attention != "flash":
         raise SpecError("plan.attention", "the attention kernel is the model code's choice, "
                         "not DeepSpeed's: export plans with attention = flash")
+    if not plan.reshard_after_forward:
+        raise SpecError("plan.reshard_after_forward", "false is not expressible in DeepSpeed: "
+                        "its ZeRO-3 gathers the weights again for the backward (use true)")
     if plan.zero_stage == 0 and plan.overlap_grad_reduce:
         raise SpecError("plan.overlap_grad_reduce", "true at ZeRO-0 is not expressible in "
                         "DeepSpeed: stage 0 reduces the gradients after backward (use "

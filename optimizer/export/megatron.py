@@ -59,6 +59,9 @@ def check(plan: Plan, model: ModelSpec) -> None:
     if plan.recompute_replay != "whole":
         raise SpecError("plan.recompute_replay", f"{plan.recompute_replay} is not expressible "
                         "in Megatron-LM: its recomputation replays the whole layer (use whole)")
+    if not plan.reshard_after_forward:
+        raise SpecError("plan.reshard_after_forward", "false is not expressible in Megatron-LM: "
+                        "Megatron-FSDP gathers the weights again for the backward (use true)")
     late = {"layernorm", "moe_act"} & set(plan.recompute_modules or ())
     if plan.dtype == "fp8" and late:
         raise SpecError("plan.recompute_modules", f"{' and '.join(sorted(late))} with fp8 is "

@@ -105,6 +105,8 @@ def _split(plan: Plan, model: ModelSpec) -> list[list[str]] | None:
 
 def _parallelism(plan: Plan, model: ModelSpec) -> dict[str, object]:
     sharded, reshard = _FSDP[plan.zero_stage]
+    if not plan.reshard_after_forward:  # ZeRO-3 keeping the forward's weights
+        reshard = "never"
     split = _split(plan, model)
     out: dict[str, object] = {
         "data_parallel_replicate_degree": 1 if sharded else plan.dp,

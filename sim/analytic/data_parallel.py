@@ -11,6 +11,7 @@ from sim.analytic.context import Ctx
 from sim.layout.inventory import chunk_buckets, rank_buckets
 from sim.layout.memory import layer_rank_params, rank_params
 from sim.layout.stages import StageLayers, rank_virtual_stages, virtual_stage_moe
+from sim.spec.zero import regathers
 
 __all__ = ["DPCost", "dp_costs", "hide"]
 
@@ -53,7 +54,9 @@ def dp_costs(x: Ctx, st: StageLayers, compute_s: float, rank: int, beside_s: flo
     backward_s = st.dense * x.dense.backward + st.moe * x.moe.backward
     window_s = backward_s * x.overlap if x.p.overlap_grad_reduce else 0.0
     if x.p.zero_stage == 3:  # gather per pass, reduce-scatter per micro-batch, prefetched
-        passes = 2  # forward, backward (a recomputed forward reuses the backward's gather)
+        # forward, backward (a recomputed forward reuses the backward's gather); the
+        # forward's only where the weights are kept for the backward
+        passes = 2 if regathers(x.p) else 1
         comm_s = passes * both("all_gather") + both("reduce_scatter")
         waits = min(comm_s, _z3_waits(x, rank))  # nothing to hide behind
         exposed, overlapped = hide(comm_s - waits,
@@ -83,7 +86,8 @@ def _z3_waits(x: Ctx, rank: int) -> float:
     """ZeRO-3 collectives nothing hides, per micro-batch, as the DES runs them
     (:class:`sim.des.data_parallel.DataParallel`): each chunk (virtual stage) of the
     pipeline rank prefetches its next layer's weights behind the current one but waits for
-    the first it runs, in the forward (its first layer) and the backward (its last); and
+    the first it runs, in the forward (its first layer) and, unless it kept the forward's,
+    the backward (its last); and
     its backward ends when the reduce-scatter of the last layer it ran (its first) has."""
     flags = virtual_stage_moe(x.p, x.m)
 
@@ -91,6 +95,7 @@ def _z3_waits(x: Ctx, rank: int) -> float:
         width = x.e if kind == "all_gather" else x.p.grad_bytes
         dense, expert = layer_rank_params(x.m, x.p, moe)
         return x.coll("dp", kind, dense * width) + x.coll("edp", kind, expert * width)
-    return sum(one("all_gather", flags[vs][0]) + one("all_gather", flags[vs][-1])
+    again = regathers(x.p)
+    return sum(one("all_gather", flags[vs][0]) + again * one("all_gather", flags[vs][-1])
                + one("reduce_scatter", flags[vs][0])
                for vs in rank_virtual_stages(x.p, rank) if flags[vs])

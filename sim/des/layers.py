@@ -21,6 +21,7 @@ from sim.layout.routing import dispatches, replay_dispatches
 from sim.layout.stages import cp_exchanges, edge_tp_collectives, tp_pass
 from sim.spec.recompute import reruns_core, stops_early
 from sim.spec.routing import comm_sm_share
+from sim.spec.zero import regathers
 
 __all__ = ["Layers"]
 
@@ -281,7 +282,8 @@ class Layers:
                 yield from x.compute(u, lt.weight_grad, f"W{mb} v{vs} L{i}")
                 self._hand_on(u, layers[i], reduce_now, gtag, ("B", mb, vs, i))
             return
-        gather = dp.z3_gather(u, layers, len(layers) - 1, ("B", mb, vs))
+        gather = dp.z3_gather(u, layers, len(layers) - 1, ("B", mb, vs)) \
+            if regathers(x.p) else None  # else kept from the forward
         for i in reversed(range(len(layers))):
             moe = layers[i]
             lt = x.moe_t if moe else x.dense_t

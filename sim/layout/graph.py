@@ -56,6 +56,8 @@ def check_graph_plan(w: Workload, plan: Plan, cluster: ClusterSpec | None = None
                         "fp16)")
     if plan.micro_batches_per_replica is not None:
         raise SpecError("plan.micro_batches_per_replica", "is not modelled for workload graphs")
+    if not plan.reshard_after_forward:
+        raise SpecError("plan.reshard_after_forward", "false is not modelled for workload graphs")
     if plan.grad_reduce_dtype is not None:
         raise SpecError("plan.grad_reduce_dtype", "is not modelled for workload graphs: their "
                         "data parallelism moves what torch's DDP and FSDP do (fp32 under "

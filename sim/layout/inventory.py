@@ -76,6 +76,7 @@ from sim.spec.experts import expert_tp, experts_follow_dense
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan, replica_plan
 from sim.spec.recompute import stops_early
+from sim.spec.zero import regathers
 
 __all__ = ["dp_bucket_params", "layer_buckets", "rank_buckets", "expected_collectives",
            "compare_inventory", "Conventions", "TORCH", "SIMULATED"]
@@ -169,8 +170,8 @@ def _fsdp_rounds(p: Plan, pp_rank: int, chunk: int) -> tuple[int, int]:
     unit is gathered for the chunk's first pass and after each forward (which reshards)."""
     n = p.num_microbatches
     if p.pp == 1:
-        return (2 * n if p.zero_stage == 3 else n), n
-    if p.zero_stage == 2:
+        return (2 * n if regathers(p) else n), n
+    if not regathers(p):  # kept from the first forward to the last backward
         return 1, 1
     kinds = [op[0] for op in stage_ops(p, pp_rank) if op[2] == chunk]
     return sum(i == 0 or kinds[i - 1] == "F" for i in range(len(kinds))), 1
@@ -275,7 +276,7 @@ def _dp_simulated(t: _Tally, m: ModelSpec, p: Plan, pp_rank: int) -> None:
         flags = virtual_stage_moe(p, m)
         for moe in (f for vs in rank_virtual_stages(p, pp_rank) for f in flags[vs]):
             dense, expert = layer_rank_params(m, p, moe)
-            _dp_pair(t, p, "all_gather", dense, expert, 2 * n)
+            _dp_pair(t, p, "all_gather", dense, expert, (2 if regathers(p) else 1) * n)
             _dp_pair(t, p, "reduce_scatter", dense, expert, n)
         return
     coll = "all_reduce" if p.zero_stage == 0 else "reduce_scatter"

@@ -36,6 +36,7 @@ from sim.spec.hardware import HardwareSpec
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
 from sim.spec.recompute import recomputed, recomputed_norms
+from sim.spec.zero import regathers
 
 __all__ = ["MemoryBreakdown", "layer_activation_bytes", "model_state_bytes_per_param",
            "rank_memory", "rank_params", "layer_rank_params", "chunk_edge_params", "peak_memory",
@@ -245,8 +246,10 @@ def _transient_bytes(m: ModelSpec, plan: Plan, st: StageLayers) -> float:
         out += 6.0 * tokens * m.vocab_size / plan.tp  # logits in dtype and fp32 for the loss
     if plan.recompute == "full" and st.total:  # a rank of no layers recomputes none
         out += layer_activation_bytes(m, plan, moe=st.moe > 0)
-    if plan.zero_stage == 3:  # the current and the prefetched layer, gathered
+    if regathers(plan):  # the current and the prefetched layer, gathered
         out += 2 * plan.activation_bytes * sum(layer_rank_params(m, plan, st.moe > 0))
+    elif plan.zero_stage == 3:  # every layer's, kept from its forward to its backward
+        out += plan.activation_bytes * sum(rank_params(m, plan, st))
     if plan.cp > 1 and st.total:  # context parallelism's K/V buffers for one layer
         chunk = tokens * (m.kv_dim + m.v_dim) / plan.tp * plan.activation_bytes
         # the ring: a chunk in use and one arriving, and the same for dK/dV in the backward;

@@ -20,6 +20,7 @@ from sim.spec.limits import MAX_DEVICES, MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_SEQ_L
 from sim.spec.recompute import check_recompute, check_recompute_model, order_modules
 from sim.spec.routing import check_routing, check_routing_model
 from sim.spec.sync import Communication, Compression, Sync, check_sync, coerce_sync, sync_to_dict
+from sim.spec.zero import check_zero
 
 if TYPE_CHECKING:
     from sim.spec.cluster import ClusterSpec
@@ -111,6 +112,8 @@ class Plan:
     # full recomputation's replay: `whole` (Megatron-LM, torchtitan) or `early-stop` (torch's
     # non-reentrant checkpoint, e.g. NeMo Automodel: stops at the last tensor backward needs)
     recompute_replay: str = "whole"
+    # ZeRO-3: false keeps a layer's gathered weights from its forward to its backward (one
+    reshard_after_forward: bool = True  # gather a micro-batch; FSDP2's reshard_after_forward)
 
     def __post_init__(self) -> None:
         coerce_sync(self)
@@ -233,6 +236,7 @@ def validate(plan: Plan, model: ModelSpec | None = None, cluster: ClusterSpec | 
              ) -> None:
     """Every rule a plan must satisfy, alone and against a model and a cluster."""
     _check_fields(plan)
+    check_zero(plan)
     check_batch(plan)
     check_schedule(plan)
     _check_placement(plan)
@@ -268,9 +272,6 @@ def _check_fields(plan: Plan) -> None:
     if plan.world_size > MAX_DEVICES:
         raise SpecError("plan.dp*tp*pp*cp", f"{plan.dp}*{plan.tp}*{plan.pp}*{plan.cp} = "
                         f"{plan.world_size:,} must be at most {MAX_DEVICES:,} ranks")
-    _int_field(plan, "zero_stage", 0)
-    if plan.zero_stage > 3:
-        raise SpecError("plan.zero_stage", f"must be 0, 1, 2 or 3, got {plan.zero_stage}")
     for name, choices in (("schedule", SCHEDULES), ("recompute", RECOMPUTE_MODES),
                           ("dtype", DTYPES), ("attention", ATTENTION)):
         if getattr(plan, name) not in choices:

@@ -32,6 +32,7 @@ def cmd_plan_new(args: argparse.Namespace) -> int:
         if getattr(args, k) is not None:
             fields[k] = getattr(args, k)
     fields["sequence_parallel"] = args.sequence_parallel
+    fields["reshard_after_forward"] = not args.keep_gathered_weights
     from trainsim.commands.sync import section_fields
 
     fields.update(section_fields(args))
@@ -90,6 +91,9 @@ def add_plan_parser(sub: Any) -> None:
     new.add_argument("--placement", help="rank order, innermost first (default tp-cp-ep-dp-pp)")
     new.add_argument("--sequence-parallel", action="store_true",
                      help="split norm/dropout activations over the TP group (needs tp > 1)")
+    new.add_argument("--keep-gathered-weights", action="store_true",
+                     help="ZeRO-3: keep each layer's gathered weights from its forward to its "
+                     "backward (one gather a micro-batch; FSDP2's reshard_after_forward=False)")
     new.add_argument("--cp-comm", choices=["p2p", "allgather", "a2a"],
                      help="context parallelism's exchange: the K/V ring beside the attention "
                      "(p2p, default), K/V all-gathered before it (allgather), or Ulysses' "
