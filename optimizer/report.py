@@ -21,7 +21,8 @@ def plan_label(p: Plan) -> str:
     parts += [f"{p.moe_dispatcher}"] if p.moe_dispatcher != "alltoall" else []
     parts += [f"overlap-{p.moe_overlap}"] if p.moe_overlap != "none" else []
     modules = f"({'+'.join(p.recompute_modules)})" if p.recompute_modules else ""
-    parts += [f"mb{p.micro_batch_size}", f"zero{p.zero_stage}", f"rc-{p.recompute}{modules}"]
+    zero = f"zero{p.zero_stage}" + ("" if p.reshard_after_forward else "-keep")
+    parts += [f"mb{p.micro_batch_size}", zero, f"rc-{p.recompute}{modules}"]
     parts += ["sp"] if p.sequence_parallel else []
     parts += [f"{p.schedule}" + (f"x{p.vpp}" if p.vpp > 1 and p.schedule != "dualpipev"
                                  else "")] if p.pp > 1 else []

@@ -44,7 +44,8 @@ def _parallel_plans(model: ModelSpec, cluster: ClusterSpec, batch: int, seq_len:
                       progress=False, dtype=dtype)
     plans, seen = [], set()
     for c in report.ranked:  # distinct layouts: the strategies drop ZeRO anyway
-        key = parallel_label(dataclasses.replace(c.plan, zero_stage=0))
+        key = parallel_label(dataclasses.replace(c.plan, zero_stage=0,
+                                                 reshard_after_forward=True))
         if c.plan.dp >= 2 and key not in seen and math.isfinite(c.best_s):
             seen.add(key)
             plans.append(c.plan)

@@ -22,8 +22,10 @@ MODULE, CONFIG_FN = "trainsim_torchtitan", "trainsim_plan"
 _SCHEDULE = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B",
              "dualpipev": "DualPipeV"}  # DualPipeV places the stages in a V itself
 # ZeRO stage -> (data_parallel_shard_degree is dp, fsdp_reshard_after_forward): FSDP that
-# keeps the gathered parameters from forward to backward is ZeRO-2 (gradients and optimizer
-# state sharded, one gather per step), resharding after forward is ZeRO-3
+# keeps the gathered parameters from forward to backward stands for ZeRO-2 (gradients and
+# optimizer state sharded; trainsim's ZeRO-2 gathers once a step, FSDP2 every micro-batch
+# without a pipeline: the same program as ZeRO-3 with reshard_after_forward false),
+# resharding after forward is ZeRO-3
 _FSDP = {0: (False, "default"), 2: (True, "never"), 3: (True, "always")}
 
 

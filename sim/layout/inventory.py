@@ -14,7 +14,8 @@ nccl-tests reports them. The conventions are Megatron-LM's and torch's, named pe
   once per step.
 - DP: gradient all-reduce (ZeRO-1/2: reduce-scatter) per bucket, once per step unless ZeRO-2
   (every micro-batch); ZeRO-1/2 gather the updated weights; ZeRO-3 gathers each layer
-  forward and backward and reduce-scatters its gradient every micro-batch, and does the same
+  forward and backward (forward only when ``reshard_after_forward`` is false) and
+  reduce-scatters its gradient every micro-batch, and does the same
   for the embedding/output parameters (one more unit).
 - PP: one activation send forward and one gradient receive backward per micro-batch and
   stage boundary on the first stage (the mirror on later stages); with tied embeddings the
@@ -36,7 +37,8 @@ tier issues (a test checks the DES against it for every test plan):
 - context parallelism: the DES's exchanges (:func:`sim.layout.stages.cp_exchanges`: the
   K/V ring, all-gather or all-to-all of the plan's ``cp_comm``); the executor runs no CP;
 - ZeRO-2/3: torch's FSDP2 gathers each unit (a layer, the rest of a chunk) and
-  reduce-scatters its gradient every micro-batch (ZeRO-3 gathers it again for backward),
+  reduce-scatters its gradient every micro-batch (ZeRO-3 gathers it again for backward
+  unless ``reshard_after_forward`` is false),
   but under a pipeline schedule keeps it gathered after each backward and reduces once,
   after the last (:func:`_fsdp_rounds`); the DES follows Megatron-LM's distributed
   optimizer (ZeRO-2: buckets every micro-batch, one gather of the updated weights);
