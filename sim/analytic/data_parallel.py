@@ -13,7 +13,7 @@ from sim.layout.memory import layer_rank_params, rank_params
 from sim.layout.stages import StageLayers, rank_virtual_stages, virtual_stage_moe
 from sim.spec.zero import regathers
 
-__all__ = ["DPCost", "dp_costs", "hide"]
+__all__ = ["DPCost", "dp_costs"]
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class DPCost:
     tail_overlapped_s: float = 0.0
 
 
-def hide(comm_s: float, window_s: float) -> tuple[float, float]:
+def _hide(comm_s: float, window_s: float) -> tuple[float, float]:
     """(exposed, overlapped) seconds of ``comm_s`` run beside ``window_s`` of compute."""
     return max(0.0, comm_s - window_s), min(comm_s, window_s)
 
@@ -59,7 +59,7 @@ def dp_costs(x: Ctx, st: StageLayers, compute_s: float, rank: int, beside_s: flo
         passes = 2 if regathers(x.p) else 1
         comm_s = passes * both("all_gather") + both("reduce_scatter")
         waits = min(comm_s, _z3_waits(x, rank))  # nothing to hide behind
-        exposed, overlapped = hide(comm_s - waits,
+        exposed, overlapped = _hide(comm_s - waits,
                                    max(0.0, compute_s + beside_s - waits) * x.overlap)
         return DPCost(exposed + waits, overlapped)
     if x.p.zero_stage == 2:  # sharded gradients: reduce-scatter every micro-batch beside the
@@ -73,12 +73,12 @@ def dp_costs(x: Ctx, st: StageLayers, compute_s: float, rank: int, beside_s: flo
         waits = min(total, sum(bucketed_s(x.coll, "reduce_scatter", chunk[-1:],
                                           x.p.grad_bytes, x.bucket_s)
                                for chunk in x.chunk_buckets[rank]))
-        exposed, overlapped = hide(total - waits, window_s)
+        exposed, overlapped = _hide(total - waits, window_s)
         return DPCost(exposed + waits, overlapped, both("all_gather"))
     if x.p.zero_stage == 1:
-        exposed, overlapped = hide(_bucketed(x, rank, "reduce_scatter"), window_s)
+        exposed, overlapped = _hide(_bucketed(x, rank, "reduce_scatter"), window_s)
         return DPCost(tail_exposed_s=exposed + both("all_gather"), tail_overlapped_s=overlapped)
-    exposed, overlapped = hide(_bucketed(x, rank, "all_reduce"), window_s)
+    exposed, overlapped = _hide(_bucketed(x, rank, "all_reduce"), window_s)
     return DPCost(tail_exposed_s=exposed, tail_overlapped_s=overlapped)
 
 
