@@ -145,10 +145,14 @@ def test_fsdp_under_a_pipeline_gathers_after_forwards_and_reduces_once():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("zero", [2, 3])
-def test_fsdp_pipeline_runs_issue_the_expected_collectives(zero):
-    plan = Plan(global_batch_size=8, seq_len=128, micro_batch_size=1, pp=2, dp=2,
-                zero_stage=zero, dtype="fp32")
+@pytest.mark.parametrize("zero,keep,pp", [(2, False, 2), (3, False, 2), (3, True, 2),
+                                           (3, True, 1)])
+def test_fsdp_pipeline_runs_issue_the_expected_collectives(zero, keep, pp):
+    """Every rank's collectives match the step's account; ``keep``: ZeRO-3 with
+    reshard_after_forward=False (without a pipeline one gather a micro-batch, under torch's
+    pipeline one a step)."""
+    plan = Plan(global_batch_size=8, seq_len=128, micro_batch_size=1, pp=pp, dp=2,
+                zero_stage=zero, dtype="fp32", reshard_after_forward=not keep)
     res = execute(TINY, plan, steps=1, warmup=1, timeout_s=180)
     stage_of = {int(r): p for p, ranks in enumerate(mesh_ranks(plan)) for r in ranks.flatten()}
     for rank, measured in res["collectives"].items():
