@@ -36,6 +36,14 @@ def _bucketed(x: Ctx, rank: int, kind: str) -> float:
     return bucketed_s(x.coll, kind, x.buckets[rank], x.p.grad_bytes, x.bucket_s)
 
 
+def _pair(x: Ctx, kind: str, dense: float, expert: float) -> float:
+    """Seconds of one ``kind`` over ``dense`` parameters (data-parallel group) and
+    ``expert`` ones (expert-data-parallel group): weights in the training dtype, gradients
+    in ``plan.grad_reduce_dtype``."""
+    width = x.e if kind == "all_gather" else x.p.grad_bytes
+    return x.coll("dp", kind, dense * width) + x.coll("edp", kind, expert * width)
+
+
 def dp_costs(x: Ctx, st: StageLayers, compute_s: float, rank: int, beside_s: float = 0.0
              ) -> DPCost:
     """Gradient reduction and ZeRO weight gathers of one pipeline rank. Gathered weights
@@ -46,10 +54,8 @@ def dp_costs(x: Ctx, st: StageLayers, compute_s: float, rank: int, beside_s: flo
     share)."""
     dense, expert = rank_params(x.m, x.p, st)
 
-    def both(kind: str, scale: float = 1.0) -> float:
-        width = x.e if kind == "all_gather" else x.p.grad_bytes
-        return (x.coll("dp", kind, dense * width * scale)
-                + x.coll("edp", kind, expert * width * scale))
+    def both(kind: str) -> float:
+        return _pair(x, kind, dense, expert)
 
     backward_s = st.dense * x.dense.backward + st.moe * x.moe.backward
     window_s = backward_s * x.overlap if x.p.overlap_grad_reduce else 0.0
@@ -69,10 +75,7 @@ def dp_costs(x: Ctx, st: StageLayers, compute_s: float, rank: int, beside_s: flo
         if compute_s > 0:
             window_s *= 1 + beside_s / compute_s
         total = _bucketed(x, rank, "reduce_scatter")
-        x.chunk_buckets = x.chunk_buckets or chunk_buckets(x.m, x.p)
-        waits = min(total, sum(bucketed_s(x.coll, "reduce_scatter", chunk[-1:],
-                                          x.p.grad_bytes, x.bucket_s)
-                               for chunk in x.chunk_buckets[rank]))
+        waits = min(total, _z2_waits(x, rank))
         exposed, overlapped = _hide(total - waits, window_s)
         return DPCost(exposed + waits, overlapped, both("all_gather"))
     if x.p.zero_stage == 1:
@@ -82,19 +85,25 @@ def dp_costs(x: Ctx, st: StageLayers, compute_s: float, rank: int, beside_s: flo
     return DPCost(tail_exposed_s=exposed, tail_overlapped_s=overlapped)
 
 
+def _z2_waits(x: Ctx, rank: int) -> float:
+    """ZeRO-2: each chunk's last bucket, flushed at the end of its backward, which waits
+    for it."""
+    x.chunk_buckets = x.chunk_buckets or chunk_buckets(x.m, x.p)
+    return sum(bucketed_s(x.coll, "reduce_scatter", chunk[-1:], x.p.grad_bytes, x.bucket_s)
+               for chunk in x.chunk_buckets[rank])
+
+
 def _z3_waits(x: Ctx, rank: int) -> float:
     """ZeRO-3 collectives nothing hides, per micro-batch, as the DES runs them
     (:class:`sim.des.data_parallel.DataParallel`): each chunk (virtual stage) of the
     pipeline rank prefetches its next layer's weights behind the current one but waits for
     the first it runs, in the forward (its first layer) and, unless it kept the forward's,
-    the backward (its last); and
-    its backward ends when the reduce-scatter of the last layer it ran (its first) has."""
+    the backward (its last); and its backward ends when the reduce-scatter of the last
+    layer it ran (its first) has."""
     flags = virtual_stage_moe(x.p, x.m)
 
     def one(kind: str, moe: bool) -> float:
-        width = x.e if kind == "all_gather" else x.p.grad_bytes
-        dense, expert = layer_rank_params(x.m, x.p, moe)
-        return x.coll("dp", kind, dense * width) + x.coll("edp", kind, expert * width)
+        return _pair(x, kind, *layer_rank_params(x.m, x.p, moe))
     again = regathers(x.p)
     return sum(one("all_gather", flags[vs][0]) + again * one("all_gather", flags[vs][-1])
                + one("reduce_scatter", flags[vs][0])
