@@ -1,9 +1,15 @@
-"""The alpha-beta all-reduce model vs nccl-tests on one 8-GPU node (A100, H100, H200).
+"""The alpha-beta all-reduce model vs nccl-tests on one 8-GPU node (A100, H100, H200), and
+across nodes against the published figures NCCL's maintainers and users give.
 
 Run: ``.venv/bin/python experiments/validate_nccl.py``. Writes
 ``experiments/results/nccl_allreduce_validation.csv``: bus bandwidth measured (Azure
 nccl-tests, ``experiments/data/nccl_allreduce_busbw_8gpu_single_node_azure.csv``) and
-predicted by ``sim.network.alphabeta`` with the auto algorithm, per message size.
+predicted by ``sim.network.alphabeta`` with the auto algorithm, per message size; and
+``experiments/results/nccl_multinode_validation.csv``: each published multi-node all-reduce
+figure (``experiments/data/nccl_multinode_busbw_published.csv``, DGX A100 / H100 nodes with
+eight NICs, every GPU of 2-4 nodes in the group) beside the auto algorithm's prediction
+(a ring, as NCCL runs) and the node-by-node hierarchical one (trainsim's default before
+2026-12-06), on the matching preset.
 """
 
 from __future__ import annotations
@@ -22,7 +28,9 @@ from sim.spec.cluster import load_cluster
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data" / "nccl_allreduce_busbw_8gpu_single_node_azure.csv"
+MULTI = HERE / "data" / "nccl_multinode_busbw_published.csv"
 OUT = HERE / "results" / "nccl_allreduce_validation.csv"
+OUT_MULTI = HERE / "results" / "nccl_multinode_validation.csv"
 PRESETS = {1: "dgx-a100:1", 2: "dgx-h100:1", 3: "hgx-h200:1"}
 UNITS = {"K": 2**10, "M": 2**20, "G": 2**30}
 
@@ -52,7 +60,31 @@ def table() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def multinode() -> pd.DataFrame:
+    """Each published multi-node figure beside the auto and hierarchical predictions."""
+    rows = []
+    for rec in pd.read_csv(MULTI).to_dict("records"):
+        nodes, size = int(rec["nodes"]), _size(str(rec["size"]))
+        cluster = load_cluster(f"dgx-{str(rec['gpu']).lower()}:{nodes}")
+        fab = fabric_for(cluster, GroupSpan(8 * nodes, 8, nodes, False))
+        n = 8 * nodes
+        row = {k: rec[k] for k in ("gpu", "fabric", "nodes", "collective", "size",
+                                   "busbw_GBps", "kind", "source")}
+        for alg in ("auto", "hierarchical"):
+            t = collective_time(str(rec["collective"]), fab, size, alg)
+            row[f"{alg}_busbw_GBps"] = 2 * (n - 1) / n * size / t / 1e9
+            row[f"{alg}_error_pct"] = 100 * (row[f"{alg}_busbw_GBps"] / rec["busbw_GBps"] - 1)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def main() -> None:
+    multi = multinode()
+    atomic_write_text(OUT_MULTI, multi.to_csv(index=False, float_format="%.4g"))
+    print("across nodes, bus bandwidth GB/s: published, auto (ring), hierarchical")
+    print(multi[["gpu", "nodes", "busbw_GBps", "auto_busbw_GBps", "auto_error_pct",
+                 "hierarchical_busbw_GBps", "hierarchical_error_pct"]].round(1).to_string(
+        index=False))
     df = table()
     atomic_write_text(OUT, df.to_csv(index=False, float_format="%.4g"))
     wide = df.pivot(index="size", columns="gpu", values="error_pct")

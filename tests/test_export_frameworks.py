@@ -140,8 +140,29 @@ def test_torchtitan_loads_the_config_module(name, tmp_path):
         assert "torchtitan reduces gradients in float32" in files["torchtitan.sh"]
     if plan.pp == 1:
         want.pop("layers")
+    want["reshard"] = parsed["reshard"]  # read back below
     _same(parsed, want)
     assert parsed["params"] == param_count(model)  # the same architecture, built by torchtitan
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_torchtitan_reads_back_whether_zero3_keeps_gathered_weights(keep, tmp_path):
+    """FSDP2's flag as torchtitan parses it: ZeRO-3 reshards after forward ("always"),
+    keeping the gathered weights is "never" (the program trainsim's ZeRO-2 exports too)."""
+    pytest.importorskip("torchtitan.config", reason="torchtitan not installed (pip install -e "
+                        "'.[export-check]')")
+    pytest.importorskip("triton", reason="torchtitan 0.3.0's models import triton")
+    from helpers.frameworks import torchtitan_parsed
+
+    from optimizer.export.torchtitan import CONFIG_FN, MODULE
+
+    plan = Plan(64, 4096, 1, dp=16, zero_stage=3, reshard_after_forward=not keep)
+    for file, text in export("torchtitan", plan, load_model("llama3-8b"),
+                             load_cluster("dgx-h100:2")).items():
+        (tmp_path / file).write_text(text)
+    parsed = torchtitan_parsed(tmp_path, MODULE, CONFIG_FN, 16)
+    assert parsed["reshard"] == ("never" if keep else "always")
+    assert (parsed["dp"], parsed["zero"]) == (16, 2 if keep else 3)
 
 
 @pytest.fixture

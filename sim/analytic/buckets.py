@@ -21,8 +21,15 @@ def bucketed_s(coll: Coll, kind: str, buckets: list[tuple[float, float]], width:
     for d, e in buckets:
         if (kind, d, e) not in memo:
             dense, expert = coll("dp", kind, d * width), coll("edp", kind, e * width)
-            if dense and expert:  # never below the longer of the two (fits need not be
-                # monotone in size)
-                dense -= min(coll("dp", kind, 1.0), coll("edp", kind, 1.0), dense, expert)
+            if dense and expert:  # one latency (a collective's time less its bandwidth
+                # term), never below the longer of the two (fits need not be monotone)
+                dense -= min(_latency(coll, "dp", kind), _latency(coll, "edp", kind), dense,
+                             expert)
             memo[kind, d, e] = dense + expert
     return sum(memo[kind, d, e] for d, e in buckets)
+
+
+def _latency(coll: Coll, group: str, kind: str) -> float:
+    """The size-independent part of a collective's seconds (``2 t(1 B) - t(2 B)``: exact
+    for α + bytes/β, so it does not move with the bandwidth)."""
+    return max(0.0, 2 * coll(group, kind, 1.0) - coll(group, kind, 2.0))

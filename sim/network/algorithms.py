@@ -33,7 +33,7 @@ from sim.network.alphabeta import (
     halving_doubling_s,
     hierarchical_s,
     nvls_s,
-    ring_s,
+    ring_latency_s,
     send_recv_s,
     tree_s,
 )
@@ -85,8 +85,9 @@ def _layered_nodes(nodes: Nodes) -> bool:
 
 # Closed forms -------------------------------------------------------------------------------
 def _ring_s(coll: str, f: Fabric, size: float) -> float:
-    bw, alpha = flat_rates(f)
-    return ring_s(f.span.size, alpha, bw, size, _passes(coll))
+    bw, _ = flat_rates(f)
+    n, passes = f.span.size, _passes(coll)
+    return ring_latency_s(f, passes) + passes * (n - 1) / n * size / bw
 
 
 def _hierarchical_s(coll: str, f: Fabric, size: float) -> float:

@@ -21,8 +21,8 @@ from sim.network.wan import wan_fabric
 from sim.spec.cluster import ClusterSpec
 
 __all__ = ["Fabric", "fabric_for", "NIC_EFFICIENCY", "PCIE_EFFICIENCY", "default_algorithm",
-           "ring_s", "flat_rates", "halving_doubling_s", "nvls_s", "tree_s", "hierarchical_s",
-           "all_to_all_s", "send_recv_s", "broadcast_s"]
+           "ring_s", "ring_latency_s", "flat_rates", "halving_doubling_s", "nvls_s", "tree_s",
+           "hierarchical_s", "all_to_all_s", "send_recv_s", "broadcast_s"]
 # Achievable fraction of InfiniBand/RoCE line rate for large messages (nccl-tests inter-node
 # busbw is typically 90-95% of line rate; the GPUs' NICs take HardwareSpec.nic_eff, which
 # defaults to it and calibrations move) and of a PCIe link.
@@ -67,8 +67,12 @@ def fabric_for(cluster: ClusterSpec, span: GroupSpan) -> Fabric:
 
 def default_algorithm(collective: str, f: Fabric, size_bytes: float) -> str:
     """NCCL-like choice: NVLS for all-reduces inside an NVSwitch node that has it, tree for
-    small all-reduces across nodes, hierarchical when a node holds several ranks of a
-    multi-node group, ring otherwise; direct all-to-all."""
+    small all-reduces across nodes, ring otherwise (across nodes one ring a local rank,
+    NVLink and NICs busy at once: NCCL runs all-gathers and reduce-scatters as rings when
+    a node holds several of the group's ranks and there is no in-network reduction, and
+    its large all-reduces reach the ring's bus bandwidth; see
+    ``experiments/validate_nccl.py``); direct all-to-all. ``hierarchical`` (node phases,
+    then the NICs, one after the other) is the plan's to choose."""
     span = f.span
     if collective == "all_to_all":
         return "direct"
@@ -76,8 +80,6 @@ def default_algorithm(collective: str, f: Fabric, size_bytes: float) -> str:
         return "nvls"
     if span.nodes > 1 and collective == "all_reduce" and size_bytes < 256 * 1024:
         return "tree"
-    if span.nodes > 1 and span.per_node > 1:
-        return "hierarchical"
     return "ring"
 
 
@@ -96,6 +98,18 @@ def flat_rates(f: Fabric) -> tuple[float, float]:
     g = f.span.per_node
     inside = f.intra_Bps * g / (g - 1) if g > 1 else math.inf
     return min(inside, f.inter_Bps * g), f.inter_alpha_s
+
+
+def ring_latency_s(f: Fabric, passes: int) -> float:
+    """Latency of a ring over the whole group as NCCL's tuning model charges it: of each
+    pass's ``n - 1`` steps, the ``k - 1`` between the ``k`` nodes at the inter-node
+    latency and the rest at the intra-node one (``nInterSteps`` in NCCL's
+    ``src/graph/tuning.cc``). A pipelined ring's chunk crosses each hop in turn, so only
+    the hops between nodes pay the network's latency."""
+    n, k = f.span.size, f.span.nodes
+    if k == 1:
+        return passes * (n - 1) * f.intra_alpha_s
+    return passes * ((k - 1) * f.inter_alpha_s + (n - k) * f.intra_alpha_s)
 
 
 def halving_doubling_s(f: Fabric, collective: str, size: float) -> float:

@@ -39,6 +39,9 @@ class Phase:
     flows: list[FlowSpec] = field(default_factory=list)
     steps: int = 1  # sequential steps the phase stands for (each pays the hop latency)
     fill_steps: int = 0  # chunk hops before the pipeline is full (trees and chains)
+    # Of ``steps``, those that pay the phase's shortest hop latency, the rest its longest: a
+    # ring's steps inside a node (as NCCL's tuning model charges a ring across nodes).
+    near_steps: int = 0
 
     @property
     def largest(self) -> float:
@@ -56,9 +59,22 @@ def ring_phases(n: int, size: float, passes: int, nodes: list[list[int]] | None 
         return []
     steps = passes * (n - 1)
     orders = _channels(n, nodes)
+    crossings = _crossings(orders[0], nodes)
     return [Phase([FlowSpec(a, b, steps / n * size / len(orders))
                    for order in orders for a, b in zip(order, order[1:] + order[:1],
-                                                       strict=True)], steps)]
+                                                       strict=True)], steps,
+                  near_steps=passes * (n - crossings) if crossings else 0)]
+
+
+def _crossings(order: list[int], nodes: list[list[int]] | None) -> int:
+    """Hops of a ring in ``order`` between nodes (0 without ``nodes`` or on one node).
+    Of each pass's ``n - 1`` steps, ``crossings - 1`` cross nodes and the rest stay inside
+    one, as NCCL's tuning model counts a ring's latency (``nInterSteps``)."""
+    if not nodes or len(nodes) < 2:
+        return 0
+    node_of = {r: j for j, members in enumerate(nodes) for r in members}
+    return sum(node_of[a] != node_of[b] for a, b in zip(order, order[1:] + order[:1],
+                                                         strict=True))
 
 
 def _channels(n: int, nodes: list[list[int]] | None) -> list[list[int]]:
@@ -191,4 +207,4 @@ def _map(phase: Phase, nodes: list[list[int]]) -> Phase:
     """One node-local phase (indices 0..g-1) applied in every node of the group."""
     flows = [FlowSpec(members[f.src], members[f.dst], f.size_bytes, f.to_switch, f.from_switch)
              for members in nodes for f in phase.flows]
-    return Phase(flows, phase.steps, phase.fill_steps)
+    return Phase(flows, phase.steps, phase.fill_steps, phase.near_steps)

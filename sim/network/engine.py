@@ -40,7 +40,7 @@ COUPLED = frozenset({"all_reduce", "all_gather", "reduce_scatter", "broadcast"})
 class CommEngine:
     def __init__(self, env: simpy.Environment, topo: Topology, net: Network) -> None:
         self.env, self.topo, self.net = env, topo, net
-        self._plans: dict[tuple, list[tuple[Phase, list[Shape], float, float]]] = {}
+        self._plans: dict[tuple, list[tuple[Phase, list[Shape], float, float, float]]] = {}
         self._jitter: dict[tuple, list[list[list[Any]]]] = {}  # plan key -> per phase
         self._alive: list[object] = []
         self.rng = np.random.default_rng(0)  # WAN jitter draws (seeded: runs repeat)
@@ -60,7 +60,7 @@ class CommEngine:
         return g.comm_eff / g.nvls_eff if g.nvls_eff else 1.0
 
     def _shapes(self, kind: str, phase: Phase, copies: list[list[int]], klass: Klass,
-                reduced: bool) -> tuple[list[Shape], list[tuple[float, float]]]:
+                reduced: bool) -> tuple[list[Shape], list[tuple[float, float, float]]]:
         """The flows of one phase on ``copies`` (one group unreduced). A reduction's flows
         move in lock step (rings and trees are pipelines: no rank sends faster than it
         receives), so those of one size and kind are one coupled flow per collective; with
@@ -76,11 +76,11 @@ class CommEngine:
         groups: dict[tuple, tuple[int, list[tuple[int, ...]], list[int], list[float]]] = {}
         each = []
         for c, devices in enumerate(copies):
-            hop, slowest = 0.0, float("inf")
+            hop, nearest, slowest = 0.0, float("inf"), float("inf")
             for i, f in enumerate(phase.flows):
                 path = self.path(devices, f)
                 lat = self.topo.path_latency(path)
-                hop = max(hop, lat)
+                hop, nearest = max(hop, lat), min(nearest, lat)
                 slowest = min(slowest, min(self.topo.cap[link] for link in path))
                 switch = f.to_switch or f.from_switch
                 scale = self.nvls_weight(devices[f.src]) if switch else 1.0
@@ -94,7 +94,7 @@ class CommEngine:
                 entry[1].append(path)
                 entry[2].append(c)
                 entry[3].append(lat)
-            each.append((hop, slowest))
+            each.append((hop, nearest, slowest))
         out: list[Shape] = []
         for key, (i, paths, copy, lats) in groups.items():
             per_copy = np.bincount(copy, minlength=len(copies))
@@ -113,11 +113,11 @@ class CommEngine:
             out.append((links, weights, lat, i, members))
         return out, each
 
-    def _shape(self, devices: list[int], phase: Phase) -> tuple[float, float]:
-        """(hop latency, slowest link) of one group's phase."""
+    def _shape(self, devices: list[int], phase: Phase) -> tuple[float, float, float]:
+        """(longest hop latency, shortest, slowest link) of one group's phase."""
         paths = [self.path(devices, f) for f in phase.flows]
-        return (max(self.topo.path_latency(p) for p in paths),
-                min(self.topo.cap[link] for p in paths for link in p))
+        lats = [self.topo.path_latency(p) for p in paths]
+        return max(lats), min(lats), min(self.topo.cap[link] for p in paths for link in p)
 
     def _layout(self, devices: list[int]) -> tuple[tuple[int, ...], ...]:
         """A group's indices per node, nodes in order of first appearance (the expansion
@@ -129,9 +129,10 @@ class CommEngine:
 
     def _plan(self, kind: str, algorithm: str, devices: list[int],
               copies: list[list[int]] | None, klass: Klass | None
-              ) -> list[tuple[Phase, list[Shape], float, float]]:
-        """Per phase of a unit-size collective: the phase, its flow shapes, the hop latency
-        and the slowest link; cached per group (sizes scale linearly)."""
+              ) -> list[tuple[Phase, list[Shape], float, float, float]]:
+        """Per phase of a unit-size collective: the phase, its flow shapes, the longest and
+        shortest hop latency and the slowest link; cached per group (sizes scale
+        linearly)."""
         key = (kind, algorithm, tuple(devices), id(copies))
         if key not in self._plans:
             self._alive.append(copies)  # keeps id(copies) unique while the plan is cached
@@ -141,13 +142,13 @@ class CommEngine:
                                       "differently across nodes (their flows differ)")
             plan = []
             for phase in expand(kind, algorithm, len(devices), 1.0, [list(n) for n in layout]):
-                hop, slowest = self._shape(devices, phase)
+                hop, near, slowest = self._shape(devices, phase)
                 shapes, each = self._shapes(kind, phase, copies or [devices],
                                             klass or (lambda d: 0), copies is not None)
-                if any(x != (hop, slowest) for x in each):
+                if any(x != (hop, near, slowest) for x in each):
                     raise AsymmetricFlows(f"{kind} groups {devices} and others run the same "
                                           "phase over paths of different latency or capacity")
-                plan.append((phase, shapes, hop, slowest))
+                plan.append((phase, shapes, hop, near, slowest))
             self._plans[key] = plan
             self._jitter[key] = [self._jittered(devices, phase) for phase, *_ in plan]
         return self._plans[key]
@@ -188,13 +189,14 @@ class CommEngine:
             return
         plan = self._plan(kind, algorithm, devices, copies, klass)
         jitter = self._jitter[(kind, algorithm, tuple(devices), id(copies))]
-        for (phase, shapes, hop, slowest), crossing in zip(plan, jitter, strict=True):
+        for (phase, shapes, hop, near, slowest), crossing in zip(plan, jitter, strict=True):
             yield simpy.AllOf(self.env, [
                 self.net.transfer(p, phase.flows[i].size_bytes * size_bytes, w, lat, members)
                 for p, w, lat, i, members in shapes])
             fill = phase.fill_steps * min(phase.largest * size_bytes, CHUNK_BYTES) \
                 if phase.fill_steps else 0.0
-            extra = (phase.steps - 1) * hop + fill / slowest \
-                + self.jitter_s(crossing, phase.steps)
+            extra = (phase.steps - 1 - phase.near_steps) * hop + phase.near_steps * near \
+                + fill / slowest \
+                + self.jitter_s(crossing, phase.steps - phase.near_steps)
             if extra > 0:
                 yield self.env.timeout(extra)
