@@ -23,13 +23,14 @@ def bucketed_s(coll: Coll, kind: str, buckets: list[tuple[float, float]], width:
             dense, expert = coll("dp", kind, d * width), coll("edp", kind, e * width)
             if dense and expert:  # one latency (a collective's time less its bandwidth
                 # term), never below the longer of the two (fits need not be monotone)
-                dense -= min(_latency(coll, "dp", kind), _latency(coll, "edp", kind), dense,
-                             expert)
+                dense -= min(_latency(coll, "dp", kind, d * width),
+                             _latency(coll, "edp", kind, e * width), dense, expert)
             memo[kind, d, e] = dense + expert
     return sum(memo[kind, d, e] for d, e in buckets)
 
 
-def _latency(coll: Coll, group: str, kind: str) -> float:
-    """The size-independent part of a collective's seconds (``2 t(1 B) - t(2 B)``: exact
-    for α + bytes/β, so it does not move with the bandwidth)."""
-    return max(0.0, 2 * coll(group, kind, 1.0) - coll(group, kind, 2.0))
+def _latency(coll: Coll, group: str, kind: str, size: float) -> float:
+    """The size-independent part of a collective's seconds at ``size`` bytes (``2 t(s) -
+    t(2 s)``: α for α + bytes/β with the algorithm the size picks, so it does not move with
+    the bandwidth; a measured table need not be affine, hence the floor)."""
+    return max(0.0, 2 * coll(group, kind, size) - coll(group, kind, 2 * size))

@@ -104,8 +104,9 @@ def ring_latency_s(f: Fabric, passes: int) -> float:
     """Latency of a ring over the whole group as NCCL's tuning model charges it: of each
     pass's ``n - 1`` steps, the ``k - 1`` between the ``k`` nodes at the inter-node
     latency and the rest at the intra-node one (``nInterSteps`` in NCCL's
-    ``src/graph/tuning.cc``). A pipelined ring's chunk crosses each hop in turn, so only
-    the hops between nodes pay the network's latency."""
+    ``src/graph/tuning.cc``, NCCL 2.30). A pipelined ring's chunk crosses each hop in turn,
+    so only the hops between nodes pay the network's latency (across sites, each of them is
+    charged the WAN's: :func:`sim.network.wan.wan_fabric`)."""
     n, k = f.span.size, f.span.nodes
     if k == 1:
         return passes * (n - 1) * f.intra_alpha_s
