@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from megatron_sc21 import load_rows, row_cluster, row_model, row_plan  # noqa: E402
 
+from optimizer import scoring  # noqa: E402
 from optimizer import search as s  # noqa: E402
 from optimizer.constraints import Constraints
 from optimizer.space import SearchSpace  # noqa: E402
@@ -46,11 +47,13 @@ def _exhaustive(model: ModelSpec, cluster_ref: str, gbs: int, seq: int) -> tuple
     cluster = load_cluster(cluster_ref)
     space = SearchSpace(model, cluster, gbs, seq)
     plans = list(space)
-    s._init(model, cluster)
-    fits = [p for p, (sec, _) in zip(plans, s._score(plans), strict=True) if sec < float("inf")]
-    with mp.get_context("fork").Pool(None, s._init, (model, cluster)) as pool:
-        times = [r.iteration_time_s for r in pool.map(s._des, fits, chunksize=4)]
-    return min(times), len(fits)
+    scoring.init_worker(model, cluster)
+    fits = [p for p, (sec, _) in zip(plans, scoring.score(plans), strict=True)
+            if sec < float("inf")]
+    with mp.get_context("fork").Pool(None, scoring.init_worker, (model, cluster)) as pool:
+        results = pool.map(scoring.des_result, fits, chunksize=4)
+    # every plan here has few enough micro-batches for the DES (none falls back to None)
+    return min(r.iteration_time_s for r in results if r is not None), len(fits)
 
 
 def optimality() -> pd.DataFrame:
