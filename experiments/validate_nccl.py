@@ -65,9 +65,9 @@ def multinode() -> pd.DataFrame:
     rows = []
     for rec in pd.read_csv(MULTI).to_dict("records"):
         nodes, size = int(rec["nodes"]), _size(str(rec["size"]))
+        n = 8 * nodes  # every GPU of the nodes
         cluster = load_cluster(f"dgx-{str(rec['gpu']).lower()}:{nodes}")
-        fab = fabric_for(cluster, GroupSpan(8 * nodes, 8, nodes, False))
-        n = 8 * nodes
+        fab = fabric_for(cluster, GroupSpan(n, 8, nodes, False))
         row = {k: rec[k] for k in ("gpu", "fabric", "nodes", "collective", "size",
                                    "busbw_GBps", "kind", "source")}
         for alg in ("auto", "hierarchical"):
