@@ -28,27 +28,27 @@ PLAN = Plan(global_batch_size=2, seq_len=SEQ, micro_batch_size=2, dtype="fp32")
 @pytest.fixture(scope="module")
 def trace(tmp_path_factory) -> tuple[Path, list[float]]:
     """A real trace of five training steps of ``tiny`` (one rank, cpu), and the steps'
-    wall-clock times measured beside it."""
+    wall-clock times measured beside it: between successive ``prof.step()`` calls, the
+    spans the profiler records as steps (so a loaded machine moves both alike)."""
     from torch.profiler import ProfilerActivity, profile, schedule
 
     torch.manual_seed(0)
     model = Transformer(TINY, SEQ)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     ids = torch.randint(0, TINY.vocab_size, (2, SEQ))
-    walls = []
+    marks = []
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True,
                  schedule=schedule(wait=0, warmup=1, active=5, repeat=1)) as prof:
         for _ in range(6):
-            t0 = time.perf_counter()
             loss = F.cross_entropy(model(ids).flatten(0, 1), ids.flatten())
             loss.backward()
             opt.step()
             opt.zero_grad()
-            walls.append(time.perf_counter() - t0)
             prof.step()
+            marks.append(time.perf_counter())
     path = tmp_path_factory.mktemp("trace") / "rank0.json"
     prof.export_chrome_trace(str(path))
-    return path, walls[1:]
+    return path, [b - a for a, b in zip(marks, marks[1:])]  # the five active steps
 
 
 def test_a_real_trace_gives_its_steps_median(trace) -> None:
