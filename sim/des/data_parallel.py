@@ -6,14 +6,13 @@ of the updated weights after the optimizer step.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import simpy
 
 from sim.des.comm import Collectives
 from sim.des.context import Context, Proc, Unit
-from sim.layout.inventory import dp_bucket_params
+from sim.layout.inventory import chunk_bucket_params
 from sim.layout.memory import layer_rank_params, rank_params
 from sim.layout.stages import StageLayers
 
@@ -29,8 +28,7 @@ class DataParallel:
         self._jobs: dict[Unit, list[simpy.Process]] = {u: [] for u in x.units}
         self._pending: dict[Unit, list[float]] = {}
         self._seq: dict[Unit, int] = {}
-        # without overlap ZeRO-2 reduces a chunk's gradients at the end of its backward
-        self.bucket_params = dp_bucket_params(x.p) if x.p.overlap_grad_reduce else math.inf
+        self.bucket_params = chunk_bucket_params(x.p)
 
     def reduces_after(self, u: Unit, mb: int) -> bool:
         """Whether gradients are reduced during this micro-batch's backward."""

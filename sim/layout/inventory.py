@@ -80,13 +80,19 @@ from sim.spec.plan import Plan, replica_plan
 from sim.spec.recompute import stops_early
 from sim.spec.zero import regathers
 
-__all__ = ["dp_bucket_params", "layer_buckets", "rank_buckets", "expected_collectives",
-           "compare_inventory", "Conventions", "TORCH", "SIMULATED"]
+__all__ = ["dp_bucket_params", "chunk_bucket_params", "layer_buckets", "rank_buckets",
+           "expected_collectives", "compare_inventory", "Conventions", "TORCH", "SIMULATED"]
 
 
 def dp_bucket_params(plan: Plan) -> float:
     """Parameters per data-parallel gradient bucket: Megatron-LM's DDP bucket size."""
     return max(40e6, 1e6 * plan.dp)
+
+
+def chunk_bucket_params(plan: Plan) -> float:
+    """Parameters at which a bucket closes inside a chunk's backward: DDP's bucket, or none
+    (the chunk's gradients reduced at the end of its backward) without overlap."""
+    return dp_bucket_params(plan) if plan.overlap_grad_reduce else math.inf
 
 
 FP32 = 4
@@ -249,9 +255,7 @@ def chunk_buckets(m: ModelSpec, p: Plan) -> list[list[list[tuple[float, float]]]
     """Per pipeline rank, per chunk (virtual stage) it holds, the chunk's gradient buckets
     in the order its backward fills them (its last is the rest, with its embedding or
     output parameters)."""
-    cap, flags = dp_bucket_params(p), virtual_stage_moe(p, m)
-    if not p.overlap_grad_reduce:  # ZeRO-2 without overlap: a chunk's all at its end
-        cap = math.inf
+    cap, flags = chunk_bucket_params(p), virtual_stage_moe(p, m)
     layer = {moe: layer_rank_params(m, p, moe) for moe in {f for fs in flags for f in fs}}
     edge = {vs: chunk_edge_params(m, p, vs) for vs in (0, len(flags) - 1)}
     out: list[list[list[tuple[float, float]]]] = []

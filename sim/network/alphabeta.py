@@ -108,8 +108,6 @@ def ring_latency_s(f: Fabric, passes: int) -> float:
     so only the hops between nodes pay the network's latency (across sites, each of them is
     charged the WAN's: :func:`sim.network.wan.wan_fabric`)."""
     n, k = f.span.size, f.span.nodes
-    if k == 1:
-        return passes * (n - 1) * f.intra_alpha_s
     return passes * ((k - 1) * f.inter_alpha_s + (n - k) * f.intra_alpha_s)
 
 

@@ -219,9 +219,10 @@ def torchtitan_parsed(folder: Path, module: str, fn: str, world: int) -> dict[st
             "grad_bytes": {"float32": 4, "bfloat16": 2}[train.mixed_precision_reduce],
             "layers": [sum(1 for m in p if m.startswith("layers.")) for p in parts]
             if dims.pp > 1 else None,
+            # "never" is ZeRO-2's program and ZeRO-3's keeping gathered weights alike
             "zero": 0 if dims.dp_shard == 1 else
-            3 if par.fsdp_reshard_after_forward == "always" else 2,  # "never": ZeRO-2's
-            "reshard": par.fsdp_reshard_after_forward,  # program, and ZeRO-3's keeping weights
+            3 if par.fsdp_reshard_after_forward == "always" else 2,
+            "reshard": par.fsdp_reshard_after_forward,
             "recompute": "full" if isinstance(ac, FullAC.Config) else
             "selective" if isinstance(ac, SelectiveAC.Config) else "none",
             "dtype": "fp8" if "Float8" in repr(cfg.model_spec.model) else
