@@ -11,10 +11,12 @@ from pathlib import Path
 import pytest
 
 from sim import Plan, load_cluster, simulate
+from sim.cost.compute import expert_time
 from sim.cost.costmodel import roofline_for
 from sim.errors import SpecError
 from sim.spec.calibration import apply_calibration
 from sim.spec.cluster import cluster_from_dict
+from sim.spec.hf_config import hf_config_to_spec
 from sim.spec.stack import STACK_FIELDS, apply_stack, get_stack, stacks
 from sim.spec.zoo import load_model
 from trainsim.cli import main
@@ -157,3 +159,39 @@ def test_an_empty_stack_takes_the_stack_off():
     off = _with(on, "")
     assert off.gpu == A100.gpu and off.node_groups == A100.node_groups
     assert simulate(GPT, off, PLAN).iteration_time_s == simulate(GPT, A100, PLAN).iteration_time_s
+
+
+def _gpt_oss():
+    entries = json.loads((EXPERIMENTS / "data" / "moe_hf_configs.json").read_text())
+    cfg = next(e["config"] for e in entries if e["name"] == "gpt-oss-120b")
+    return hf_config_to_spec(cfg, "gpt-oss-120b")
+
+
+def test_biased_experts_add_their_biases_as_the_stack_says():
+    """A kernel of its own (2 streams of each output element forward, 1 backward) or none."""
+    oss, h100 = _gpt_oss(), load_cluster("dgx-h100:1").gpu
+    plan = Plan(global_batch_size=8, seq_len=4096, micro_batch_size=1, ep=8, dp=8)
+    tokens = plan.local_tokens
+    fused = roofline_for(dataclasses.replace(h100, expert_bias_streams=0.0))
+    eager = roofline_for(h100)
+    (f0, b0), (f2, b2) = (expert_time(c, oss, plan, tokens) for c in (fused, eager))
+    routed = tokens * oss.top_k  # forced balance: every rank's experts get this many
+    elements = routed * (2 * oss.expert_ffn + oss.hidden_size)
+    assert f2 - f0 == pytest.approx(2 * elements * 2 / eager.mem_Bps, rel=1e-9)
+    assert b2 - b0 == pytest.approx((f2 - f0) / 2, rel=1e-9)
+    plain = dataclasses.replace(oss, linear_bias=False)
+    assert expert_time(fused, plain, plan, tokens) == expert_time(eager, plain, plan, tokens)
+
+
+@pytest.mark.parametrize("fidelity", ["analytic", "des"])
+def test_expert_biases_in_both_tiers(fidelity):
+    oss, h100 = _gpt_oss(), load_cluster("dgx-h100:1")
+    plan = Plan(global_batch_size=8, seq_len=4096, micro_batch_size=1, ep=8, dp=8,
+                zero_stage=3)
+    te, titan = (simulate(oss, _with(h100, s), plan, fidelity=fidelity).iteration_time_s
+                 for s in ("megatron-core", "torchtitan-eager"))
+    assert titan > te * 1.01
+    plain = dataclasses.replace(oss, linear_bias=False)
+    assert simulate(plain, _with(h100, "megatron-core"), plan, fidelity=fidelity) \
+        .iteration_time_s == simulate(plain, _with(h100, "torchtitan-eager"), plan,
+                                      fidelity=fidelity).iteration_time_s

@@ -83,7 +83,12 @@ def expert_time(cm: CostModel, m: ModelSpec, plan: Plan, tokens: float) -> Cost:
     ``etp = tp`` the group's tokens from each of ``ep`` groups; with ``etp = 1`` each rank's
     sequence shard from each of ``ep`` ranks, at full width."""
     per_expert, e = _expert_tokens(m, plan, tokens)
-    return _scale(_mlp(cm, m, plan, per_expert, m.expert_ffn, e), m.num_experts / plan.ep)
+    one = _mlp(cm, m, plan, per_expert, m.expert_ffn, e)
+    if m.linear_bias:  # biased experts (gpt-oss): up (and gate), then down
+        up = 2 if m.gated_mlp else 1
+        one = _add(one, cm.expert_bias(per_expert, up * m.expert_ffn / e, plan.activation_dtype),
+                   cm.expert_bias(per_expert, m.hidden_size, plan.activation_dtype))
+    return _scale(one, m.num_experts / plan.ep)
 
 
 def _expert_tokens(m: ModelSpec, plan: Plan, tokens: float) -> tuple[float, int]:

@@ -44,6 +44,8 @@ class CostModel(Protocol):
 
     def elementwise(self, op: str, tokens: float, width: float, dtype: str) -> Cost: ...
 
+    def expert_bias(self, tokens: float, width: float, dtype: str) -> Cost: ...
+
     def embedding(self, tokens: float, hidden: float, vocab: float, dtype: str) -> Cost: ...
 
     def optimizer(self, numel: float) -> float: ...
@@ -79,6 +81,7 @@ class Roofline:
     step_overhead_s: float = 0.0  # a training step's fixed cost beside the optimizer's
     elementwise_scale: float = 1.0  # element-wise time relative to one kernel each
     fp8_cast_bytes: float = 0.0  # bytes per element to quantise an fp8 GEMM operand
+    expert_bias_streams: float = 2.0  # elements streamed per grouped-GEMM output element
 
     @property
     def extrapolated(self) -> set[str]:
@@ -115,6 +118,12 @@ class Roofline:
         fwd = op_bytes(op, tokens, width, dtype) / self.mem_Bps * self.elementwise_scale
         return fwd, BACKWARD_FACTOR * fwd
 
+    def expert_bias(self, tokens: float, width: float, dtype: str) -> Cost:
+        """Adding the experts' biases to a grouped GEMM's ``tokens x width`` output: the
+        device's streams forward, the bias gradient (a reduction) half of them backward."""
+        fwd = self.expert_bias_streams * tokens * width * DTYPE_BYTES[dtype] / self.mem_Bps
+        return fwd, fwd / 2
+
     def embedding(self, tokens: float, hidden: float, vocab: float, dtype: str) -> Cost:
         fwd = op_bytes("embedding", tokens, hidden, dtype) / self.mem_Bps  # a gather
         return fwd, BACKWARD_FACTOR * fwd
@@ -141,4 +150,5 @@ def roofline_for(hw: HardwareSpec) -> Roofline:
     return Roofline(gemm, hw.gemm_dim_half, hw.hbm_GBps * 1e9 * hw.hbm_eff, attn,
                     layer_overhead_s=hw.layer_overhead_us * 1e-6,
                     step_overhead_s=hw.step_overhead_ms * 1e-3,
-                    elementwise_scale=hw.elementwise_scale, fp8_cast_bytes=hw.fp8_cast_bytes)
+                    elementwise_scale=hw.elementwise_scale, fp8_cast_bytes=hw.fp8_cast_bytes,
+                    expert_bias_streams=hw.expert_bias_streams)

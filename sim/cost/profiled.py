@@ -284,6 +284,11 @@ class Profiled:
         return self._measured((op, "", dtype), (tokens, width),
                               lambda: self.fallback.elementwise(op, tokens, width, dtype))
 
+    def expert_bias(self, tokens: float, width: float, dtype: str) -> Cost:
+        """Not profiled: the fitted roofline's, as the stack adds the biases."""
+        f, b = self.fallback.expert_bias(tokens, width, dtype)
+        return f * self.db.compute_scale, b * self.db.compute_scale
+
     def embedding(self, tokens: float, hidden: float, vocab: float, dtype: str) -> Cost:
         return self._measured(("embedding", "", dtype), (tokens, hidden, vocab),
                               lambda: self.fallback.embedding(tokens, hidden, vocab, dtype))
