@@ -27,7 +27,9 @@ How a row becomes a plan (assumptions, none tuned):
   model, 16-bit gradients). Megatron-LM's Mixtral row takes the least recomputation that
   fits. Flash attention, bf16, forced-balance routing (trainsim's balanced routing).
 * DeepSeek-V3 without multi-token prediction (as the rows say); gpt-oss's sliding-window
-  layers as full attention (trainsim warns).
+  layers as full attention (trainsim warns). The Automodel rows run on the ``automodel``
+  stack (``sim/data/stacks.toml``: the catalog's values but for how its code adds gpt-oss's
+  expert biases).
 * The implied FLOPs per token of each Automodel row (published TFLOP/s / tokens/s) is
   printed beside ``megatron_flops_per_token`` as a check of the model read.
 """
@@ -155,6 +157,8 @@ def table(tiers: tuple[str, ...], as_published: bool = False) -> pd.DataFrame:
         for row in csv.DictReader(f):
             model = specs[row["model"]]
             cluster = load_cluster(f"dgx-h100:{int(row['gpus']) // 8}")
+            if row["id"].startswith("AM-"):  # NeMo Automodel's stack (its experts' biases)
+                cluster = dataclasses.replace(cluster, stack="automodel")
             plan = row_plan(row, model, cluster, as_published)
             step, basis = published_step(row, model)
             out = {"id": row["id"], "model": row["model"], "gpus": int(row["gpus"]),

@@ -86,8 +86,9 @@ def expert_time(cm: CostModel, m: ModelSpec, plan: Plan, tokens: float) -> Cost:
     one = _mlp(cm, m, plan, per_expert, m.expert_ffn, e)
     if m.linear_bias:  # biased experts (gpt-oss): up (and gate), then down
         up = 2 if m.gated_mlp else 1
-        one = _add(one, cm.expert_bias(per_expert, up * m.expert_ffn / e, plan.activation_dtype),
-                   cm.expert_bias(per_expert, m.hidden_size, plan.activation_dtype))
+        one = _add(one, cm.expert_bias(per_expert, up * m.expert_ffn / e, plan.activation_dtype,
+                                       down=False),
+                   cm.expert_bias(per_expert, m.hidden_size, plan.activation_dtype, down=True))
     return _scale(one, m.num_experts / plan.ep)
 
 

@@ -44,7 +44,7 @@ class CostModel(Protocol):
 
     def elementwise(self, op: str, tokens: float, width: float, dtype: str) -> Cost: ...
 
-    def expert_bias(self, tokens: float, width: float, dtype: str) -> Cost: ...
+    def expert_bias(self, tokens: float, width: float, dtype: str, down: bool) -> Cost: ...
 
     def embedding(self, tokens: float, hidden: float, vocab: float, dtype: str) -> Cost: ...
 
@@ -81,7 +81,9 @@ class Roofline:
     step_overhead_s: float = 0.0  # a training step's fixed cost beside the optimizer's
     elementwise_scale: float = 1.0  # element-wise time relative to one kernel each
     fp8_cast_bytes: float = 0.0  # bytes per element to quantise an fp8 GEMM operand
-    expert_bias_streams: float = 2.0  # elements streamed per grouped-GEMM output element
+    # elements streamed per grouped-GEMM output element to add experts' biases: (up forward,
+    # up backward, down forward, down backward)
+    expert_bias_streams: tuple[float, float, float, float] = (2.0, 1.0, 2.0, 1.0)
 
     @property
     def extrapolated(self) -> set[str]:
@@ -118,11 +120,12 @@ class Roofline:
         fwd = op_bytes(op, tokens, width, dtype) / self.mem_Bps * self.elementwise_scale
         return fwd, BACKWARD_FACTOR * fwd
 
-    def expert_bias(self, tokens: float, width: float, dtype: str) -> Cost:
-        """Adding the experts' biases to a grouped GEMM's ``tokens x width`` output: the
-        device's streams forward, the bias gradient (a reduction) half of them backward."""
-        fwd = self.expert_bias_streams * tokens * width * DTYPE_BYTES[dtype] / self.mem_Bps
-        return fwd, fwd / 2
+    def expert_bias(self, tokens: float, width: float, dtype: str, down: bool) -> Cost:
+        """Adding the experts' biases to a grouped GEMM's ``tokens x width`` output (the up
+        projection's, or the ``down`` one's): the device's streams forward and backward."""
+        f, b = self.expert_bias_streams[2:] if down else self.expert_bias_streams[:2]
+        one = tokens * width * DTYPE_BYTES[dtype] / self.mem_Bps
+        return f * one, b * one
 
     def embedding(self, tokens: float, hidden: float, vocab: float, dtype: str) -> Cost:
         fwd = op_bytes("embedding", tokens, hidden, dtype) / self.mem_Bps  # a gather
@@ -151,4 +154,11 @@ def roofline_for(hw: HardwareSpec) -> Roofline:
                     layer_overhead_s=hw.layer_overhead_us * 1e-6,
                     step_overhead_s=hw.step_overhead_ms * 1e-3,
                     elementwise_scale=hw.elementwise_scale, fp8_cast_bytes=hw.fp8_cast_bytes,
-                    expert_bias_streams=hw.expert_bias_streams)
+                    expert_bias_streams=expert_bias_streams(hw))
+
+
+def expert_bias_streams(hw: HardwareSpec) -> tuple[float, float, float, float]:
+    """The device's streams to add experts' biases: up forward, up backward, down forward,
+    down backward."""
+    return (hw.expert_bias_up_fwd, hw.expert_bias_up_bwd, hw.expert_bias_down_fwd,
+            hw.expert_bias_down_bwd)

@@ -102,7 +102,8 @@ def fit_roofline(db: ProfileDB, hw: HardwareSpec) -> Roofline:
         elif op not in ("embedding", "optimizer", *WHOLE_OPS):
             stream += [(op_bytes(op, s[0], s[1], dtype), t) for s, t in points]
     mem = _median_rate([p for p in stream if p[0] >= 1e6], base.mem_Bps)
-    return Roofline(gemm, base.gemm_dim_half, mem, attn)
+    return Roofline(gemm, base.gemm_dim_half, mem, attn,
+                    expert_bias_streams=base.expert_bias_streams)
 
 
 class Profiled:
@@ -284,9 +285,11 @@ class Profiled:
         return self._measured((op, "", dtype), (tokens, width),
                               lambda: self.fallback.elementwise(op, tokens, width, dtype))
 
-    def expert_bias(self, tokens: float, width: float, dtype: str) -> Cost:
-        """Not profiled: the fitted roofline's, as the stack adds the biases."""
-        f, b = self.fallback.expert_bias(tokens, width, dtype)
+    def expert_bias(self, tokens: float, width: float, dtype: str, down: bool) -> Cost:
+        """Never profiled: the fitted roofline's streams, which are the device's (its
+        stack's), noted."""
+        self._note("expert_bias", (tokens, width), dtype)
+        f, b = self.fallback.expert_bias(tokens, width, dtype, down)
         return f * self.db.compute_scale, b * self.db.compute_scale
 
     def embedding(self, tokens: float, hidden: float, vocab: float, dtype: str) -> Cost:

@@ -69,11 +69,15 @@ class HardwareSpec:
     # bits, write 8, the scale from the amax history; current scaling 5: an amax pass over
     # the 16-bit tensor first); 0: not counted
     fp8_cast_bytes: float = 0.0
-    # elements streamed per element of a grouped expert GEMM's output to add the experts'
-    # biases (models with biased experts: gpt-oss), forward; the bias gradient, a reduction,
-    # reads half as many backward. 2: its own kernel (read the output, write it: torch's
-    # grouped GEMMs take no bias); 0: in the GEMM's epilogue (Transformer Engine)
-    expert_bias_streams: float = 2.0
+    # elements streamed per element of a grouped expert GEMM's output to add biased experts'
+    # biases (gpt-oss), forward and backward, for the up (and gate) projection and the down
+    # projection. 2 / 1: an add of its own (read the output, write it; the bias gradient a
+    # reduction reading the output gradient once: torch's grouped GEMMs take no bias);
+    # 0: in the GEMM's epilogue. Stacks set what their code streams (sim/data/stacks.toml)
+    expert_bias_up_fwd: float = 2.0
+    expert_bias_up_bwd: float = 1.0
+    expert_bias_down_fwd: float = 2.0
+    expert_bias_down_bwd: float = 1.0
     stack: str = ""  # the software stack whose values these are (sim.spec.stack); "": none
 
     def peak_tflops(self, dtype: str) -> float:

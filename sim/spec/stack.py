@@ -9,8 +9,8 @@ per op (``elementwise_scale``: fusion by a compiler), the bytes of fp8 casts per
 (``fp8_cast_bytes``: the scaling recipe), the share of data-parallel communication compute
 can hide (``comm_overlap``) and of the NICs' line rate the stack's collectives reach
 (``nic_eff``); these two never above the device's own (a CPU's 0 overlap stays 0); and how
-biased experts add their biases (``expert_bias_streams``: a kernel of its own, or in the
-grouped GEMM's epilogue).
+biased experts add their biases (``expert_bias_up_fwd`` ... ``expert_bias_down_bwd``: the
+element streams their code runs, 0 in a GEMM's epilogue).
 
 A stack is applied once: the device records its name (``HardwareSpec.stack``), so building
 the cluster again (``dataclasses.replace``) does not apply it twice, and a calibration
@@ -38,7 +38,8 @@ __all__ = ["StackSpec", "STACK_FIELDS", "CAPS", "stacks", "get_stack", "apply_st
 STACK_FIELDS = {"layer_overhead_us": (0.0, 5000.0), "step_overhead_ms": (0.0, 60000.0),
                 "elementwise_scale": (0.05, 4.0), "fp8_cast_bytes": (0.0, 16.0),
                 "comm_overlap": (0.0, 1.0), "nic_eff": (0.02, 1.0),
-                "expert_bias_streams": (0.0, 8.0)}
+                "expert_bias_up_fwd": (0.0, 16.0), "expert_bias_up_bwd": (0.0, 16.0),
+                "expert_bias_down_fwd": (0.0, 16.0), "expert_bias_down_bwd": (0.0, 16.0)}
 CAPS = ("comm_overlap", "nic_eff")  # a stack can lower these below the device's, never raise
 
 

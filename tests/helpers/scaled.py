@@ -40,6 +40,9 @@ class ScaledCost:
     def elementwise(self, op: str, tokens: float, width: float, dtype: str) -> Cost:
         return self._both(self.inner.elementwise(op, tokens, width, dtype))
 
+    def expert_bias(self, tokens: float, width: float, dtype: str, down: bool) -> Cost:
+        return self._both(self.inner.expert_bias(tokens, width, dtype, down))
+
     def embedding(self, tokens: float, hidden: float, vocab: float, dtype: str) -> Cost:
         return self._both(self.inner.embedding(tokens, hidden, vocab, dtype))
 

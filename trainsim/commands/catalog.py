@@ -41,7 +41,7 @@ def cmd_hardware(args: argparse.Namespace) -> int:
         for st in stacks().values():
             print(f"{st.name}: {st.description}")
             for field, value in st.values.items():
-                print(f"    {field:<18} {value:<8g} {st.sources[field]}")
+                print(f"    {field:<20} {value:<8g} {st.sources[field]}")
         return 0
     for name, hw in sorted(catalog().items()):
         print(f"{name:<16} bf16 {hw.bf16_tflops:7.1f} TFLOP/s  {hw.memory_gib:6.1f} GiB  "
