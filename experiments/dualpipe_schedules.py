@@ -26,7 +26,8 @@ from pathlib import Path
 import pandas as pd
 
 from sim import Plan, load_cluster, load_model, simulate
-from sim.layout.dualpipe import makespan, peak_activations, published_bubble, uniform
+from sim.layout.dualpipe import peak_activations
+from sim.layout.dualpipe_time import makespan, published_bubble, uniform
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PROPORTIONS = [(1.0, 2.0, 1.0), (1.0, 2.0, 0.5), (1.0, 3.0, 1.0), (1.0, 1.5, 0.7)]

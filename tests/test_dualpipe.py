@@ -11,14 +11,8 @@ import pytest
 
 from sim import Plan, load_cluster, load_model, simulate
 from sim.errors import SpecError
-from sim.layout.dualpipe import (
-    makespan,
-    peak_activations,
-    published_bubble,
-    rank_program,
-    stages_of_rank,
-    uniform,
-)
+from sim.layout.dualpipe import peak_activations, rank_program, stages_of_rank
+from sim.layout.dualpipe_time import makespan, published_bubble, uniform
 from sim.layout.inventory import expected_collectives
 from sim.layout.memory import inflight_microbatches
 from sim.layout.stages import pipeline_rank_layers, rank_virtual_stages, virtual_stage_rank

@@ -19,7 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from sim.layout.dualpipe import Pass, makespan, pass_counts, rank_of_stage, stages_of_rank
+from sim.layout.dualpipe import Pass, pass_counts, rank_of_stage, stages_of_rank
+from sim.layout.dualpipe_time import makespan
 
 __all__ = ["StagePasses", "RankTime", "dualpipev_pipeline"]
 

@@ -1,6 +1,6 @@
 """DualPipeV: DeepSeek's DualPipe cut in half (Sea AI Lab's "cut-in-half"), as DeepSeek's
 reference code (``deepseek-ai/DualPipe``, ``dualpipev.py``) and torch's
-``ScheduleDualPipeV`` run it.
+``ScheduleDualPipeV`` run it; and DualPipe itself (``dualpipe.py``, ``mirrored``).
 
 Each of the ``pp`` ranks holds two of the ``2 pp`` virtual stages, in a V: rank ``r`` holds
 stage ``r`` (phase 0, the way down) and stage ``2 pp - 1 - r`` (phase 1, the way back), so
@@ -16,22 +16,32 @@ steps (``m >= 2 pp`` micro-batches)::
     3  (pp - r - 1) x B1*, W, F1      7  (pp - r - 1) x W, B0*
     4  (m - 2 pp + r + 1) x FB(F0, B1), FB(F1, B0)     8  (r + 1) x W
 
-(``*``: the weight gradient deferred). :func:`makespan` runs the programs against the
-dependencies between stages, the duration of each pass given, which is how both tiers time
-the schedule and how the tests check it against the published bubble,
-``(pp - 1)(F&B + B - 3W)`` for ``2 pp`` stages of one chunk's passes.
+(``*``: the weight gradient deferred). :func:`sim.layout.dualpipe_time.makespan` runs the
+programs against the dependencies between stages, the duration of each pass given, which
+is how both tiers time the schedule and how the tests check it against the published
+bubble, ``(pp - 1)(F&B + B - 3W)`` for ``2 pp`` stages of one chunk's passes.
+
+DualPipe (``mirrored``) feeds the model from both ends of ``pp`` ranks (even): half the
+micro-batches enter at rank 0 and run stages ``0 .. pp - 1`` on ranks ``0 .. pp - 1``
+(chain 0), half enter at rank ``pp - 1`` and run them on ranks ``pp - 1 .. 0`` (chain 1).
+Virtual stage ``c pp + s`` is stage ``s`` of chain ``c``; rank ``r`` holds stage ``r`` of
+chain 0 and stage ``pp - 1 - r`` of chain 1, so ranks ``r`` and ``pp - 1 - r`` hold the
+same layers (the parameters twice) and sum their gradients. The reference's program for
+rank ``r`` is DualPipeV's for rank ``min(r, pp - 1 - r)`` of ``pp / 2`` ranks with ``m / 2``
+micro-batches a chain, its phase 0 the chain the rank starts (chain 0 on the first half of
+the ranks, chain 1 on the second), with one difference: the turn is not on the rank but
+between the two middle ranks, which send to each other (``is_middle_rank``).
 """
 
 from __future__ import annotations
 
 import functools
 from collections import Counter, deque
-from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["Pass", "Msg", "Call", "rank_of_stage", "stages_of_rank", "rank_calls",
-           "rank_program", "pass_counts", "paired_share", "peak_held", "peak_activations",
-           "makespan", "published_bubble", "uniform"]
+__all__ = ["Pass", "Msg", "Call", "rank_of_stage", "stages_of_rank", "chain_length",
+           "chain_microbatches", "rank_calls", "rank_program", "pass_counts", "paired_share",
+           "peak_held", "peak_activations"]
 
 
 @dataclass(frozen=True)
@@ -49,12 +59,28 @@ class Pass:
     stage2: int = -1
 
 
-def rank_of_stage(pp: int, stage: int) -> int:
+def chain_length(pp: int, mirrored: bool = False) -> int:
+    """Stages a micro-batch runs through: ``2 pp`` in a V, ``pp`` under DualPipe."""
+    return pp if mirrored else 2 * pp
+
+
+def chain_microbatches(m: int, mirrored: bool = False) -> int:
+    """Micro-batches each chain (each of a rank's stages) runs: DualPipe halves them."""
+    return m // 2 if mirrored else m
+
+
+def rank_of_stage(pp: int, stage: int, mirrored: bool = False) -> int:
+    if mirrored:
+        chain, s = divmod(stage, pp)
+        return s if chain == 0 else pp - 1 - s
     return stage if stage < pp else 2 * pp - 1 - stage
 
 
-def stages_of_rank(pp: int, rank: int) -> tuple[int, int]:
+def stages_of_rank(pp: int, rank: int, mirrored: bool = False) -> tuple[int, int]:
     """The rank's virtual stages, phase 0 first."""
+    if mirrored:
+        down, back = rank, 2 * pp - 1 - rank  # chain 0's stage r, chain 1's stage pp - 1 - r
+        return (back, down) if rank >= pp // 2 else (down, back)
     return rank, 2 * pp - 1 - rank
 
 
@@ -67,9 +93,11 @@ class _Program:
     counters), the receives and sends it posts, and the batched call that commits them and
     waits before each pass (``_commit_and_wait_comm``)."""
 
-    def __init__(self, pp: int, rank: int) -> None:
-        self.pp, self.rank = pp, rank
-        self.stage = stages_of_rank(pp, rank)
+    def __init__(self, pp: int, rank: int, mirrored: bool = False, phys: int = 0) -> None:
+        """``pp`` and ``rank`` of the DualPipeV program run (under DualPipe: half the ranks,
+        the half-rank id), its stages those of rank ``phys`` of ``2 pp`` when ``mirrored``."""
+        self.pp, self.rank, self.mirrored = pp, rank, mirrored
+        self.stage = stages_of_rank(2 * pp, phys, True) if mirrored else stages_of_rank(pp, rank)
         self.count = {k: [0, 0] for k in ("F", "B", "rF", "rB", "sF", "sB")}
         self.queue: deque[tuple[int, int]] = deque()
         self.sends: list[Msg] = []
@@ -84,6 +112,8 @@ class _Program:
         """No neighbour that way: the first rank's way in and its loss, the last rank's
         turn (its two stages pass to each other on the rank)."""
         first, last = self.rank == 0, self.rank == self.pp - 1
+        if self.mirrored:  # the turn is between the middle ranks: only the ends are alone
+            return first and phase == (1 if towards_loss else 0)
         return (first and phase == (1 if towards_loss else 0)) or \
             (last and phase == (0 if towards_loss else 1))
 
@@ -152,11 +182,13 @@ def _steps_1_to_4(g: _Program, pp: int, m: int) -> None:
     for _ in range(2 * down):
         g.forward(0)
     g.recv_f(0)
+    middle = last and g.mirrored  # DualPipe's middle rank sends its turn at once
     for i in range(r + 1):
-        g.forward(0, recv=False, send=False)
+        g.forward(0, recv=False, send=middle)
         g.recv_f(0)
         g.forward(1, send=not last or i < r)
-        g.send_f(0)
+        if not middle:
+            g.send_f(0)
     for _ in range(down):
         g.backward(1, defer=True)
         g.recv_f(1)
@@ -175,14 +207,21 @@ def _steps_1_to_4(g: _Program, pp: int, m: int) -> None:
 
 
 @functools.lru_cache(maxsize=1024)
-def rank_calls(pp: int, m: int, rank: int) -> tuple[Pass | Call, ...]:
+def rank_calls(pp: int, m: int, rank: int, mirrored: bool = False) -> tuple[Pass | Call, ...]:
     """Rank ``rank``'s passes in order with the batched calls between them: as the
     reference, each pass first commits what was posted since the last call (the sends of
-    the passes before it, the receives it and the next ones need) and waits for it."""
-    if pp < 2 or m < 2 * pp:
+    the passes before it, the receives it and the next ones need) and waits for it.
+    ``mirrored``: DualPipe's (``m`` micro-batches, half a chain)."""
+    phys = rank
+    if mirrored:
+        if pp < 2 or pp % 2 or m % 2 or m < 2 * pp:
+            raise ValueError(f"DualPipe needs an even pp >= 2 and an even m >= 2 pp "
+                             f"micro-batches (m {m}, pp {pp})")
+        pp, m, rank = pp // 2, m // 2, min(rank, pp - 1 - rank)
+    elif pp < 2 or m < 2 * pp:
         raise ValueError(f"DualPipeV needs pp >= 2 and m >= 2 pp micro-batches (m {m}, "
                          f"pp {pp})")
-    g, r, down = _Program(pp, rank), rank, pp - rank - 1
+    g, r, down = _Program(pp, rank, mirrored, phys), rank, pp - rank - 1
     _steps_1_to_4(g, pp, m)
     for _ in range(down):
         g.backward(1)
@@ -197,53 +236,56 @@ def rank_calls(pp: int, m: int, rank: int) -> tuple[Pass | Call, ...]:
     for _ in range(r + 1):
         g.weight()
     g.commit()
-    assert not g.queue and g.count["F"] == g.count["B"] == [m, m], "DualPipeV inconsistent"
+    assert not g.queue and g.count["F"] == g.count["B"] == [m, m], "DualPipe(V) inconsistent"
     return tuple(g.items)
 
 
 @functools.lru_cache(maxsize=1024)
-def rank_program(pp: int, m: int, rank: int) -> tuple[Pass, ...]:
+def rank_program(pp: int, m: int, rank: int, mirrored: bool = False) -> tuple[Pass, ...]:
     """Rank ``rank``'s passes in order."""
-    return tuple(p for p in rank_calls(pp, m, rank) if isinstance(p, Pass))
+    return tuple(p for p in rank_calls(pp, m, rank, mirrored) if isinstance(p, Pass))
 
 
 @functools.lru_cache(maxsize=1024)
-def pass_counts(pp: int, m: int, rank: int) -> tuple[tuple[Pass, int], ...]:
+def pass_counts(pp: int, m: int, rank: int, mirrored: bool = False
+                ) -> tuple[tuple[Pass, int], ...]:
     """The rank's distinct passes as a duration sees them (kind, stages, deferral; the
     micro-batch set to 0), each with how many times it runs."""
-    seen = Counter((p.kind, p.stage, p.deferred, p.stage2) for p in rank_program(pp, m, rank))
+    seen = Counter((p.kind, p.stage, p.deferred, p.stage2)
+                   for p in rank_program(pp, m, rank, mirrored))
     return tuple((Pass(kind, 0, stage, deferred, 0 if kind == "FB" else -1, stage2), n)
                  for (kind, stage, deferred, stage2), n in seen.items())
 
 
 @functools.lru_cache(maxsize=1024)
-def paired_share(pp: int, m: int, rank: int) -> float:
+def paired_share(pp: int, m: int, rank: int, mirrored: bool = False) -> float:
     """The share of the rank's forward and backward passes that run in pairs."""
-    pairs = sum(p.kind == "FB" for p in rank_program(pp, m, rank))
-    return 2 * pairs / (4 * m)
+    pairs = sum(p.kind == "FB" for p in rank_program(pp, m, rank, mirrored))
+    return 2 * pairs / (4 * chain_microbatches(m, mirrored))
 
 
 def peak_held(pp: int, m: int, rank: int, stored: dict[int, float],
-              waiting: dict[int, float]) -> float:
+              waiting: dict[int, float], mirrored: bool = False) -> float:
     """The most a rank holds at once, a chunk of stage ``s`` counting ``stored[s]`` from
     its forward to its backward and ``waiting[s]`` from a backward that defers its weight
     gradient to that ``W`` (what the weight gradient still needs: with recomputation, more
     than the stored inputs); both are sizes, not negative."""
-    s0, s1 = stages_of_rank(pp, rank)
+    s0, s1 = stages_of_rank(pp, rank, mirrored)
     x = (stored[s0], stored[s1], waiting[s0], waiting[s1])
     return max(sum(c * v for c, v in zip(counts, x, strict=True))
-               for counts in _held_counts(pp, m, rank))
+               for counts in _held_counts(pp, m, rank, mirrored))
 
 
 @functools.lru_cache(maxsize=1024)
-def _held_counts(pp: int, m: int, rank: int) -> tuple[tuple[int, int, int, int], ...]:
+def _held_counts(pp: int, m: int, rank: int, mirrored: bool
+                 ) -> tuple[tuple[int, int, int, int], ...]:
     """The chunks a rank holds at each point of its program where the total may peak, as
     (stored of its first stage, of its second, waiting of its first, of its second):
     distinct, none below another in every count (the sizes are not negative), none held
     at the start."""
-    s0, _ = stages_of_rank(pp, rank)
+    s0, _ = stages_of_rank(pp, rank, mirrored)
     held, seen = [0, 0, 0, 0], {(0, 0, 0, 0)}
-    for p in rank_program(pp, m, rank):
+    for p in rank_program(pp, m, rank, mirrored):
         if p.kind in ("F", "FB"):
             held[p.stage != s0] += 1
         seen.add(tuple(held))  # type: ignore[arg-type]
@@ -258,112 +300,8 @@ def _held_counts(pp: int, m: int, rank: int) -> tuple[tuple[int, int, int, int],
         o != c and all(a >= b for a, b in zip(o, c, strict=True)) for o in seen))
 
 
-def peak_activations(pp: int, m: int, rank: int) -> int:
+def peak_activations(pp: int, m: int, rank: int, mirrored: bool = False) -> int:
     """The most chunk activations the rank holds at once: each from its forward until its
     weight gradient is done (with its backward, or the deferred ``W``)."""
-    one = dict.fromkeys(stages_of_rank(pp, rank), 1.0)
-    return int(peak_held(pp, m, rank, one, one))
-
-
-Durations = Callable[[Pass], float]
-
-
-def _needs(p: Pass, last: int) -> list[tuple[str, int, int]]:
-    """The passes (kind, mb, stage) that must be done before ``p`` starts."""
-    out: list[tuple[str, int, int]] = []
-    if p.kind in ("F", "FB") and p.stage > 0:
-        out.append(("F", p.mb, p.stage - 1))
-    if p.kind == "B" or p.kind == "FB":
-        mb, stage = (p.mb, p.stage) if p.kind == "B" else (p.mb2, p.stage2)
-        out.append(("F", mb, stage) if stage == last else ("B", mb, stage + 1))
-    if p.kind == "W":
-        out.append(("B", p.mb, p.stage))
-    return out
-
-
-def _done_as(p: Pass) -> list[tuple[str, int, int]]:
-    if p.kind == "FB":
-        return [("F", p.mb, p.stage), ("B", p.mb2, p.stage2)]
-    return [(p.kind, p.mb, p.stage)]
-
-
-_Step = tuple[Pass, tuple[tuple[int, bool], ...], tuple[int, ...]]
-
-
-@functools.lru_cache(maxsize=8)
-def _steps(pp: int, m: int) -> tuple[tuple[_Step, ...], ...]:
-    """Each rank's program as (pass, what it needs as (event, on another rank), the events
-    it completes), the events ``(kind, mb, stage)`` numbered."""
-    last = 2 * pp - 1
-
-    def event(n: tuple[str, int, int]) -> int:
-        return (n[1] * 2 * pp + n[2]) * 2 + (n[0] == "B")
-    return tuple(tuple((p, tuple((event(n), rank_of_stage(pp, n[2]) != r)
-                                 for n in _needs(p, last)),
-                        tuple(event(n) for n in _done_as(p)))
-                       for p in rank_program(pp, m, r)) for r in range(pp))
-
-
-def makespan(pp: int, m: int, duration: Durations, transfer: float = 0.0
-             ) -> tuple[float, list[float]]:
-    """(time the last pass ends, each rank's busy seconds): every rank runs its program in
-    order, a pass starting once the rank is free and what it needs is done (``transfer``
-    seconds later when that was on another rank). ``duration`` depends on a pass's kind,
-    stages and deferral, not on its micro-batch (it is asked once for each)."""
-    programs = _steps(pp, m)
-    asked: dict[tuple[str, int, bool, int], float] = {}
-    seconds = []
-    for program in programs:
-        row = []
-        for p, _, _ in program:
-            key = (p.kind, p.stage, p.deferred, p.stage2)
-            if key not in asked:
-                asked[key] = duration(p)
-            row.append(asked[key])
-        seconds.append(row)
-    done: list[float | None] = [None] * (4 * pp * m)
-    free, busy, at = [0.0] * pp, [0.0] * pp, [0] * pp
-    while any(at[r] < len(programs[r]) for r in range(pp)):
-        moved = False
-        for r in range(pp):
-            program, i, t = programs[r], at[r], free[r]
-            while i < len(program):
-                start, (_, needs, dones) = t, program[i]
-                for e, cross in needs:
-                    d = done[e]
-                    if d is None:
-                        break
-                    if cross:
-                        d += transfer
-                    if d > start:
-                        start = d
-                else:
-                    t = start + seconds[r][i]
-                    busy[r] += seconds[r][i]
-                    for e in dones:
-                        done[e] = t
-                    i += 1
-                    continue
-                break
-            moved = moved or i > at[r]
-            at[r], free[r] = i, t
-        if not moved:
-            raise RuntimeError("DualPipeV programs deadlock")  # a bug, not bad input
-    return max(free), busy
-
-
-def published_bubble(pp: int, f: float, b: float, w: float, fb: float) -> float:
-    """DeepSeek's table: ``(PP/2 - 1)(F&B + B - 3W)`` for ``PP = 2 pp`` stages, ``B`` a
-    full backward (input and weight gradients)."""
-    return (pp - 1) * (fb + b - 3 * w)
-
-
-def uniform(f: float, b: float, w: float, fb: float | None = None,
-            ) -> Callable[[Pass], float]:
-    """Durations of identical stages: ``b`` a full backward, ``w`` its weight part."""
-    table = {"F": f, "W": w, "FB": f + b if fb is None else fb}
-
-    def seconds(p: Pass) -> float:
-        return (b - w if p.deferred else b) if p.kind == "B" else table[p.kind]
-    return seconds
-
+    one = dict.fromkeys(stages_of_rank(pp, rank, mirrored), 1.0)
+    return int(peak_held(pp, m, rank, one, one, mirrored))
