@@ -94,6 +94,9 @@ def _plan(plan: Plan) -> tuple[str, str] | None:
         return "plan.recompute_modules", ("recomputation by module is not run by the "
                                           "executor: its selective recomputation re-runs "
                                           "the attention core only")
+    if plan.schedule == "dualpipe":
+        return "plan.schedule", ("dualpipe is not run by the executor: torch's pipelining has "
+                                 "no two-direction DualPipe schedule (dualpipev runs)")
     if plan.schedule == "dualpipev" and plan.dp > 1:
         return "plan.dp", ("dualpipev with data parallelism is not run by the executor: "
                            "torch 2.13's ScheduleDualPipeV trains dp > 1 to other losses than "

@@ -24,8 +24,9 @@ def plan_label(p: Plan) -> str:
     zero = f"zero{p.zero_stage}" + ("" if p.reshard_after_forward else "-keep")
     parts += [f"mb{p.micro_batch_size}", zero, f"rc-{p.recompute}{modules}"]
     parts += ["sp"] if p.sequence_parallel else []
-    parts += [f"{p.schedule}" + (f"x{p.vpp}" if p.vpp > 1 and p.schedule != "dualpipev"
-                                 else "")] if p.pp > 1 else []
+    paired = p.schedule in ("dualpipev", "dualpipe")  # always two stages a rank
+    parts += [f"{p.schedule}" + (f"x{p.vpp}" if p.vpp > 1 and not paired else "")] \
+        if p.pp > 1 else []
     parts += ["pp-inner"] if p.placement != "tp-cp-ep-dp-pp" else []
     parts += [f"{g}:{a}" for g, a in p.collectives]
     parts += ["layers:" + "/".join(map(str, p.layers_per_stage))] if p.layers_per_stage else []

@@ -4,12 +4,18 @@ ranks, and the schedule through the plan, both tiers, memory and the collective 
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 import pytest
 
+from sim import Plan, load_cluster, load_model, simulate, validate
+from sim.errors import SpecError
 from sim.layout.dualpipe import peak_activations, rank_calls, rank_program, stages_of_rank
 from sim.layout.dualpipe_time import makespan, published_bubble, uniform
+from sim.layout.inventory import expected_collectives
+from sim.layout.memory import inflight_microbatches
+from sim.layout.stages import pipeline_rank_layers, rank_virtual_stages, virtual_stage_rank
 
 SIZES = [(pp, m) for pp in (2, 4, 8, 16) for m in (2 * pp, 2 * pp + 2, 6 * pp + 2)]
 
@@ -64,3 +70,90 @@ def test_the_middle_ranks_send_each_other_the_turn():
 def test_uneven_shapes_are_refused(pp, m):
     with pytest.raises(ValueError, match="DualPipe needs an even pp"):
         rank_program(pp, m, 0, True)
+
+
+# The plan ---------------------------------------------------------------------------------
+LLAMA, H100 = load_model("llama3-8b"), load_cluster("dgx-h100:2")
+D = Plan(128, 4096, 1, dp=4, pp=4, vpp=2, schedule="dualpipe", zero_stage=1)
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"pp": 3, "dp": 4}, "plan.pp: dualpipe needs an even pp >= 2, got 3"),
+    ({"vpp": 1}, "plan.vpp: dualpipe needs vpp = 2 .two stages a rank, one of each direction"),
+    ({"zero_stage": 2}, "plan.zero_stage: dualpipe is modelled with zero_stage 0 or 1"),
+    ({"global_batch_size": 28}, "plan.global_batch_size: dualpipe needs at least 2[*]pp = 8 "
+     "micro-batches per replica, got 7"),
+    ({"global_batch_size": 36}, "plan.global_batch_size: dualpipe feeds half the "
+     "micro-batches from each end: their number per replica must be even, got .9."),
+    ({"layers_per_stage": (8,) * 8}, "plan.layers_per_stage: must list pp = 4 counts"),
+])
+def test_bad_dualpipe_plans_name_the_rule(kw, match):
+    with pytest.raises(SpecError, match=match):
+        validate(dataclasses.replace(D, **kw), LLAMA, H100)
+
+
+def test_each_rank_holds_two_stages_and_both_ends_sit_on_the_outer_ranks():
+    assert [rank_virtual_stages(D, r) for r in range(4)] == [[0, 7], [1, 6], [5, 2], [4, 3]]
+    assert [virtual_stage_rank(D, vs) for vs in range(8)] == [0, 1, 2, 3, 3, 2, 1, 0]
+    ranks = pipeline_rank_layers(D, LLAMA)
+    assert [(r.first, r.last, r.total) for r in ranks] == \
+        [(True, True, 16), (False, False, 16), (False, False, 16), (True, True, 16)]
+    uneven = dataclasses.replace(D, layers_per_stage=(6, 10, 10, 6))
+    assert [r.total for r in pipeline_rank_layers(uneven, LLAMA)] == [12, 20, 20, 12]
+
+
+def test_twice_the_parameters_of_1f1b_and_dualpipev_on_half_the_ranks():
+    """DeepSeek's table: 2x the parameters a device of 1F1B over the same stages; the same
+    layers a rank as DualPipeV on pp / 2 ranks (whose data-parallel group is twice as wide,
+    so ZeRO-1 shards its optimizer state twice as thin)."""
+    from sim.layout.memory import peak_memory
+
+    one = dataclasses.replace(D, schedule="1f1b", vpp=1)
+    v = dataclasses.replace(D, pp=2, dp=8, schedule="dualpipev")
+    mem = {k: peak_memory(LLAMA, p, 0.0)[1] for k, p in (("d", D), ("1", one), ("v", v))}
+    assert mem["d"].weights == pytest.approx(2 * mem["1"].weights, rel=0.05)
+    assert mem["d"].weights == mem["v"].weights and mem["d"].gradients == mem["v"].gradients
+    assert mem["d"].optimizer == pytest.approx(2 * mem["v"].optimizer)
+    assert [inflight_microbatches(D, r) for r in range(4)] == [2.5] * 4  # (pp + 1) / 2
+
+
+def test_both_tiers_agree_and_match_dualpipev_on_half_the_ranks_in_compute():
+    v = dataclasses.replace(D, pp=2, dp=8, schedule="dualpipev")
+    tiers = [simulate(LLAMA, H100, D, fidelity=f) for f in ("analytic", "des")]
+    assert tiers[1].iteration_time_s == pytest.approx(tiers[0].iteration_time_s, rel=0.02)
+    half = simulate(LLAMA, H100, v, fidelity="analytic")
+    assert tiers[0].breakdown["compute"] == pytest.approx(half.breakdown["compute"], rel=1e-9)
+    one = simulate(LLAMA, H100, dataclasses.replace(D, schedule="1f1b", vpp=1))
+    assert tiers[0].breakdown["bubble"] < one.breakdown["bubble"] / 4
+    whole = simulate(LLAMA, H100, D, fidelity="des", reduce=False).iteration_time_s
+    assert whole == pytest.approx(tiers[1].iteration_time_s, rel=1e-9)
+
+
+def test_the_des_issues_the_accounts_collectives_and_mirror_sums():
+    """Every rank sends two tensors a chain micro-batch at the ends, four inside; each sums
+    its gradients (ZeRO-1: its shard) with its mirror's once a step; no embedding
+    all-reduce (both ends on the outer ranks)."""
+    from sim.cost.profiled import cost_model_for
+    from sim.des.run import issued_collectives
+    from sim.layout.inventory import SIMULATED
+
+    tied = dataclasses.replace(LLAMA, tied_embeddings=True)
+    issued = issued_collectives(tied, H100, D, cost_model_for(H100), 0)
+    for stage in range(4):
+        want = {(r["group"], r["kind"]): (r["count"], r["bytes"])
+                for r in expected_collectives(tied, D, stage, SIMULATED)}
+        got = {(r["group"], r["kind"]): (r["count"], r["bytes"]) for r in issued[stage]}
+        assert got == want, stage
+        per_mb = 2 if stage in (0, 3) else 4
+        assert got[("pp", "send")][0] == per_mb * D.num_microbatches // 2
+        assert got[("mirror", "all_reduce")][0] == 1 and ("embedding", "all_reduce") not in got
+
+
+def test_the_exporters_and_the_executor_refuse_it():
+    from executor.capabilities import unsupported
+    from optimizer.export import export
+
+    for framework in ("megatron", "torchtitan", "deepspeed"):
+        with pytest.raises(SpecError, match="^plan.(schedule|pp)"):
+            export(framework, D, LLAMA, H100)
+    assert unsupported(LLAMA, D)[0] == "plan.schedule"

@@ -49,6 +49,9 @@ def check(plan: Plan, model: ModelSpec) -> None:
     if plan.schedule == "dualpipev":
         raise SpecError("plan.schedule", "dualpipev is not expressible in Megatron-LM (it has "
                         "no DualPipe schedule): export to torchtitan")
+    if plan.schedule == "dualpipe":
+        raise SpecError("plan.schedule", "dualpipe is not expressible in Megatron-LM (it has "
+                        "no DualPipe schedule)")
     if plan.grad_reduce_dtype not in (None, "fp32", {"fp8": "bf16"}.get(plan.dtype, plan.dtype)):
         raise SpecError("plan.grad_reduce_dtype", f"{plan.grad_reduce_dtype} with {plan.dtype} "
                         "training is not expressible in Megatron-LM: gradients are reduced in "

@@ -56,6 +56,10 @@ def check(plan: Plan, model: ModelSpec) -> None:
     if plan.pp > 1 and model.tied_embeddings:
         raise SpecError("plan.pp", f"{plan.pp} with tied embeddings is not expressible in "
                         "torchtitan 0.3.0: it refuses weight tying with pipeline parallelism")
+    if plan.schedule == "dualpipe":
+        raise SpecError("plan.schedule", "dualpipe is not expressible in torchtitan 0.3.0: "
+                        "torch's pipelining has DualPipeV, not the two-direction DualPipe "
+                        "(use dualpipev)")
     if plan.zero_stage == 1:
         raise SpecError("plan.zero_stage", "ZeRO-1 is not expressible in torchtitan: its FSDP "
                         "shards parameters and gradients too (use zero_stage 0, 2 or 3)")

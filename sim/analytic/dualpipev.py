@@ -52,28 +52,31 @@ class RankTime:
 
 def dualpipev_pipeline(pp: int, m: int, stages: Sequence[StagePasses],
                        ranks: Sequence[RankTime], a2a_overlap: bool, sm_share: float,
-                       bound: bool = False) -> float:
+                       bound: bool = False, mirrored: bool = False) -> float:
     """Seconds of the pipeline phase (module docstring); ``bound``: a lower bound on them,
     in time independent of the number of micro-batches: no rank starts before the first
     micro-batch's forwards on the stages before its own are done, nor ends before its
-    passes, end to end, are."""
-    durations = [_rank_durations(pp, r, stages, ranks[r], a2a_overlap, sm_share)
+    passes, end to end, are. ``mirrored``: DualPipe's programs (a rank's time per
+    micro-batch of each chain, ``m / 2`` of them)."""
+    durations = [_rank_durations(pp, r, stages, ranks[r], a2a_overlap, sm_share, mirrored)
                  for r in range(pp)]
     if bound:
         start = [0.0]
         for r in range(pp - 1):
             start.append(start[-1] + durations[r](Pass("F", 0, r)))
-        return max(start[r] + sum(n * durations[r](p) for p, n in pass_counts(pp, m, r))
+        return max(start[r] + sum(n * durations[r](p)
+                                  for p, n in pass_counts(pp, m, r, mirrored))
                    for r in range(pp))
 
     def seconds(p: Pass) -> float:
-        return durations[rank_of_stage(pp, p.stage)](p)
-    return makespan(pp, m, seconds)[0]
+        return durations[rank_of_stage(pp, p.stage, mirrored)](p)
+    return makespan(pp, m, seconds, mirrored=mirrored)[0]
 
 
 def _rank_durations(pp: int, r: int, stages: Sequence[StagePasses], rank: RankTime,
-                    a2a_overlap: bool, sm_share: float) -> Callable[[Pass], float]:
-    mine = [stages[s] for s in stages_of_rank(pp, r)]
+                    a2a_overlap: bool, sm_share: float, mirrored: bool = False
+                    ) -> Callable[[Pass], float]:
+    mine = [stages[s] for s in stages_of_rank(pp, r, mirrored)]
     work = sum(s.f + s.b for s in mine)
     if work <= 0:  # no layers: the rank's time over its forward and backward passes (four
         even = rank.total / 4  # a micro-batch: two chunks); a weight pass has nothing

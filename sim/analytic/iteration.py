@@ -22,13 +22,17 @@ from sim.analytic.dualpipev import RankTime, StagePasses, dualpipev_pipeline
 from sim.cost import compute as cm
 from sim.cost.costmodel import CostModel
 from sim.layout.dualpipe import paired_share
-from sim.layout.memory import rank_params
+from sim.layout.memory import mirror_bytes, rank_params
 from sim.layout.routing import dispatches, replay_dispatches
 from sim.layout.schedule import warmup_forwards
 from sim.layout.stages import (
     StageLayers,
+    chain_microbatches,
     cp_exchanges,
     edge_tp_collectives,
+    first_stage,
+    last_stage,
+    mirrored,
     pipeline_rank_layers,
     tp_pass,
     virtual_stage_moe,
@@ -106,8 +110,8 @@ def _p2p(x: Ctx, st: StageLayers, rank: int) -> float:
     if p.pp == 1:
         return 0.0
     end = 1 if st.first or st.last else 0
-    if p.schedule == "dualpipev":  # rank 0 holds both ends, the last rank the turn
-        end = 2 if rank in (0, p.pp - 1) else 0
+    if p.schedule in ("dualpipev", "dualpipe"):  # dualpipev: rank 0 holds both ends, the
+        end = 2 if rank in (0, p.pp - 1) else 0  # last rank the turn; dualpipe: both ends
     if p.vpp > 1:
         calls, messages = p.vpp, 2 * p.vpp - end
     elif p.schedule == "gpipe":
@@ -123,7 +127,11 @@ def _p2p(x: Ctx, st: StageLayers, rank: int) -> float:
 def _embedding_allreduce(x: Ctx, st: StageLayers) -> float:
     """Megatron-LM's embedding group: with tied embeddings and pp > 1 the first and last
     stage all-reduce the word embedding's gradient (vocab x hidden / tp, training dtype)
-    after the data-parallel reduction, before the optimizer step."""
+    after the data-parallel reduction, before the optimizer step. Under DualPipe every rank
+    instead sums its gradients (ZeRO-1: its shard) with its mirror's, which holds the same
+    layers (:func:`mirror_bytes`; the worst pair is the first and last rank's)."""
+    if mirrored(x.p):
+        return x.coll("emb", "all_reduce", mirror_bytes(x.m, x.p, st))
     if not x.m.tied_embeddings or x.p.pp == 1 or st.first == st.last:  # dualpipev: one
         return 0.0  # rank holds both
     return x.coll("emb", "all_reduce", x.m.vocab_size * x.m.hidden_size / x.p.tp * x.e)
@@ -186,8 +194,8 @@ def _ep_stage(x: Ctx, st: StageLayers, rank: int, k: float, tp_s: float
     if x.p.moe_overlap != "a2a" or total == 0:
         return total, 0.0
     compute = k * _stage_compute(x, st) + tp_s
-    if x.p.schedule == "dualpipev":  # its program's unpaired passes
-        alone = 1.0 - paired_share(x.p.pp, x.p.num_microbatches, rank)
+    if x.p.schedule in ("dualpipev", "dualpipe"):  # its program's unpaired passes
+        alone = 1.0 - paired_share(x.p.pp, x.p.num_microbatches, rank, mirrored(x.p))
     else:
         passes = x.p.num_microbatches * x.p.vpp
         alone = min(1.0, max(warmup_forwards(x.p, rank), 1) / passes)
@@ -259,11 +267,11 @@ def _chunk_passes(x: Ctx, vs: int) -> StagePasses:
     again = [t.replay(x.p.recompute, stops_early(x.p)) for t in times]
     f, b = sum(t.forward for t in times), sum(t.backward for t in times) + sum(again)
     w = sum(t.weight_grad for t in times)
-    if vs == 0:
+    if first_stage(x.p, vs):
         ef, eb = x.cost.embedding(x.tokens, x.m.hidden_size, x.m.vocab_size,
                                   x.p.activation_dtype)
         f, b = f + ef, b + eb
-    if vs == x.p.pp * x.p.vpp - 1:
+    if last_stage(x.p, vs):
         logits, weight = cm.logits_time(x.cost, x.m, x.p), cm.logits_weight_time(x.cost, x.m, x.p)
         f, b, w = f + logits / 3, b + 2 * logits / 3, w + weight
     fwd, bwd = _ep_pass(x, True), _ep_pass(x, False)
@@ -279,7 +287,7 @@ def _dualpipev(x: Ctx, stages: Sequence[StageCost], bound: bool = False) -> floa
     ranks = [RankTime(s.per_microbatch_s, s.compute_s, s.ep_s, s.tp_s) for s in stages]
     return dualpipev_pipeline(x.p.pp, x.p.num_microbatches, passes, ranks,
                               x.p.moe_overlap == "a2a", comm_sm_share(x.p, x.c.gpu.sm_count),
-                              bound)
+                              bound, mirrored(x.p))
 
 
 def analytic_iteration(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostModel,
@@ -291,11 +299,11 @@ def analytic_iteration(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost:
     with), not the time; ``local``: the node fabric of one replica's own nodes."""
     x = Ctx(model, cluster, plan, cost, local)
     stages = _stage_costs(x, stage_scale)
-    m, v = plan.num_microbatches, plan.vpp
+    m, v = chain_microbatches(plan), plan.vpp  # per chain: DualPipe's halves
     times = [s.per_microbatch_s for s in stages]
     slow = max(range(len(stages)), key=lambda r: times[r])
     pipe = m * times[slow] + (sum(times) - times[slow]) / v
-    if plan.schedule == "dualpipev":
+    if plan.schedule in ("dualpipev", "dualpipe"):
         pipe = _dualpipev(x, stages, dualpipev_bound)
     tail_rank = max(range(len(stages)), key=lambda r: stages[r].tail_s)
     b, t = stages[slow], stages[tail_rank]

@@ -14,7 +14,7 @@ from sim.des.comm import Collectives
 from sim.des.context import Context, Proc, Unit
 from sim.layout.inventory import chunk_bucket_params
 from sim.layout.memory import layer_rank_params, rank_params
-from sim.layout.stages import StageLayers
+from sim.layout.stages import StageLayers, mirrored
 
 __all__ = ["DataParallel"]
 
@@ -31,11 +31,13 @@ class DataParallel:
         self.bucket_params = chunk_bucket_params(x.p)
 
     def reduces_after(self, u: Unit, mb: int) -> bool:
-        """Whether gradients are reduced during this micro-batch's backward."""
+        """Whether gradients are reduced during this micro-batch's backward (its chain's
+        last: under DualPipe each chunk runs half the replica's micro-batches)."""
         p = self.x.p
         if p.zero_stage == 2:
             return True
-        return p.overlap_grad_reduce and mb == p.replica_microbatches[u.dp] - 1
+        last = p.replica_microbatches[u.dp] // (2 if mirrored(p) else 1) - 1
+        return p.overlap_grad_reduce and mb == last
 
     def grad_ready(self, u: Unit, dense: float, expert: float, tag: tuple) -> None:
         """Gradients of ``dense`` + ``expert`` parameters are ready; a full bucket starts."""

@@ -18,7 +18,7 @@ from sim.des.data_parallel import DataParallel
 from sim.layout.memory import chunk_edge_params, layer_rank_params
 from sim.layout.placement import group_span
 from sim.layout.routing import dispatches, replay_dispatches
-from sim.layout.stages import cp_exchanges, edge_tp_collectives, tp_pass
+from sim.layout.stages import cp_exchanges, edge_tp_collectives, first_stage, last_stage, tp_pass
 from sim.spec.recompute import reruns_core, stops_early
 from sim.spec.routing import comm_sm_share
 from sim.spec.zero import regathers
@@ -206,11 +206,11 @@ class Layers:
         layer and loss (last)."""
         x = self.x
         fwd = bwd = 0.0
-        if vs == 0:
+        if first_stage(x.p, vs):
             f, b = x.cost.embedding(x.p.local_tokens, x.m.hidden_size, x.m.vocab_size,
                                     x.p.activation_dtype)
             fwd, bwd = fwd + f, bwd + b
-        if vs == len(x.vs_layers) - 1:
+        if last_stage(x.p, vs):
             total = cm.logits_time(x.cost, x.m, x.p)
             fwd, bwd = fwd + total / 3, bwd + 2 * total / 3
         return fwd, bwd
@@ -218,7 +218,7 @@ class Layers:
     def _weight_extra(self, vs: int) -> float:
         """The output layer's weight gradient (its share of the logits: one GEMM's)."""
         x = self.x
-        return cm.logits_weight_time(x.cost, x.m, x.p) if vs == len(x.vs_layers) - 1 else 0.0
+        return cm.logits_weight_time(x.cost, x.m, x.p) if last_stage(x.p, vs) else 0.0
 
     # Passes -------------------------------------------------------------------------------
     def forward(self, u: Unit, vs: int, mb: int) -> Proc:
@@ -313,7 +313,7 @@ class Layers:
         """The TP collectives of the embedding (first virtual stage) or of the output layer
         and loss (last) in pass ``which`` (:func:`sim.layout.stages.edge_tp_collectives`)."""
         x = self.x
-        ends = (vs == 0, vs == len(x.vs_layers) - 1)
+        ends = (first_stage(x.p, vs), last_stage(x.p, vs))
         for i, (when, coll, size) in enumerate(edge_tp_collectives(x.m, x.p, *ends)):
             if when == which:
                 yield from self.comm.blocking(u, "tp", coll, size, tag + ("edge", i))

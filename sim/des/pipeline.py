@@ -2,7 +2,8 @@
 (:func:`sim.layout.schedule.stage_program`: Megatron-LM's, or DualPipeV's reference's),
 whose transfers start once sender and receiver are both in their calls and run as flows on
 the network, and the embedding group's all-reduce of the tied word embedding between the
-first and last stage (none under DualPipeV, whose first rank holds both).
+first and last stage (none under DualPipeV, whose first rank holds both); under DualPipe
+instead each rank's all-reduce of its gradients with its mirror's (the same layers).
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ import simpy
 
 from sim.des.comm import Collectives
 from sim.des.context import Context, Proc, Unit
+from sim.layout.memory import mirror_bytes
 from sim.layout.placement import group_span
 from sim.layout.schedule import Exchange, Msg
-from sim.layout.stages import virtual_stage_rank
+from sim.layout.stages import StageLayers, mirrored, virtual_stage_rank
 from sim.network.alphabeta import default_algorithm, fabric_for
 
 __all__ = ["Pipeline"]
@@ -98,27 +100,34 @@ class Pipeline:
                                "name": f"send {msg[0]}{msg[1]}", "start": sent_at,
                                "end": x.env.now, "to_device": x.dev(v.rank0)})
 
-    def embedding_allreduce(self, u: Unit) -> Proc:
+    def embedding_allreduce(self, u: Unit, stage: StageLayers) -> Proc:
         """Megatron-LM's embedding group: with tied embeddings and pp > 1 the last stage
         holds a copy of the word embedding, and after the data-parallel reduction each
         first-stage rank all-reduces its vocab x hidden / tp gradient (training dtype) with
-        the last-stage rank of the same tp/dp/cp coordinates, before the optimizer step."""
+        the last-stage rank of the same tp/dp/cp coordinates, before the optimizer step.
+        DualPipe: every rank all-reduces its gradients (ZeRO-1: its shard) with the rank of
+        the same coordinates at stage ``pp - 1 - r``, which holds the same layers."""
         x, p = self.x, self.x.p
-        if not x.m.tied_embeddings or p.pp == 1 or 0 < u.stage < p.pp - 1 or \
+        other = p.pp - 1 - u.stage if mirrored(p) else \
+            p.pp - 1 if u.stage == 0 else 0
+        if mirrored(p):
+            size, group = mirror_bytes(x.m, p, stage), "mirror"
+        elif not x.m.tied_embeddings or p.pp == 1 or 0 < u.stage < p.pp - 1 or \
                 p.schedule == "dualpipev":  # both ends on the first rank
             return
-        size = x.m.vocab_size * x.m.hidden_size / p.tp * x.act
-        span = group_span(p, x.c, "emb")
+        else:
+            size, group = x.m.vocab_size * x.m.hidden_size / p.tp * x.act, "embedding"
+        span = group_span(p, x.c, "emb")  # the first and last stage: the worst mirrors
         algorithm = default_algorithm("all_reduce", fabric_for(x.c, span), size)
-        meetings = []
+        meetings, (a, b) = [], sorted((u.stage, other))
         for t in range(p.tp):
-            pair = self._embedding_pair(u.dp, u.cp, t)
-            copies = [self._embedding_pair(d, c, t)
+            pair = self._pair(a, b, u.dp, u.cp, t)
+            copies = [self._pair(a, b, d, c, t)
                       for d, c in x.classes.members[x.klass(u)]] if x.reduce else None
             meetings.append(self.comm.meeting(
                 ("emb", tuple(pair)), 2, partial(self._all_reduce, algorithm, pair, size,
                                                  copies)))
-        self.comm.note(u, "embedding", "all_reduce", size)
+        self.comm.note(u, group, "all_reduce", size)
         t0 = x.env.now
         yield simpy.AllOf(x.env, [m[1] for m in meetings])
         started = max(m[2] for m in meetings)
@@ -133,9 +142,8 @@ class Pipeline:
         return x.env.process(x.engine.run("all_reduce", algorithm, devices, size, copies,
                                           x.dev_class.__getitem__))
 
-    def _embedding_pair(self, dp: int, cp: int, t: int) -> list[int]:
-        """Devices of the ``t``-th TP rank of the first and of the last stage."""
+    def _pair(self, a: int, b: int, dp: int, cp: int, t: int) -> list[int]:
+        """Devices of the ``t``-th TP rank of stages ``a`` and ``b``."""
         x = self.x
-        first, last = x.rank0(0, dp, cp), x.rank0(x.p.pp - 1, dp, cp)
         offset = t * x.strides["tp"]
-        return [x.dev(first + offset), x.dev(last + offset)]
+        return [x.dev(x.rank0(s, dp, cp) + offset) for s in (a, b)]

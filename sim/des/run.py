@@ -128,7 +128,7 @@ class Step:
         step, ZeRO-1/2's weight gather."""
         x, p = self.x, self.x.p
         yield from self.dp.tail(u, stage)
-        yield from self.pipeline.embedding_allreduce(u)
+        yield from self.pipeline.embedding_allreduce(u, stage)
         dense, expert = rank_params(x.m, p, stage)
         shards = (p.dense_replicas, p.expert_replicas) if p.zero_stage >= 1 else (1, 1)
         seconds = cm.optimizer_time(x.cost, dense / shards[0] + expert / shards[1])

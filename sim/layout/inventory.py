@@ -63,12 +63,16 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from sim.layout.memory import chunk_edge_params, layer_rank_params, rank_params
+from sim.layout.memory import chunk_edge_params, layer_rank_params, mirror_bytes, rank_params
 from sim.layout.routing import dispatch_scale, ep_bytes
 from sim.layout.schedule import stage_ops
 from sim.layout.stages import (
     StageLayers,
+    chain_microbatches,
     cp_exchanges,
+    first_stage,
+    last_stage,
+    mirrored,
     pipeline_rank_layers,
     rank_virtual_stages,
     tp_blocks,
@@ -140,7 +144,7 @@ class _Tally:
 
 def _tp(t: _Tally, m: ModelSpec, p: Plan, st: StageLayers, conv: Conventions) -> None:
     layers, first, last = st.total, st.first, st.last
-    n = p.num_microbatches
+    n = chain_microbatches(p)
     act = p.local_tokens * m.hidden_size * p.activation_bytes
     passes = 3 if p.recompute == "full" else 2  # forward, backward (and the replay)
     kinds = ("all_gather", "reduce_scatter") if p.sequence_parallel else ("all_reduce",)
@@ -176,7 +180,7 @@ def _fsdp_rounds(p: Plan, pp_rank: int, chunk: int) -> tuple[int, int]:
     backward again) and reduce-scatters its gradient. torch's pipeline schedules keep a
     unit gathered after each backward and reduce once after the last: under ZeRO-3 the
     unit is gathered for the chunk's first pass and after each forward (which reshards)."""
-    n = p.num_microbatches
+    n = chain_microbatches(p)
     if p.pp == 1:
         return (2 * n if regathers(p) else n), n
     if not regathers(p):  # kept from the first forward to the last backward
@@ -257,7 +261,8 @@ def chunk_buckets(m: ModelSpec, p: Plan) -> list[list[list[tuple[float, float]]]
     output parameters)."""
     cap, flags = chunk_bucket_params(p), virtual_stage_moe(p, m)
     layer = {moe: layer_rank_params(m, p, moe) for moe in {f for fs in flags for f in fs}}
-    edge = {vs: chunk_edge_params(m, p, vs) for vs in (0, len(flags) - 1)}
+    edge = {vs: chunk_edge_params(m, p, vs) for vs in range(len(flags))
+            if first_stage(p, vs) or last_stage(p, vs)}
     out: list[list[list[tuple[float, float]]]] = []
     for r in range(p.pp):
         chunks = []
@@ -277,7 +282,7 @@ def chunk_buckets(m: ModelSpec, p: Plan) -> list[list[list[tuple[float, float]]]
 
 def _dp_simulated(t: _Tally, m: ModelSpec, p: Plan, pp_rank: int) -> None:
     """The DES's account: layer-granular buckets; ZeRO-3 per layer of every chunk."""
-    n = p.num_microbatches
+    n = chain_microbatches(p)
     if p.zero_stage == 3:
         flags = virtual_stage_moe(p, m)
         for moe in (f for vs in rank_virtual_stages(p, pp_rank) for f in flags[vs]):
@@ -299,16 +304,17 @@ def _pp(t: _Tally, m: ModelSpec, p: Plan, pp_rank: int, conv: Conventions) -> No
     boundary = full / p.tp if conv.p2p_scatter_gather else \
         p.micro_batch_size * p.seq_len / p.cp * m.hidden_size * p.activation_bytes \
         / (p.tp if p.sequence_parallel else 1)
-    last_vs = p.pp * p.vpp - 1
     # Each chunk sends its output forward (unless last) and its input gradient back
     # (unless first), and receives as many.
     mine = rank_virtual_stages(p, pp_rank)  # a neighbour on this rank (dualpipev's turn)
-    per_mb = sum((vs != last_vs and vs + 1 not in mine) + (vs != 0 and vs - 1 not in mine)
-                 for vs in mine)
-    t.add("pp", "send", boundary, per_mb * p.num_microbatches)
-    t.add("pp", "recv", boundary, per_mb * p.num_microbatches)
+    per_mb = sum((not last_stage(p, vs) and vs + 1 not in mine)
+                 + (not first_stage(p, vs) and vs - 1 not in mine) for vs in mine)
+    t.add("pp", "send", boundary, per_mb * chain_microbatches(p))
+    t.add("pp", "recv", boundary, per_mb * chain_microbatches(p))
     if conv.p2p_scatter_gather and p.tp > 1 and not p.sequence_parallel:
-        t.add("tp", "all_gather", full, per_mb * p.num_microbatches)  # the scatter/gather
+        t.add("tp", "all_gather", full, per_mb * chain_microbatches(p))  # the scatter/gather
+    if mirrored(p):  # DualPipe: the mirror rank's copy of the same layers, after the DP
+        t.add("mirror", "all_reduce", mirror_bytes(m, p, st))  # reduction
     if m.tied_embeddings and st.first != st.last:  # FSDP2: each rank's shard
         shards = p.dp if p.zero_stage >= 2 and not conv.layer_buckets else 1
         t.add("embedding", "all_reduce",
@@ -326,11 +332,11 @@ def _expert_counts(t: _Tally, m: ModelSpec, p: Plan, st: StageLayers) -> None:
     group = "ep" if etp == 1 else "tp" if p.ep == 1 else "tp_ep"
     forwards = 2 if p.recompute == "full" else 1
     t.add(group, "all_gather", etp * p.ep * m.num_experts * 8,
-          forwards * st.moe * p.num_microbatches)
+          forwards * st.moe * chain_microbatches(p))
 
 
 def _ep_cp(t: _Tally, m: ModelSpec, p: Plan, st: StageLayers, conv: Conventions) -> None:
-    n = p.num_microbatches
+    n = chain_microbatches(p)
     if conv.expert_counts:
         _expert_counts(t, m, p, st)
     if p.ep > 1 and st.moe:

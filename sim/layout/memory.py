@@ -25,9 +25,10 @@ from sim.layout.placement import stage_devices
 from sim.layout.routing import routing
 from sim.layout.stages import (
     StageLayers,
+    first_stage,
+    last_stage,
     pipeline_rank_layers,
     rank_virtual_stages,
-    virtual_stage_layers,
     virtual_stage_moe,
 )
 from sim.spec.cluster import ClusterSpec
@@ -39,7 +40,8 @@ from sim.spec.recompute import recomputed, recomputed_norms
 from sim.spec.zero import regathers
 
 __all__ = ["MemoryBreakdown", "layer_activation_bytes", "model_state_bytes_per_param",
-           "rank_memory", "rank_params", "layer_rank_params", "chunk_edge_params", "peak_memory",
+           "rank_memory", "rank_params", "mirror_bytes", "layer_rank_params", "chunk_edge_params",
+           "peak_memory",
            "inflight_microbatches", "GIB", "memory_verdict", "MemoryReport", "memory_report"]
 
 GIB = 1024**3
@@ -146,8 +148,8 @@ def inflight_microbatches(plan: Plan, rank: int) -> float:
     merged = 1 if plan.moe_overlap == "a2a" else 0  # a merged step's second micro-batch
     if plan.schedule == "gpipe":
         return float(m)
-    if plan.schedule == "dualpipev":
-        return peak_activations(plan.pp, m, rank) / 2
+    if plan.schedule in ("dualpipev", "dualpipe"):
+        return peak_activations(plan.pp, m, rank, plan.schedule == "dualpipe") / 2
     if plan.schedule == "1f1b":
         return float(min(plan.pp - rank + merged, m))
     chunks = min(2 * (plan.pp - rank - 1) + (plan.vpp - 1) * plan.pp + 1 + merged, m * plan.vpp)
@@ -182,7 +184,8 @@ def _dualpipev_activations(m: ModelSpec, plan: Plan, rank: int) -> float:
               for vs in rank_virtual_stages(plan, rank)}
     waiting = {vs: sum(layer_activation_bytes(m, plan, f) + _output_grad_bytes(m, plan, f)
                        for f in flags[vs]) for vs in rank_virtual_stages(plan, rank)}
-    return peak_held(plan.pp, plan.num_microbatches, rank, stored, waiting)
+    return peak_held(plan.pp, plan.num_microbatches, rank, stored, waiting,
+                     plan.schedule == "dualpipe")
 
 
 def layer_rank_params(m: ModelSpec, plan: Plan, moe: bool) -> tuple[float, float]:
@@ -206,10 +209,10 @@ def chunk_edge_params(m: ModelSpec, plan: Plan, vs: int) -> float:
     tied embedding on the same stage, and multi-token prediction's projections)."""
     out = 0.0
     vh = m.vocab_size * m.hidden_size / plan.tp
-    if vs == 0:
+    if first_stage(plan, vs):
         out += vh + (m.max_seq_len * m.hidden_size if m.position_embedding == "learned" else 0)
-    if vs == len(virtual_stage_layers(plan, m)) - 1:
-        if not m.tied_embeddings or vs != 0:
+    if last_stage(plan, vs):
+        if not m.tied_embeddings or not first_stage(plan, vs):
             out += vh
         out += _mtp_params(m, plan)
     return out
@@ -231,6 +234,15 @@ def rank_params(m: ModelSpec, plan: Plan, st: StageLayers) -> tuple[float, float
     if st.last:
         dense += _mtp_params(m, plan)
     return dense, expert
+
+
+def mirror_bytes(m: ModelSpec, plan: Plan, st: StageLayers) -> float:
+    """Bytes a DualPipe rank all-reduces with its mirror (rank ``pp - 1 - r``, the same
+    layers) after the data-parallel reduction: its gradients, ZeRO-1's shard of them."""
+    dense, expert = rank_params(m, plan, st)
+    if plan.zero_stage >= 1:
+        dense, expert = dense / plan.dense_replicas, expert / plan.expert_replicas
+    return (dense + expert) * plan.grad_bytes
 
 
 def _mtp_params(m: ModelSpec, plan: Plan) -> float:
@@ -268,8 +280,8 @@ def rank_memory(m: ModelSpec, plan: Plan, st: StageLayers, rank: int, reserved_g
                                              plan.grad_bytes)
     per_mb = (st.dense * _stored_layer_bytes(m, plan, False)
               + st.moe * _stored_layer_bytes(m, plan, True))
-    acts = per_mb * inflight_microbatches(plan, rank) if plan.schedule != "dualpipev" else \
-        _dualpipev_activations(m, plan, rank)
+    acts = _dualpipev_activations(m, plan, rank) if plan.schedule in ("dualpipev", "dualpipe") \
+        else per_mb * inflight_microbatches(plan, rank)
     return MemoryBreakdown(rank, dense * wd + expert * we, dense * gd + expert * ge,
                            dense * od + expert * oe, acts, _transient_bytes(m, plan, st),
                            reserved_gib * GIB)

@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sim.layout.dualpipe import Msg, Pass, rank_calls
-from sim.layout.stages import rank_virtual_stages
+from sim.layout.stages import first_stage, last_stage, mirrored, rank_virtual_stages
 from sim.spec.plan import Plan
 
 __all__ = ["stage_ops", "stage_program", "warmup_forwards", "Op", "Msg", "Exchange"]
@@ -60,7 +60,7 @@ def warmup_forwards(plan: Plan, stage: int) -> int:
     total = plan.num_microbatches * plan.vpp
     if plan.schedule == "gpipe":
         return total
-    if plan.schedule == "dualpipev":
+    if plan.schedule in ("dualpipev", "dualpipe"):
         ops = stage_ops(plan, stage)
         return next(i for i, op in enumerate(ops) if op[0] == "B")
     pp, vpp = plan.pp, plan.vpp
@@ -75,7 +75,7 @@ def stage_ops(plan: Plan, stage: int) -> list[Op]:
     gradient (:mod:`sim.layout.dualpipe`)."""
     pp, vpp = plan.pp, plan.vpp
     total = plan.num_microbatches * vpp
-    if plan.schedule == "dualpipev":  # its program's passes, a deferred backward as any
+    if plan.schedule in ("dualpipev", "dualpipe"):  # the program's, a deferred backward as any
         return [("B" if op[0] == "I" else op[0], op[1], op[2])
                 for op in _dualpipev_program(plan, stage) if not isinstance(op, Exchange)]
     if plan.schedule == "gpipe":
@@ -98,15 +98,15 @@ def op_inputs(plan: Plan, stage: int, op: Op) -> tuple[Msg, ...]:
     the first virtual stage), a backward its output gradient (unless the last)."""
     vs = _vs(plan, stage, op)
     if op[0] == "F":
-        return (("F", op[1], vs),) if vs > 0 else ()
-    return (("B", op[1], vs),) if vs < plan.pp * plan.vpp - 1 else ()
+        return (("F", op[1], vs),) if not first_stage(plan, vs) else ()
+    return (("B", op[1], vs),) if not last_stage(plan, vs) else ()
 
 
 def op_outputs(plan: Plan, stage: int, op: Op) -> tuple[Msg, ...]:
     vs = _vs(plan, stage, op)
     if op[0] == "F":
-        return (("F", op[1], vs + 1),) if vs < plan.pp * plan.vpp - 1 else ()
-    return (("B", op[1], vs - 1),) if vs > 0 else ()
+        return (("F", op[1], vs + 1),) if not last_stage(plan, vs) else ()
+    return (("B", op[1], vs - 1),) if not first_stage(plan, vs) else ()
 
 
 def _steps(plan: Plan, stage: int) -> tuple[list[list[Op]], list[list[Op]], list[list[Op]]]:
@@ -120,7 +120,7 @@ def _steps(plan: Plan, stage: int) -> tuple[list[list[Op]], list[list[Op]], list
 
 def stage_program(plan: Plan, stage: int) -> list[Op | Exchange]:
     """The stage's ops with Megatron-LM's point-to-point calls between them (module doc)."""
-    if plan.schedule == "dualpipev":
+    if plan.schedule in ("dualpipev", "dualpipe"):
         return _dualpipev_program(plan, stage)
     if plan.pp == 1:
         return list(stage_ops(plan, stage))
@@ -130,12 +130,13 @@ def stage_program(plan: Plan, stage: int) -> list[Op | Exchange]:
 
 
 def _dualpipev_program(plan: Plan, stage: int) -> list[Op | Exchange]:
-    """DualPipeV's passes with the reference's batched calls between them
+    """DualPipe(V)'s passes with the reference's batched calls between them
     (:func:`sim.layout.dualpipe.rank_calls`); a backward whose weight gradient waits is
-    ``I`` (the input gradient), the weight gradient ``W``."""
+    ``I`` (the input gradient), the weight gradient ``W``. Under DualPipe a chunk's
+    micro-batches are those of its chain (half of them)."""
     chunk = {vs: c for c, vs in enumerate(rank_virtual_stages(plan, stage))}
     out: list[Op | Exchange] = []
-    for item in rank_calls(plan.pp, plan.num_microbatches, stage):
+    for item in rank_calls(plan.pp, plan.num_microbatches, stage, mirrored(plan)):
         if not isinstance(item, Pass):
             out.append(Exchange(*item))
         elif item.kind == "FB":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sim.layout.dualpipe import rank_of_stage, stages_of_rank
+from sim.layout.dualpipe import chain_length, rank_of_stage, stages_of_rank
 from sim.layout.routing import routing
 from sim.spec.experts import expert_tp
 from sim.spec.model import ModelSpec
@@ -12,7 +12,8 @@ from sim.spec.plan import Plan
 from sim.spec.recompute import reruns_core, stops_early
 
 __all__ = ["StageLayers", "even_split", "tp_blocks", "tp_pass", "virtual_stage_layers",
-           "virtual_stage_moe", "rank_virtual_stages", "virtual_stage_rank",
+           "virtual_stage_moe", "rank_virtual_stages", "virtual_stage_rank", "mirrored",
+           "chain_microbatches", "first_stage", "last_stage",
            "pipeline_rank_layers", "edge_tp_collectives", "cp_exchanges"]
 
 
@@ -81,12 +82,35 @@ def tp_pass(model: ModelSpec, plan: Plan, moe: bool, replay: bool = False
     return ops
 
 
+def mirrored(plan: Plan) -> bool:
+    """DualPipe: both directions, each stage held twice (:mod:`sim.layout.dualpipe`)."""
+    return plan.schedule == "dualpipe"
+
+
+def chain_microbatches(plan: Plan) -> int:
+    """Micro-batches each virtual stage runs a step: all of them, or under DualPipe the
+    half that enter at its chain's end."""
+    return plan.num_microbatches // 2 if mirrored(plan) else plan.num_microbatches
+
+
+def first_stage(plan: Plan, vs: int) -> bool:
+    """Whether virtual stage ``vs`` starts a micro-batch's chain (holds the embedding)."""
+    return vs % chain_length(plan.pp, True) == 0 if mirrored(plan) else vs == 0
+
+
+def last_stage(plan: Plan, vs: int) -> bool:
+    """Whether virtual stage ``vs`` ends a micro-batch's chain (the output layer, loss)."""
+    n = plan.pp if mirrored(plan) else plan.pp * plan.vpp
+    return vs % n == n - 1
+
+
 def virtual_stage_layers(plan: Plan, model: ModelSpec) -> list[int]:
-    """Layer count of each of the pp*vpp virtual stages, in model order."""
-    if plan.layers_per_stage is not None:
-        return list(plan.layers_per_stage)
-    stages = plan.pp * plan.vpp
-    return [model.num_layers // stages] * stages
+    """Layer count of each of the pp*vpp virtual stages, in model order (under DualPipe
+    each of the pp stages twice: chain 0's, then chain 1's)."""
+    stages = plan.pp if mirrored(plan) else plan.pp * plan.vpp
+    counts = list(plan.layers_per_stage) if plan.layers_per_stage is not None else \
+        [model.num_layers // stages] * stages
+    return counts * 2 if mirrored(plan) else counts
 
 
 def _mtp_flags(model: ModelSpec) -> list[bool]:
@@ -99,25 +123,27 @@ def virtual_stage_moe(plan: Plan, model: ModelSpec) -> list[list[bool]]:
     """Per virtual stage, in model order, each of its layers' MoE flag (the last stage's
     multi-token prediction layers at its end)."""
     out, start = [], 0
-    for n in virtual_stage_layers(plan, model):
+    counts = virtual_stage_layers(plan, model)
+    for n in counts[:plan.pp] if mirrored(plan) else counts:
         out.append([model.moe_layer(i) for i in range(start, start + n)])
         start += n
     out[-1] += _mtp_flags(model)
-    return out
+    return out * 2 if mirrored(plan) else out
 
 
 def rank_virtual_stages(plan: Plan, rank: int) -> list[int]:
     """The virtual stages pipeline rank ``rank`` holds, chunk by chunk: every ``pp``-th
     (Megatron-LM's interleaving), or under ``dualpipev`` a V (``rank`` and ``2 pp - 1 -
-    rank``, :mod:`sim.layout.dualpipe`)."""
-    if plan.schedule == "dualpipev":
-        return list(stages_of_rank(plan.pp, rank))
+    rank``, :mod:`sim.layout.dualpipe`), or under ``dualpipe`` one of each direction's
+    chain, the one it starts first."""
+    if plan.schedule in ("dualpipev", "dualpipe"):
+        return list(stages_of_rank(plan.pp, rank, mirrored(plan)))
     return [rank + c * plan.pp for c in range(plan.vpp)]
 
 
 def virtual_stage_rank(plan: Plan, vs: int) -> int:
-    if plan.schedule == "dualpipev":
-        return rank_of_stage(plan.pp, vs)
+    if plan.schedule in ("dualpipev", "dualpipe"):
+        return rank_of_stage(plan.pp, vs, mirrored(plan))
     return vs % plan.pp
 
 
@@ -132,8 +158,10 @@ def pipeline_rank_layers(plan: Plan, model: ModelSpec) -> list[StageLayers]:
                 moe[virtual_stage_rank(plan, k)] += 1
             else:
                 dense[virtual_stage_rank(plan, k)] += 1
-    last = virtual_stage_rank(plan, plan.pp * plan.vpp - 1)
-    return [StageLayers(dense[r], moe[r], r == 0, r == last) for r in range(plan.pp)]
+    ends = [(any(first_stage(plan, vs) for vs in rank_virtual_stages(plan, r)),
+             any(last_stage(plan, vs) for vs in rank_virtual_stages(plan, r)))
+            for r in range(plan.pp)]
+    return [StageLayers(dense[r], moe[r], *ends[r]) for r in range(plan.pp)]
 
 
 def edge_tp_collectives(model: ModelSpec, plan: Plan, first: bool, last: bool

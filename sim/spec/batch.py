@@ -1,6 +1,7 @@
 """The batch arithmetic and schedule rules of a plan: the global batch against the
 data-parallel degree and micro-batch (or an uneven per-replica split), sequence lengths
-against context and sequence parallelism, and what the interleaved schedule needs."""
+against context and sequence parallelism, what the interleaved and DualPipe schedules
+need, and the stages' layer counts."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from sim.spec.limits import MAX_DUALPIPEV_RANK_MICROBATCHES
 # as Any: naming Plan here would be an import circle).
 Plan = Any
 
-__all__ = ["check_batch", "check_schedule", "CP_COMMS"]
+__all__ = ["check_batch", "check_schedule", "check_layers", "CP_COMMS"]
 
 # Context parallelism's exchanges, as Megatron-LM names them (--cp-comm-type; its
 # "all_gather" is written allgather here, as the MoE dispatcher)
@@ -74,28 +75,65 @@ def check_schedule(plan: Plan) -> None:
                             f"multiple of pp: global_batch_size/(dp*micro_batch_size) = "
                             f"{plan.global_batch_size}/({plan.dp}*{plan.micro_batch_size}) = "
                             f"{m}, {m} % {plan.pp} != 0")
-    elif plan.schedule == "dualpipev":
-        _check_dualpipev(plan)
+    elif plan.schedule in ("dualpipev", "dualpipe"):
+        _check_dualpipe(plan)
     elif plan.vpp != 1:
-        raise SpecError("plan.vpp", f"must be 1 unless schedule is interleaved-1f1b or "
-                        f"dualpipev, got {plan.vpp} with {plan.schedule}")
+        raise SpecError("plan.vpp", f"must be 1 unless schedule is interleaved-1f1b, "
+                        f"dualpipev or dualpipe, got {plan.vpp} with {plan.schedule}")
 
 
-def _check_dualpipev(plan: Plan) -> None:
+def _check_dualpipe(plan: Plan) -> None:
     """DualPipeV: two virtual stages a rank, in a V, and at least one micro-batch per
-    virtual stage, ``2 pp`` (DeepSeek's and torch's rule)."""
-    if plan.pp < 2:
-        raise SpecError("plan.pp", f"dualpipev needs pp >= 2, got {plan.pp}")
+    virtual stage, ``2 pp`` (DeepSeek's and torch's rule). DualPipe: an even pp, an even
+    number of micro-batches (half enter at each end), at least ``2 pp`` (DeepSeek's), and
+    ZeRO-0/1: the two copies of a stage sum their gradients after the data-parallel
+    reduction, which trainsim models on whole gradients or ZeRO-1's shards only."""
+    name, mirrored = plan.schedule, plan.schedule == "dualpipe"
+    if plan.pp < 2 or (mirrored and plan.pp % 2):
+        raise SpecError("plan.pp", f"{name} needs {'an even ' if mirrored else ''}pp >= 2, "
+                        f"got {plan.pp}")
     if plan.vpp != 2:
-        raise SpecError("plan.vpp", f"dualpipev needs vpp = 2 (two stages a rank, in a V), "
-                        f"got {plan.vpp}")
+        how = "one of each direction" if mirrored else "in a V"
+        raise SpecError("plan.vpp", f"{name} needs vpp = 2 (two stages a rank, {how}), got "
+                        f"{plan.vpp}")
+    if mirrored and plan.zero_stage > 1:
+        raise SpecError("plan.zero_stage", f"dualpipe is modelled with zero_stage 0 or 1 (the "
+                        f"mirrored stages sum whole gradients or ZeRO-1 shards), got "
+                        f"{plan.zero_stage}")
     field = "plan.micro_batches_per_replica" if plan.micro_batches_per_replica else \
         "plan.global_batch_size"
     counts = plan.micro_batches_per_replica or (plan.num_microbatches,)
     if min(counts) < 2 * plan.pp:
-        raise SpecError(field, f"dualpipev needs at least 2*pp = {2 * plan.pp} micro-batches "
+        raise SpecError(field, f"{name} needs at least 2*pp = {2 * plan.pp} micro-batches "
                         f"per replica, got {min(counts)}")
+    if mirrored and any(c % 2 for c in counts):
+        raise SpecError(field, f"dualpipe feeds half the micro-batches from each end: their "
+                        f"number per replica must be even, got {list(counts)}")
     most = MAX_DUALPIPEV_RANK_MICROBATCHES
     if plan.pp * max(counts) > most:
-        raise SpecError(field, f"dualpipev runs its programs pass by pass: pp * micro-batches "
+        raise SpecError(field, f"{name} runs its programs pass by pass: pp * micro-batches "
                         f"per replica = {plan.pp}*{max(counts)} must be at most {most:,}")
+
+
+def check_layers(plan: Plan, m: Any) -> None:
+    """The stages' layer counts against the model (``m``, a ModelSpec): an even split, or
+    ``layers_per_stage`` (pp counts under DualPipe, whose two directions hold each)."""
+    mirrored = plan.schedule == "dualpipe"  # pp stages, each held twice
+    stages, name = (plan.pp, "pp") if mirrored else (plan.pp * plan.vpp, "pp*vpp")
+    shown = f"{stages}" if mirrored else f"{plan.pp}*{plan.vpp} = {stages}"
+    lps = plan.layers_per_stage
+    if lps is None:
+        if m.num_layers % stages:
+            raise SpecError("plan.pp", f"{name} = {shown} must divide model.num_layers = "
+                            f"{m.num_layers} (or give layers_per_stage)")
+        return
+    if len(lps) != stages:
+        raise SpecError("plan.layers_per_stage", f"must list {name} = {stages} counts, got "
+                        f"{list(lps)}")
+    if plan.zero_stage == 3 and 0 in lps:
+        raise SpecError("plan.layers_per_stage", "a stage of no layers with zero_stage 3 is "
+                        "not modelled (which rank gathers the embedding's and output's "
+                        f"weights differs between the tiers), got {list(lps)}")
+    if sum(lps) != m.num_layers:
+        raise SpecError("plan.layers_per_stage", f"sum {'+'.join(map(str, lps))} = {sum(lps)} "
+                        f"!= model.num_layers = {m.num_layers}")

@@ -138,6 +138,6 @@ def check_overlap(plan: Plan) -> None:
     if plan.dtype == "fp32":
         raise SpecError("plan.moe_overlap", "a2a runs with 16-bit training (bf16, fp16, fp8 "
                         "over bf16), not fp32 (Megatron-LM's rule)")
-    if plan.pp > 1 and plan.schedule not in ("interleaved-1f1b", "dualpipev"):
+    if plan.pp > 1 and plan.schedule not in ("interleaved-1f1b", "dualpipev", "dualpipe"):
         raise SpecError("plan.moe_overlap", f"a2a with pp = {plan.pp} needs the interleaved "
-                        f"schedule (vpp > 1) or dualpipev, got {plan.schedule}")
+                        f"schedule (vpp > 1), dualpipev or dualpipe, got {plan.schedule}")

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sim.errors import SpecError, field_name
-from sim.spec.batch import check_batch, check_schedule
+from sim.spec.batch import check_batch, check_layers, check_schedule
 from sim.spec.experts import check_experts, check_experts_model, expert_tp
 from sim.spec.hardware import DTYPE_BYTES, DTYPES
 from sim.spec.limits import MAX_DEVICES, MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_SEQ_LEN, at_most
@@ -32,7 +32,7 @@ __all__ = ["Plan", "validate", "load_plan", "save_plan", "replica_plan", "SCHEMA
 RECOMPUTE_MODES = ("none", "selective", "full")
 
 SCHEMA_VERSION = 1
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "dualpipev")
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "dualpipev", "dualpipe")
 ATTENTION = ("flash", "standard")
 GRAD_DTYPES = ("fp32", "bf16", "fp16")
 DIMS = ("tp", "cp", "ep", "dp", "pp")
@@ -62,8 +62,8 @@ class Plan:
     pp: int = 1  # pipeline-parallel degree
     cp: int = 1  # context-parallel degree
     ep: int = 1  # expert-parallel degree; etp*ep divides tp*cp*dp
-    vpp: int = 1  # virtual stages per pipeline rank (interleaved-1f1b; 2 for dualpipev)
-    schedule: str = "1f1b"  # `gpipe`, `1f1b`, `interleaved-1f1b` or `dualpipev`
+    vpp: int = 1  # virtual stages per pipeline rank (interleaved-1f1b; 2 for dualpipe(v))
+    schedule: str = "1f1b"  # one of SCHEDULES (dualpipe: both directions, sim.layout.dualpipe)
     zero_stage: int = 0  # ZeRO stage 0-3
     recompute: str = "none"  # activation recomputation: `none`, `selective` or `full`
     # split the TP group's norm and dropout activations (needs tp > 1)
@@ -336,31 +336,11 @@ def _check_model(plan: Plan, m: ModelSpec) -> None:
             raise SpecError("plan.cp_comm", f"a2a splits each TP rank's heads over cp: "
                             f"model.{what}/tp = {count // plan.tp} is not a multiple of cp = "
                             f"{plan.cp} (use p2p or allgather)")
-    _check_layers(plan, m)
+    check_layers(plan, m)
     check_experts_model(plan, m)
     if m.position_embedding == "learned" and plan.seq_len > m.max_seq_len:
         raise SpecError("plan.seq_len", f"{plan.seq_len} exceeds the model's learned position "
                         f"table of {m.max_seq_len}")
-
-
-def _check_layers(plan: Plan, m: ModelSpec) -> None:
-    stages = plan.pp * plan.vpp
-    lps = plan.layers_per_stage
-    if lps is None:
-        if m.num_layers % stages:
-            raise SpecError("plan.pp", f"pp*vpp = {plan.pp}*{plan.vpp} = {stages} must divide "
-                            f"model.num_layers = {m.num_layers} (or give layers_per_stage)")
-        return
-    if len(lps) != stages:
-        raise SpecError("plan.layers_per_stage", f"must list pp*vpp = {stages} counts, got "
-                        f"{list(lps)}")
-    if plan.zero_stage == 3 and 0 in lps:
-        raise SpecError("plan.layers_per_stage", "a stage of no layers with zero_stage 3 is "
-                        "not modelled (which rank gathers the embedding's and output's "
-                        f"weights differs between the tiers), got {list(lps)}")
-    if sum(lps) != m.num_layers:
-        raise SpecError("plan.layers_per_stage", f"sum {'+'.join(map(str, lps))} = {sum(lps)} "
-                        f"!= model.num_layers = {m.num_layers}")
 
 
 def _check_cluster(plan: Plan, c: ClusterSpec) -> None:

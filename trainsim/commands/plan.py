@@ -18,7 +18,8 @@ _PLAN_INT_HELP = {
     "pp": "pipeline-parallel degree (default 1)", "cp": "context-parallel degree (default 1)",
     "ep": "expert-parallel degree; etp*ep divides tp*cp*dp (default 1)",
     "etp": "MoE: expert-tensor-parallel degree, 1 or tp (default: tp)",
-    "vpp": "virtual stages per pipeline rank: interleaved-1f1b, or 2 for dualpipev (default 1)",
+    "vpp": "virtual stages per pipeline rank: interleaved-1f1b, or 2 for dualpipev and "
+           "dualpipe (default 1)",
     "zero_stage": "ZeRO stage 0-3 (default 0)",
 }
 _PLAN_INTS = tuple(_PLAN_INT_HELP)
@@ -70,7 +71,8 @@ def add_plan_parser(sub: Any) -> None:
     for k, text in _PLAN_INT_HELP.items():
         new.add_argument("--" + k.replace("_", "-"), dest=k, type=int, help=text,
                          required=k in ("global_batch_size", "seq_len"))
-    new.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved-1f1b", "dualpipev"],
+    new.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved-1f1b", "dualpipev",
+                                            "dualpipe"],
                      help="pipeline schedule (default 1f1b)")
     new.add_argument("--recompute", choices=["none", "selective", "full"],
                      help="activation recomputation (default none)")
