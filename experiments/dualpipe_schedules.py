@@ -1,18 +1,22 @@
-"""DualPipeV (DeepSeek's DualPipe cut in half): its programs against DeepSeek's published
-bubble and activation figures, and what the analytic tier makes of it on two models.
+"""DualPipeV (DeepSeek's DualPipe cut in half) and DualPipe (both directions): their programs
+against DeepSeek's published bubble and activation figures, and what the tiers make of
+them on two models.
 
 Part 1 (``dualpipe_bubble.csv``): every rank's program (``sim/layout/dualpipe.py``) run pass
 by pass with uniform stages (F, B a full backward, W its weight part, F&B = F + B: no
-overlap inside a pair), for pp 2-16 ranks (2 pp stages) and m = 2 pp .. 8 pp
-micro-batches. The bubble (time past the 2m chunks' work) beside DeepSeek's published
-``(PP/2 - 1)(F&B + B - 3W)`` and interleaved 1F1B's ``(pp - 1)(F + B)`` over the same
-stages (vpp 2); the most chunk activations a rank holds beside the published ``PP + 1``.
+overlap inside a pair), for pp 2-16 ranks and m = 2 pp .. 8 pp micro-batches: DualPipeV
+(2 pp stages in a V) and DualPipe (pp stages, each held twice). The bubble (time past a
+rank's work) beside DeepSeek's published ``(PP/2 - 1)(F&B + B - 3W)`` (PP the stages) and
+the 1F1B family's over the same stages, ``(pp - 1)(F + B)`` (interleaved 1F1B, vpp 2, for
+DualPipeV's; 1F1B for DualPipe's); the most chunk activations a rank holds beside the
+published ``PP + 1``.
 
 Part 2 (``dualpipe_models.csv``): both tiers on Llama-3 70B (64 H100, TP 8, PP 8)
 and DeepSeek-V3 (2,048 H100, PP 16, EP 64; 32 virtual stages of 2 layers, the first 1, the
-last none but the MTP module and the loss) under 1F1B, interleaved 1F1B (vpp 2) and
-DualPipeV, the last with and without the all-to-all overlap on DeepSeek-V3: iteration
-time, bubble, peak memory. Nothing is fitted.
+last none but the MTP module and the loss; DualPipe and 1F1B on 16 stages of 4, the first
+3, the last 2 and the MTP module) under 1F1B, interleaved 1F1B (vpp 2), DualPipeV and
+DualPipe, on DeepSeek-V3 with and without the all-to-all overlap: iteration time, bubble,
+peak memory. Nothing is fitted.
 
     python experiments/dualpipe_schedules.py
 """
@@ -35,19 +39,27 @@ PROPORTIONS = [(1.0, 2.0, 1.0), (1.0, 2.0, 0.5), (1.0, 3.0, 1.0), (1.0, 1.5, 0.7
 
 def bubble_table() -> pd.DataFrame:
     rows = []
-    for pp in (2, 4, 8, 16):
-        for m in (2 * pp, 4 * pp, 8 * pp):
-            for f, b, w in PROPORTIONS:
-                t, _ = makespan(pp, m, uniform(f, b, w))
-                rows.append({"pp_ranks": pp, "stages": 2 * pp, "microbatches": m,
-                             "F": f, "B": b, "W": w,
-                             "bubble_programs": round(t - 2 * m * (f + b), 6),
-                             "bubble_published": published_bubble(pp, f, b, w, f + b),
-                             "bubble_interleaved_1f1b": (pp - 1) * (f + b),
-                             "peak_chunk_activations": max(peak_activations(pp, m, r)
-                                                           for r in range(pp)),
-                             "published_activations": 2 * pp + 1})
+    for mirrored in (False, True):
+        for pp in (2, 4, 8, 16):
+            for m in (2 * pp, 4 * pp, 8 * pp):
+                for f, b, w in PROPORTIONS:
+                    rows.append(_bubble_row(pp, m, f, b, w, mirrored))
     return pd.DataFrame(rows)
+
+
+def _bubble_row(pp: int, m: int, f: float, b: float, w: float, mirrored: bool) -> dict:
+    """One case: a rank's work is 2m chunk passes in a V, m (half of each chain) under
+    DualPipe; the 1F1B family's bubble over the same stages."""
+    t, _ = makespan(pp, m, uniform(f, b, w), mirrored=mirrored)
+    stages = pp if mirrored else 2 * pp
+    return {"schedule": "dualpipe" if mirrored else "dualpipev", "pp_ranks": pp,
+            "stages": stages, "microbatches": m, "F": f, "B": b, "W": w,
+            "bubble_programs": round(t - (1 if mirrored else 2) * m * (f + b), 6),
+            "bubble_published": published_bubble(pp, f, b, w, f + b, mirrored),
+            "bubble_1f1b_family": (pp - 1) * (f + b),
+            "peak_chunk_activations": max(peak_activations(pp, m, r, mirrored)
+                                          for r in range(pp)),
+            "published_activations": stages + 1}
 
 
 DSV3_V = [1] + [2] * 30 + [0]  # 32 virtual stages, rank 0: stage 0 and the MTP + loss
@@ -66,16 +78,15 @@ CASES = [
 
 def _plans(fields: dict, layers: tuple[list[int], list[int]] | None) -> dict[str, Plan]:
     one, two = (None, None) if layers is None else (tuple(layers[0]), tuple(layers[1]))
-    if fields.get("moe_overlap") == "a2a":  # Megatron-LM's rule: not with plain 1F1B
-        return {"interleaved-1f1b x2": Plan(**fields, micro_batch_size=1, vpp=2,
-                                            schedule="interleaved-1f1b", layers_per_stage=two),
-                "dualpipev": Plan(**fields, micro_batch_size=1, vpp=2, schedule="dualpipev",
-                                  layers_per_stage=two)}
-    return {"1f1b": Plan(**fields, micro_batch_size=1, layers_per_stage=one),
-            "interleaved-1f1b x2": Plan(**fields, micro_batch_size=1, vpp=2,
-                                        schedule="interleaved-1f1b", layers_per_stage=two),
-            "dualpipev": Plan(**fields, micro_batch_size=1, vpp=2, schedule="dualpipev",
-                              layers_per_stage=two)}
+    plans = {} if fields.get("moe_overlap") == "a2a" else {  # Megatron-LM's rule: not 1F1B
+        "1f1b": Plan(**fields, micro_batch_size=1, layers_per_stage=one)}
+    plans["interleaved-1f1b x2"] = Plan(**fields, micro_batch_size=1, vpp=2,
+                                        schedule="interleaved-1f1b", layers_per_stage=two)
+    plans["dualpipev"] = Plan(**fields, micro_batch_size=1, vpp=2, schedule="dualpipev",
+                              layers_per_stage=two)
+    plans["dualpipe"] = Plan(**fields, micro_batch_size=1, vpp=2, schedule="dualpipe",
+                             layers_per_stage=one)
+    return plans
 
 
 def model_table() -> pd.DataFrame:
@@ -103,12 +114,13 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     bubbles = bubble_table()
     bubbles.to_csv(args.out / "dualpipe_bubble.csv", index=False)
-    exact = bubbles[(bubbles.F == 1.0) & (bubbles.B == 2.0) & (bubbles.W == 1.0)]
-    print(f"B = 2F, W = F: programs' bubble equals the published one in "
-          f"{int((exact.bubble_programs == exact.bubble_published).sum())} of {len(exact)} "
-          f"cases; peak activations = PP + 1 in "
-          f"{int((bubbles.peak_chunk_activations == bubbles.published_activations).sum())} "
-          f"of {len(bubbles)}")
+    for name, rows in bubbles.groupby("schedule"):
+        exact = rows[(rows.F == 1.0) & (rows.B == 2.0) & (rows.W == 1.0)]
+        print(f"{name}, B = 2F, W = F: programs' bubble equals the published one in "
+              f"{int((exact.bubble_programs == exact.bubble_published).sum())} of "
+              f"{len(exact)} cases; peak activations = PP + 1 in "
+              f"{int((rows.peak_chunk_activations == rows.published_activations).sum())} "
+              f"of {len(rows)}")
     models = model_table()
     models.to_csv(args.out / "dualpipe_models.csv", index=False)
     print(models.to_string(index=False))
