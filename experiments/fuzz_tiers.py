@@ -12,6 +12,10 @@ schedules it, so they part where the fabric is shared or where the closed form c
 wait differently. Cases more than 5% apart are the ones to
 read. Writes ``experiments/results/fuzz_tiers.csv`` (one row per case, each with its
 breakdowns) and prints the distribution of ``analytic / DES - 1`` overall and by feature.
+
+``--dualpipe``: DeepSeek's schedules instead (DualPipeV or DualPipe, pp 2-8, ``2 pp`` or
+``4 pp`` micro-batches a replica, ZeRO 0-1 under DualPipe), written to
+``fuzz_tiers_dualpipe.csv``.
 """
 
 from __future__ import annotations
@@ -41,21 +45,28 @@ def _moe_fields(rng: random.Random, dp: int, tp: int) -> dict[str, object]:
             "moe_overlap": rng.choice(["none", "none", "shared-expert", "a2a"])}
 
 
-def draw(rng: random.Random) -> tuple[str, str, Plan] | None:
-    """A model, a cluster and a plan, or None where the draw does not divide."""
+def draw(rng: random.Random, dual: bool = False) -> tuple[str, str, Plan] | None:
+    """A model, a cluster and a plan, or None where the draw does not divide; ``dual``:
+    under DualPipeV or DualPipe."""
     name, nodes = rng.choice(MODELS), rng.choice([2, 4, 8])
     world = 8 * nodes
-    tp, pp, cp = rng.choice([1, 2, 4, 8]), rng.choice([1, 2, 4]), rng.choice([1, 1, 1, 2])
+    tp, pp = rng.choice([1, 2, 4, 8]), rng.choice([2, 4, 8] if dual else [1, 2, 4])
+    cp = rng.choice([1, 1, 1, 2])
     if world % (tp * pp * cp):
         return None
     dp = world // (tp * pp * cp)
-    schedule = rng.choice(["1f1b", "gpipe", "interleaved-1f1b"]) if pp > 1 else "1f1b"
+    if dual:
+        schedule = rng.choice(["dualpipev", "dualpipe"])
+        batches, zeros = [2 * pp, 4 * pp], [0, 1] if schedule == "dualpipe" else [0, 1, 2, 3]
+    else:
+        schedule = rng.choice(["1f1b", "gpipe", "interleaved-1f1b"]) if pp > 1 else "1f1b"
+        batches, zeros = [4, 8, 16], [0, 1, 2, 3]
     micro = rng.choice([1, 2])
     fields: dict[str, object] = {
-        "global_batch_size": dp * micro * rng.choice([4, 8, 16]), "seq_len": 4096,
+        "global_batch_size": dp * micro * rng.choice(batches), "seq_len": 4096,
         "micro_batch_size": micro, "dp": dp, "tp": tp, "pp": pp, "cp": cp,
-        "vpp": 2 if schedule == "interleaved-1f1b" else 1, "schedule": schedule,
-        "zero_stage": rng.choice([0, 1, 2, 3]),
+        "vpp": 2 if schedule != "1f1b" and schedule != "gpipe" else 1, "schedule": schedule,
+        "zero_stage": rng.choice(zeros),
         "recompute": rng.choice(["none", "selective", "full"]),
         "overlap_grad_reduce": rng.random() < 0.8,
         "sequence_parallel": tp > 1 and rng.random() < 0.7,
@@ -70,8 +81,8 @@ def draw(rng: random.Random) -> tuple[str, str, Plan] | None:
         return None
 
 
-def one(rng: random.Random) -> dict[str, object] | None:
-    drawn = draw(rng)
+def one(rng: random.Random, dual: bool = False) -> dict[str, object] | None:
+    drawn = draw(rng, dual)
     if drawn is None:
         return None
     name, cluster_name, plan = drawn
@@ -122,19 +133,22 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", type=int, default=120)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dualpipe", action="store_true",
+                    help="DeepSeek's schedules (DualPipeV, DualPipe) instead of Megatron-LM's")
     args = ap.parse_args(argv)
     if args.cases < 1:
         ap.error("--cases: must be at least 1")
     rng, rows, t0 = random.Random(args.seed), [], time.perf_counter()
     while len(rows) < args.cases:
-        row = one(rng)
+        row = one(rng, args.dualpipe)
         if row is not None:
             rows.append(row)
             if len(rows) % 10 == 0:
                 print(f"{len(rows)}/{args.cases} cases, {time.perf_counter() - t0:.0f} s",
                       flush=True)
     df = pd.DataFrame(rows)
-    atomic_write_text(OUT, df.to_csv(index=False, float_format="%.6g"))
+    out = OUT.with_name("fuzz_tiers_dualpipe.csv") if args.dualpipe else OUT
+    atomic_write_text(out, df.to_csv(index=False, float_format="%.6g"))
     summary(df)
     return 0
 
