@@ -15,7 +15,9 @@ breakdowns) and prints the distribution of ``analytic / DES - 1`` overall and by
 
 ``--dualpipe``: DeepSeek's schedules instead (DualPipeV or DualPipe, pp 2-8, ``2 pp`` or
 ``4 pp`` micro-batches a replica, ZeRO 0-1 under DualPipe), written to
-``fuzz_tiers_dualpipe.csv``.
+``fuzz_tiers_dualpipe.csv``, each row also saying which (group, kind) rows of the
+collectives the DES issues differ from the account's (``sim.layout.inventory``, the DES's
+conventions), stage by stage (``account_mismatch``, empty where all match).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import random
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -81,6 +84,21 @@ def draw(rng: random.Random, dual: bool = False) -> tuple[str, str, Plan] | None
         return None
 
 
+def _mismatch(model: Any, cluster: Any, plan: Plan) -> str:
+    """(group, kind) rows where the DES's issued collectives differ from the account's."""
+    from sim.cost.profiled import cost_model_for
+    from sim.des.run import issued_collectives
+    from sim.layout.inventory import SIMULATED, expected_collectives
+
+    issued, out = issued_collectives(model, cluster, plan, cost_model_for(cluster), 0), set()
+    for stage in range(plan.pp):
+        want = {(r["group"], r["kind"]): (r["count"], r["bytes"])
+                for r in expected_collectives(model, plan, stage, SIMULATED)}
+        got = {(r["group"], r["kind"]): (r["count"], r["bytes"]) for r in issued[stage]}
+        out |= {f"{g} {k}" for g, k in set(want) | set(got) if want.get((g, k)) != got.get((g, k))}
+    return "; ".join(sorted(out))
+
+
 def one(rng: random.Random, dual: bool = False) -> dict[str, object] | None:
     drawn = draw(rng, dual)
     if drawn is None:
@@ -110,6 +128,8 @@ def one(rng: random.Random, dual: bool = False) -> dict[str, object] | None:
         "des_wall_s": time.perf_counter() - t0}
     for k in BREAKDOWN:
         row[f"a_{k}"], row[f"d_{k}"] = a.breakdown[k], d.breakdown[k]
+    if dual:
+        row["account_mismatch"] = _mismatch(model, cluster, plan)
     return row
 
 
@@ -150,6 +170,12 @@ def main(argv: list[str] | None = None) -> int:
     out = OUT.with_name("fuzz_tiers_dualpipe.csv") if args.dualpipe else OUT
     atomic_write_text(out, df.to_csv(index=False, float_format="%.6g"))
     summary(df)
+    if args.dualpipe:
+        for name, rows in df.groupby("schedule"):
+            same = rows["account_mismatch"].fillna("") == ""
+            print(f"{name}: the DES issues the account's collectives on {int(same.sum())} of "
+                  f"{len(rows)} plans; the others differ in: "
+                  f"{sorted(set(rows.loc[~same, 'account_mismatch']))}")
     return 0
 
 

@@ -24,7 +24,7 @@ from sim.analytic.replicas import replica_stage_scales, replica_timings
 from sim.cost.costmodel import CostModel
 from sim.cost.scales import gpu_compute_scales
 from sim.errors import SpecError
-from sim.layout.stages import rank_virtual_stages, virtual_stage_rank
+from sim.layout.stages import mirrored, rank_virtual_stages, virtual_stage_rank
 from sim.spec.cluster import ClusterSpec
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan, validate
@@ -50,15 +50,22 @@ def proportional(total: int, weights: Sequence[float], unit: int = 1, least: int
 
 
 def _layers(plan: Plan, model: ModelSpec, stage_speed: list[float]) -> tuple[int, ...]:
+    if mirrored(plan):  # stage s sits on ranks s and pp - 1 - s: the slower one sets its pace
+        pp = plan.pp
+        return tuple(proportional(model.num_layers, [
+            min(stage_speed[s], stage_speed[pp - 1 - s]) for s in range(pp)]))
     weights = [stage_speed[virtual_stage_rank(plan, k)] for k in range(plan.pp * plan.vpp)]
     return tuple(proportional(model.num_layers, weights))
 
 
 def _micro_unit(plan: Plan) -> tuple[int, int]:
     """(step, least) of a replica's micro-batches: ``pp`` at a time under interleaved 1F1B,
-    at least ``2 pp`` under DualPipeV, else one and one."""
+    at least ``2 pp`` under DualPipeV, two at a time and at least ``2 pp`` under DualPipe
+    (half enter at each end), else one and one."""
     if plan.schedule == "interleaved-1f1b":
         return plan.pp, plan.pp
+    if mirrored(plan):
+        return 2, 2 * plan.pp
     return 1, 2 * plan.pp if plan.schedule == "dualpipev" else 1
 
 
@@ -112,9 +119,11 @@ def _moves(plan: Plan, classes: list[list[int]]) -> list[Plan]:
     out = []
     lps, pp = plan.layers_per_stage, plan.pp
     for a, b in _pairs(pp if lps else 0):  # pipeline ranks; their fullest / emptiest chunk
-        assert lps is not None
-        src = max(rank_virtual_stages(plan, a), key=lambda k: (lps[k], -k))
-        dst = min(rank_virtual_stages(plan, b), key=lambda k: (lps[k], k))
+        assert lps is not None  # (under DualPipe lps lists the stages each chain runs)
+        src = max((vs % len(lps) for vs in rank_virtual_stages(plan, a)),
+                  key=lambda k: (lps[k], -k))
+        dst = min((vs % len(lps) for vs in rank_virtual_stages(plan, b)),
+                  key=lambda k: (lps[k], k))
         if lps[src] > 1:
             new = list(lps)
             new[src], new[dst] = new[src] - 1, new[dst] + 1
@@ -177,8 +186,8 @@ def _explicit_even(plan: Plan, model: ModelSpec, like: Plan) -> Plan:
     for :func:`refine` that shifts work only as far as memory allows)."""
     change: dict = {}
     if like.layers_per_stage is not None:
-        change["layers_per_stage"] = tuple(proportional(model.num_layers,
-                                                        [1.0] * (plan.pp * plan.vpp)))
+        stages = plan.pp if mirrored(plan) else plan.pp * plan.vpp
+        change["layers_per_stage"] = tuple(proportional(model.num_layers, [1.0] * stages))
     if like.micro_batches_per_replica is not None:
         unit, least = _micro_unit(plan)
         change["micro_batches_per_replica"] = tuple(proportional(

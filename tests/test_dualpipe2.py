@@ -157,3 +157,20 @@ def test_the_exporters_and_the_executor_refuse_it():
         with pytest.raises(SpecError, match="^plan.(schedule|pp)"):
             export(framework, D, LLAMA, H100)
     assert unsupported(LLAMA, D)[0] == "plan.schedule"
+
+
+def test_balancing_keeps_dualpipes_rules():
+    """Sites split the batch two micro-batches at a time, at least 2 pp a replica; a layer
+    split weighs each stage by the slower of the two ranks holding it; a layer move maps
+    a rank's chunks onto the pp stages."""
+    from optimizer.balance import _micro_unit, _moves
+    from optimizer.sites import balance_sites
+
+    assert _micro_unit(D) == (2, 8)
+    mixed = load_cluster("examples/two-regions-mixed.toml")
+    plan = Plan(32 * 20, 4096, 1, dp=32, pp=4, vpp=2, schedule="dualpipe", zero_stage=1)
+    split = balance_sites(LLAMA, mixed, plan).micro_batches_per_replica
+    assert split is not None and len(set(split)) > 1
+    assert all(n % 2 == 0 and n >= 8 for n in split) and sum(split) == 640
+    moves = _moves(dataclasses.replace(D, layers_per_stage=(10, 6, 6, 10)), [])
+    assert moves and all(len(p.layers_per_stage) == 4 for p in moves)

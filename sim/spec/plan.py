@@ -72,7 +72,7 @@ class Plan:
     # rank order, innermost first, or an explicit rank table (list of devices)
     placement: str | tuple[int, ...] = DEFAULT_PLACEMENT
     collectives: tuple[tuple[str, str], ...] = ()  # (group, algorithm) pairs
-    # layers of each (virtual) stage, pp·vpp counts; null: an even split
+    # layers of each (virtual) stage, pp·vpp counts (dualpipe: pp); null: an even split
     layers_per_stage: tuple[int, ...] | None = None
     attention: str = "flash"  # "standard" materialises the s x s scores (Megatron 2021)
     # overlap the data-parallel gradient reduction with the last backward
