@@ -176,3 +176,25 @@ def test_default_all_reduce_across_nodes_near_published_bus_bandwidth(row):
              for alg in ("auto", "hierarchical")}
     assert busbw["auto"] == pytest.approx(float(row["busbw_GBps"]), rel=0.10)
     assert busbw["hierarchical"] < 0.8 * float(row["busbw_GBps"])
+
+
+def test_groups_of_unequal_nodes_run_as_many_rings_as_the_emptiest_node_holds():
+    """8 + 4 ranks: four rings, each visiting every rank once and leaving each node through
+    a rank of its own; both tiers then agree on a data-parallel group laid out so (PP 2 x
+    DP 12 on three 8-GPU nodes), where the DES once ran one ring through one NIC."""
+    from sim import Plan, load_cluster, load_model, simulate
+    from sim.network.collectives import _channels
+
+    nodes = [list(range(8)), list(range(8, 12))]
+    rings = _channels(12, nodes)
+    assert len(rings) == 4 and all(sorted(r) == list(range(12)) for r in rings)
+    for members in nodes:
+        exits = [next(a for a, b in zip(r, r[1:] + r[:1], strict=True)
+                      if a in members and b not in members) for r in rings]
+        assert len(set(exits)) == 4
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100:3")
+    for zero in (1, 3):
+        plan = Plan(96, 4096, 1, dp=12, pp=2, zero_stage=zero)
+        a, d = (simulate(model, cluster, plan, fidelity=f).iteration_time_s
+                for f in ("analytic", "des"))
+        assert d == pytest.approx(a, rel=0.03), zero

@@ -47,7 +47,7 @@ def test_explicit_rank_table_takes_the_worst_group():
     assert group_span(plan(placement=identity), C, "tp") == GroupSpan(8, 8, 1, False)
     swapped = list(identity)
     swapped[7], swapped[8] = swapped[8], swapped[7]  # one tp group now straddles two nodes
-    assert group_span(plan(placement=tuple(swapped)), C, "tp") == GroupSpan(8, 7, 2, False)
+    assert group_span(plan(placement=tuple(swapped)), C, "tp") == GroupSpan(8, 7, 2, False, 1)
 
 
 def test_even_and_uneven_stages():

@@ -37,12 +37,21 @@ GROUP_DIMS = {
 @dataclass(frozen=True)
 class GroupSpan:
     """The worst-placed group of a kind: ``size`` ranks, at most ``per_node`` on a node,
-    spread over ``nodes`` nodes; ``cross_pod`` when it leaves a full-bisection pod."""
+    spread over ``nodes`` nodes; ``cross_pod`` when it leaves a full-bisection pod;
+    ``least`` ranks on its emptiest node (0: as many as ``per_node``)."""
 
     size: int
     per_node: int
     nodes: int
     cross_pod: bool
+    least: int = 0
+
+    @property
+    def channels(self) -> int:
+        """Rings a collective across the group's nodes runs side by side (NCCL's
+        channels): each leaves every node through a NIC of its own, so as many as the
+        emptiest node has ranks."""
+        return self.least or self.per_node
 
 
 SITE_PLACEMENT = "tp-cp-ep-pp-dp"  # data parallelism outermost: whole replicas a site
@@ -96,7 +105,9 @@ def _pod(device: int, pods: int | tuple[int, ...]) -> int:
 def _span(devices: list[int], gpus_per_node: int, pods: int | tuple[int, ...]) -> GroupSpan:
     per_node = Counter(d // gpus_per_node for d in devices)
     cross_pod = _pod(min(devices), pods) != _pod(max(devices), pods)
-    return GroupSpan(len(devices), max(per_node.values()), len(per_node), cross_pod)
+    most, least = max(per_node.values()), min(per_node.values())
+    return GroupSpan(len(devices), most, len(per_node), cross_pod,
+                     least if least < most else 0)
 
 
 def _others(dims: tuple[str, ...]) -> tuple[str, ...]:
@@ -115,7 +126,7 @@ def _residues(plan: Plan, dims: tuple[str, ...], modulus: int) -> set[int]:
 
 
 def _worst(spans: list[GroupSpan]) -> GroupSpan:
-    return max(spans, key=lambda s: (s.cross_pod, s.nodes, -s.per_node))
+    return max(spans, key=lambda s: (s.cross_pod, s.nodes, -s.channels, -s.per_node))
 
 
 def _order_span(plan: Plan, dims: tuple[str, ...], g: int, pods: int | tuple[int, ...],
@@ -131,7 +142,7 @@ def _order_span(plan: Plan, dims: tuple[str, ...], g: int, pods: int | tuple[int
     else:
         cross = any(_pod(b, pods) != _pod(b + offsets[-1], pods)
                     for b in _ranks(plan, _others(dims), 0))
-    return GroupSpan(worst.size, worst.per_node, worst.nodes, cross)
+    return GroupSpan(worst.size, worst.per_node, worst.nodes, cross, worst.least)
 
 
 def group_span(plan: Plan, cluster: ClusterSpec, group: str) -> GroupSpan:

@@ -92,12 +92,14 @@ def flat_rates(f: Fabric) -> tuple[float, float]:
     """Bandwidth and per-step latency of a ring (or chain) over the whole group. Across
     nodes NCCL runs one ring per local rank, each leaving the node through that rank's NIC
     with ``1/g`` of the data, while inside the node each rank forwards ``g-1`` rings' share:
-    the busier of the two sets the pace."""
+    the busier of the two sets the pace. Where the nodes hold different numbers of the
+    group's ranks, the rings are as many as the emptiest node's ranks (each leaves every
+    node through a NIC of its own: :attr:`GroupSpan.channels`)."""
     if f.span.nodes == 1:
         return f.intra_Bps, f.intra_alpha_s
-    g = f.span.per_node
+    g = f.span.per_node  # a rank on the busiest node forwards (g - 1)/g of every ring
     inside = f.intra_Bps * g / (g - 1) if g > 1 else math.inf
-    return min(inside, f.inter_Bps * g), f.inter_alpha_s
+    return min(inside, f.inter_Bps * f.span.channels), f.inter_alpha_s
 
 
 def ring_latency_s(f: Fabric, passes: int) -> float:

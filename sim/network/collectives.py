@@ -81,18 +81,20 @@ def _channels(n: int, nodes: list[list[int]] | None) -> list[list[int]]:
     """Rank orders of the rings: one plain ring, or one per local rank across nodes. Ring
     ``c`` enters even nodes at local rank ``c`` and walks up, odd nodes at ``c-1`` and walks
     down, so every node-to-node hop joins ranks of the same local index (the same rail of
-    a rail-optimized network); only the closing hop of an odd number of nodes does not."""
-    if not nodes or len(nodes) == 1 or len({len(x) for x in nodes}) != 1:
+    a rail-optimized network); only the closing hop of an odd number of nodes does not.
+    Where the nodes hold different numbers of ranks, as many rings as the emptiest node
+    holds (each entering and leaving every node through ranks of its own)."""
+    if not nodes or len(nodes) == 1:
         return [list(range(n))]
-    g = len(nodes[0])
 
     def walk(members: list[int], j: int, c: int) -> list[int]:
+        g = len(members)
         if j % 2 == 0:
             return [members[(c + i) % g] for i in range(g)]
         return [members[(c - 1 - i) % g] for i in range(g)]
 
     return [[r for j, members in enumerate(nodes) for r in walk(members, j, c)]
-            for c in range(g)]
+            for c in range(min(len(x) for x in nodes))]
 
 
 def _tree_edges(n: int, shift: int) -> list[tuple[int, int]]:
