@@ -198,3 +198,28 @@ def test_groups_of_unequal_nodes_run_as_many_rings_as_the_emptiest_node_holds():
         a, d = (simulate(model, cluster, plan, fidelity=f).iteration_time_s
                 for f in ("analytic", "des"))
         assert d == pytest.approx(a, rel=0.03), zero
+
+
+@pytest.mark.parametrize("label,devices", [("8+4", list(range(12))),
+                                           ("8+8+4", list(range(20))), ("6+2", list(range(2, 10)))])
+def test_every_collective_over_unequal_nodes_matches_its_closed_form(label, devices):
+    """Each collective and algorithm on a group whose nodes hold unequal numbers of its
+    ranks: the DES's flows take exactly the closed form's time (algorithms built on equal
+    nodes run NCCL's rings in both tiers)."""
+    import itertools
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+    from des_exactness import CASES, build_topology, des_time
+
+    from sim.layout.placement import _span
+
+    cluster = load_cluster("dgx-h100:4")
+    topo, span = build_topology(cluster), _span(devices, 8, cluster.pods)
+    assert span.least and span.channels < span.per_node
+    for (kind, algo), size in itertools.product(CASES, (2**14, 2**30)):
+        if kind != "send_recv":
+            closed = collective_time(kind, fabric_for(cluster, span), size, algo)
+            assert des_time(topo, kind, algo, devices, size) == pytest.approx(
+                closed, rel=1e-9), (kind, algo, size)
+

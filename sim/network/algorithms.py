@@ -79,6 +79,12 @@ def _layered(f: Fabric) -> bool:
     return f.span.nodes > 1 and f.span.per_node > 1
 
 
+# Algorithms whose closed forms take every node to hold as many of the group's ranks (a
+# step inside each node, then across; halving-doubling's partners inside a node): a group
+# whose nodes hold unequal numbers of its ranks runs NCCL's rings instead, in both tiers.
+EQUAL_NODES = ("hierarchical", "tree", "nvls", "halving-doubling")
+
+
 def _layered_nodes(nodes: Nodes) -> bool:
     return nodes is not None and len(nodes) > 1 and len(nodes[0]) > 1
 
@@ -149,7 +155,7 @@ def _nvls_phases(kind: str, n: int, size: float, nodes: Nodes) -> list[Phase]:
 
 
 def _halving_doubling_phases(kind: str, n: int, size: float, nodes: Nodes) -> list[Phase]:
-    return halving_doubling_phases(n, size, kind)
+    return halving_doubling_phases(n, size, kind, nodes)
 
 
 TABLE: dict[str, Algorithm] = {a.name: a for a in (
@@ -199,6 +205,8 @@ def collective_time(collective: str, f: Fabric, size_bytes: float, algorithm: st
         return DISPATCH[collective][0](f, size_bytes)
     if algorithm == "auto":
         algorithm = default_algorithm(collective, f, size_bytes)
+    if f.span.least and algorithm in EQUAL_NODES:  # nodes of unequal counts: NCCL's rings
+        algorithm = "ring"
     return _entry(collective, algorithm).seconds(collective, f, size_bytes)
 
 
@@ -218,6 +226,8 @@ def expand(kind: str, algorithm: str, n: int, size: float, nodes: Nodes = None
         return chain_phases(n, size, nodes)
     if kind in DISPATCH:
         return DISPATCH[kind][1](size, nodes or [list(range(n))])
+    if nodes and len({len(x) for x in nodes}) > 1 and algorithm in EQUAL_NODES:
+        algorithm = "ring"  # nodes of unequal counts (as collective_time)
     return _entry(kind, algorithm).phases(kind, n, size, nodes)
 
 

@@ -61,7 +61,7 @@ def fabric_for(cluster: ClusterSpec, span: GroupSpan) -> Fabric:
     if span.cross_pod:
         inter /= cluster.inter_node.oversubscription
         if cluster.sites:  # the pods are sites: the group crosses the WAN
-            inter, alpha = wan_fabric(cluster, span.size, span.per_node, inter, alpha)
+            inter, alpha = wan_fabric(cluster, span.size, span.channels, inter, alpha)
     return Fabric(span, intra, cluster.intra_node.latency_us * 1e-6, inter, alpha, nvls)
 
 
@@ -97,9 +97,11 @@ def flat_rates(f: Fabric) -> tuple[float, float]:
     node through a NIC of its own: :attr:`GroupSpan.channels`)."""
     if f.span.nodes == 1:
         return f.intra_Bps, f.intra_alpha_s
-    g = f.span.per_node  # a rank on the busiest node forwards (g - 1)/g of every ring
-    inside = f.intra_Bps * g / (g - 1) if g > 1 else math.inf
-    return min(inside, f.inter_Bps * f.span.channels), f.inter_alpha_s
+    g, c = f.span.per_node, f.span.channels
+    # each rank forwards (g - 1)/g of the data when it is one ring's exit; with fewer rings
+    # than ranks on the busiest node, some rank there forwards every ring's whole share
+    inside = (f.intra_Bps * g / (g - 1) if c == g else f.intra_Bps) if g > 1 else math.inf
+    return min(inside, f.inter_Bps * c), f.inter_alpha_s
 
 
 def ring_latency_s(f: Fabric, passes: int) -> float:
@@ -119,9 +121,9 @@ def halving_doubling_s(f: Fabric, collective: str, size: float) -> float:
     n, g = f.span.size, f.span.per_node
     rounds = int(math.log2(n))
     passes = 2 if collective == "all_reduce" else 1
-    if 2**rounds != n:
-        bw, alpha = flat_rates(f)
-        return ring_s(n, alpha, bw, size, passes)
+    if 2**rounds != n:  # NCCL's rings, as the ring algorithm's closed form
+        bw, _ = flat_rates(f)
+        return ring_latency_s(f, passes) + passes * (n - 1) / n * size / bw
     def step(r: int) -> float:
         inside = 2**r < g
         return ((f.intra_alpha_s if inside else f.inter_alpha_s)
@@ -165,13 +167,15 @@ def hierarchical_s(f: Fabric, size: float, passes: int, nvls: bool = False, tree
 def all_to_all_s(f: Fabric, size: float, algorithm: str) -> float:
     """Direct: every pair at once, intra- and inter-node parts in parallel. Pairwise: n-1
     steps, rank i to rank i+k; across nodes every step has a rank whose peer is on
-    another node, so each step runs at the NIC's pace."""
-    n, g = f.span.size, f.span.per_node
+    another node, so each step runs at the NIC's pace. Over nodes of unequal counts the
+    busiest node's ranks send the most inside it, the emptiest node's the most across."""
+    n, g, least = f.span.size, f.span.per_node, f.span.channels
     multi = f.span.nodes > 1
     alpha = f.inter_alpha_s if multi else f.intra_alpha_s
     if algorithm == "pairwise":
         return (n - 1) * (alpha + size / n / (f.inter_Bps if multi else f.intra_Bps))
-    return alpha + max((g - 1) / n * size / f.intra_Bps, (n - g) / n * size / f.inter_Bps)
+    return alpha + max((g - 1) / n * size / f.intra_Bps,
+                       (n - least) / n * size / f.inter_Bps)
 
 
 def dispatch_rdma_s(f: Fabric, size: float) -> float:
@@ -202,6 +206,6 @@ def broadcast_s(f: Fabric, size: float) -> float:
     """Pipelined chains from the root, one per channel."""
     n = f.span.size
     bw, alpha = flat_rates(f)
-    channels = f.span.per_node if f.span.nodes > 1 else 1
+    channels = f.span.channels if f.span.nodes > 1 else 1
     fill = (n - 2) * min(size / channels, CHUNK_BYTES) * channels / bw
     return (n - 1) * alpha + fill + size / bw

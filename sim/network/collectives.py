@@ -125,12 +125,14 @@ def double_tree_phases(n: int, size: float) -> list[Phase]:
     return [Phase(flows, 2 * depth, 2 * depth)]
 
 
-def halving_doubling_phases(n: int, size: float, kind: str) -> list[Phase]:
+def halving_doubling_phases(n: int, size: float, kind: str,
+                            nodes: list[list[int]] | None = None) -> list[Phase]:
     """Recursive halving (reduce-scatter: exchange half the data with partner i xor 2^r)
-    and/or doubling (all-gather, the mirror image); a ring unless n is a power of two."""
+    and/or doubling (all-gather, the mirror image); a ring unless n is a power of two
+    (across nodes NCCL's rings, as the closed form's)."""
     rounds = int(math.log2(n))
     if 2**rounds != n:
-        return ring_phases(n, size, 2 if kind == "all_reduce" else 1)
+        return ring_phases(n, size, 2 if kind == "all_reduce" else 1, nodes)
     def step(r: int) -> Phase:
         return Phase([FlowSpec(i, i ^ (1 << r), size / 2 ** (r + 1)) for i in range(n)])
     halving = [step(r) for r in range(rounds)] if kind != "all_gather" else []
