@@ -59,7 +59,8 @@ class StageCost:
     pp_s: float
     dp: DPCost
     optimizer_s: float
-    embedding_s: float = 0.0  # the tied embedding's gradient all-reduce (first, last stage)
+    # the tied embedding's gradient all-reduce (first, last stage); DualPipe: the mirror sum
+    embedding_s: float = 0.0
     ep_overlapped_s: float = 0.0  # expert all-to-alls hidden (plan.moe_overlap)
 
     @property

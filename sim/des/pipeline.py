@@ -108,18 +108,16 @@ class Pipeline:
         DualPipe: every rank all-reduces its gradients (ZeRO-1: its shard) with the rank of
         the same coordinates at stage ``pp - 1 - r``, which holds the same layers."""
         x, p = self.x, self.x.p
-        other = p.pp - 1 - u.stage if mirrored(p) else \
-            p.pp - 1 if u.stage == 0 else 0
         if mirrored(p):
             size, group = mirror_bytes(x.m, p, stage), "mirror"
-        elif not x.m.tied_embeddings or p.pp == 1 or 0 < u.stage < p.pp - 1 or \
-                p.schedule == "dualpipev":  # both ends on the first rank
-            return
-        else:
+        elif x.m.tied_embeddings and p.pp > 1 and u.stage in (0, p.pp - 1) and \
+                p.schedule != "dualpipev":  # (dualpipev: both ends on the first rank)
             size, group = x.m.vocab_size * x.m.hidden_size / p.tp * x.act, "embedding"
+        else:
+            return
         span = group_span(p, x.c, "emb")  # the first and last stage: the worst mirrors
         algorithm = default_algorithm("all_reduce", fabric_for(x.c, span), size)
-        meetings, (a, b) = [], sorted((u.stage, other))
+        meetings, (a, b) = [], sorted((u.stage, p.pp - 1 - u.stage))
         for t in range(p.tp):
             pair = self._pair(a, b, u.dp, u.cp, t)
             copies = [self._pair(a, b, d, c, t)
