@@ -68,7 +68,7 @@ def draw(rng: random.Random, dual: bool = False) -> tuple[str, str, Plan] | None
     fields: dict[str, object] = {
         "global_batch_size": dp * micro * rng.choice(batches), "seq_len": 4096,
         "micro_batch_size": micro, "dp": dp, "tp": tp, "pp": pp, "cp": cp,
-        "vpp": 2 if schedule != "1f1b" and schedule != "gpipe" else 1, "schedule": schedule,
+        "vpp": 1 if schedule in ("1f1b", "gpipe") else 2, "schedule": schedule,
         "zero_stage": rng.choice(zeros),
         "recompute": rng.choice(["none", "selective", "full"]),
         "overlap_grad_reduce": rng.random() < 0.8,
@@ -88,15 +88,13 @@ def _mismatch(model: Any, cluster: Any, plan: Plan) -> str:
     """(group, kind) rows where the DES's issued collectives differ from the account's."""
     from sim.cost.profiled import cost_model_for
     from sim.des.run import issued_collectives
-    from sim.layout.inventory import SIMULATED, expected_collectives
+    from sim.layout.inventory import SIMULATED, compare_inventory, expected_collectives
 
-    issued, out = issued_collectives(model, cluster, plan, cost_model_for(cluster), 0), set()
-    for stage in range(plan.pp):
-        want = {(r["group"], r["kind"]): (r["count"], r["bytes"])
-                for r in expected_collectives(model, plan, stage, SIMULATED)}
-        got = {(r["group"], r["kind"]): (r["count"], r["bytes"]) for r in issued[stage]}
-        out |= {f"{g} {k}" for g, k in set(want) | set(got) if want.get((g, k)) != got.get((g, k))}
-    return "; ".join(sorted(out))
+    issued = issued_collectives(model, cluster, plan, cost_model_for(cluster), 0)
+    return "; ".join(sorted({
+        f"{r['group']} {r['kind']}" for stage in range(plan.pp)
+        for r in compare_inventory(expected_collectives(model, plan, stage, SIMULATED),
+                                   issued[stage], bytes_tol=0.0) if not r["match"]}))
 
 
 def one(rng: random.Random, dual: bool = False) -> dict[str, object] | None:

@@ -8,6 +8,7 @@ from typing import Any
 
 from optimizer.scoring import Candidate, SearchReport
 from sim.io import atomic_write_files
+from sim.layout.stages import dualpipe_family
 from sim.spec.plan import Plan
 
 __all__ = ["plan_label", "summary", "format_report", "write_outputs"]
@@ -24,7 +25,7 @@ def plan_label(p: Plan) -> str:
     zero = f"zero{p.zero_stage}" + ("" if p.reshard_after_forward else "-keep")
     parts += [f"mb{p.micro_batch_size}", zero, f"rc-{p.recompute}{modules}"]
     parts += ["sp"] if p.sequence_parallel else []
-    paired = p.schedule in ("dualpipev", "dualpipe")  # always two stages a rank
+    paired = dualpipe_family(p)  # always two stages a rank
     parts += [f"{p.schedule}" + (f"x{p.vpp}" if p.vpp > 1 and not paired else "")] \
         if p.pp > 1 else []
     parts += ["pp-inner"] if p.placement != "tp-cp-ep-dp-pp" else []

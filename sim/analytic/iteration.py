@@ -29,6 +29,7 @@ from sim.layout.stages import (
     StageLayers,
     chain_microbatches,
     cp_exchanges,
+    dualpipe_family,
     edge_tp_collectives,
     first_stage,
     last_stage,
@@ -111,7 +112,7 @@ def _p2p(x: Ctx, st: StageLayers, rank: int) -> float:
     if p.pp == 1:
         return 0.0
     end = 1 if st.first or st.last else 0
-    if p.schedule in ("dualpipev", "dualpipe"):  # dualpipev: rank 0 holds both ends, the
+    if dualpipe_family(p):  # dualpipev: rank 0 holds both ends, the
         end = 2 if rank in (0, p.pp - 1) else 0  # last rank the turn; dualpipe: both ends
     if p.vpp > 1:
         calls, messages = p.vpp, 2 * p.vpp - end
@@ -195,7 +196,7 @@ def _ep_stage(x: Ctx, st: StageLayers, rank: int, k: float, tp_s: float
     if x.p.moe_overlap != "a2a" or total == 0:
         return total, 0.0
     compute = k * _stage_compute(x, st) + tp_s
-    if x.p.schedule in ("dualpipev", "dualpipe"):  # its program's unpaired passes
+    if dualpipe_family(x.p):  # its program's unpaired passes
         alone = 1.0 - paired_share(x.p.pp, x.p.num_microbatches, rank, mirrored(x.p))
     else:
         passes = x.p.num_microbatches * x.p.vpp
@@ -304,7 +305,7 @@ def analytic_iteration(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost:
     times = [s.per_microbatch_s for s in stages]
     slow = max(range(len(stages)), key=lambda r: times[r])
     pipe = m * times[slow] + (sum(times) - times[slow]) / v
-    if plan.schedule in ("dualpipev", "dualpipe"):
+    if dualpipe_family(plan):
         pipe = _dualpipev(x, stages, dualpipev_bound)
     tail_rank = max(range(len(stages)), key=lambda r: stages[r].tail_s)
     b, t = stages[slow], stages[tail_rank]

@@ -12,6 +12,7 @@ import simpy
 
 from sim.des.comm import Collectives
 from sim.des.context import Context, Proc, Unit
+from sim.layout.dualpipe import chain_microbatches
 from sim.layout.inventory import chunk_bucket_params
 from sim.layout.memory import layer_rank_params, rank_params
 from sim.layout.stages import StageLayers, mirrored
@@ -36,7 +37,7 @@ class DataParallel:
         p = self.x.p
         if p.zero_stage == 2:
             return True
-        last = p.replica_microbatches[u.dp] // (2 if mirrored(p) else 1) - 1
+        last = chain_microbatches(p.replica_microbatches[u.dp], mirrored(p)) - 1
         return p.overlap_grad_reduce and mb == last
 
     def grad_ready(self, u: Unit, dense: float, expert: float, tag: tuple) -> None:

@@ -25,8 +25,10 @@ from sim.layout.placement import stage_devices
 from sim.layout.routing import routing
 from sim.layout.stages import (
     StageLayers,
+    dualpipe_family,
     first_stage,
     last_stage,
+    mirrored,
     pipeline_rank_layers,
     rank_virtual_stages,
     virtual_stage_moe,
@@ -148,8 +150,8 @@ def inflight_microbatches(plan: Plan, rank: int) -> float:
     merged = 1 if plan.moe_overlap == "a2a" else 0  # a merged step's second micro-batch
     if plan.schedule == "gpipe":
         return float(m)
-    if plan.schedule in ("dualpipev", "dualpipe"):
-        return peak_activations(plan.pp, m, rank, plan.schedule == "dualpipe") / 2
+    if dualpipe_family(plan):
+        return peak_activations(plan.pp, m, rank, mirrored(plan)) / 2
     if plan.schedule == "1f1b":
         return float(min(plan.pp - rank + merged, m))
     chunks = min(2 * (plan.pp - rank - 1) + (plan.vpp - 1) * plan.pp + 1 + merged, m * plan.vpp)
@@ -184,8 +186,7 @@ def _dualpipev_activations(m: ModelSpec, plan: Plan, rank: int) -> float:
               for vs in rank_virtual_stages(plan, rank)}
     waiting = {vs: sum(layer_activation_bytes(m, plan, f) + _output_grad_bytes(m, plan, f)
                        for f in flags[vs]) for vs in rank_virtual_stages(plan, rank)}
-    return peak_held(plan.pp, plan.num_microbatches, rank, stored, waiting,
-                     plan.schedule == "dualpipe")
+    return peak_held(plan.pp, plan.num_microbatches, rank, stored, waiting, mirrored(plan))
 
 
 def layer_rank_params(m: ModelSpec, plan: Plan, moe: bool) -> tuple[float, float]:
@@ -280,8 +281,8 @@ def rank_memory(m: ModelSpec, plan: Plan, st: StageLayers, rank: int, reserved_g
                                              plan.grad_bytes)
     per_mb = (st.dense * _stored_layer_bytes(m, plan, False)
               + st.moe * _stored_layer_bytes(m, plan, True))
-    acts = _dualpipev_activations(m, plan, rank) if plan.schedule in ("dualpipev", "dualpipe") \
-        else per_mb * inflight_microbatches(plan, rank)
+    acts = _dualpipev_activations(m, plan, rank) if dualpipe_family(plan) else \
+        per_mb * inflight_microbatches(plan, rank)
     return MemoryBreakdown(rank, dense * wd + expert * we, dense * gd + expert * ge,
                            dense * od + expert * oe, acts, _transient_bytes(m, plan, st),
                            reserved_gib * GIB)

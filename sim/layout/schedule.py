@@ -28,7 +28,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sim.layout.dualpipe import Msg, Pass, rank_calls
-from sim.layout.stages import first_stage, last_stage, mirrored, rank_virtual_stages
+from sim.layout.stages import (
+    dualpipe_family,
+    first_stage,
+    last_stage,
+    mirrored,
+    rank_virtual_stages,
+)
 from sim.spec.plan import Plan
 
 __all__ = ["stage_ops", "stage_program", "warmup_forwards", "Op", "Msg", "Exchange"]
@@ -60,7 +66,7 @@ def warmup_forwards(plan: Plan, stage: int) -> int:
     total = plan.num_microbatches * plan.vpp
     if plan.schedule == "gpipe":
         return total
-    if plan.schedule in ("dualpipev", "dualpipe"):
+    if dualpipe_family(plan):
         ops = stage_ops(plan, stage)
         return next(i for i, op in enumerate(ops) if op[0] == "B")
     pp, vpp = plan.pp, plan.vpp
@@ -75,7 +81,7 @@ def stage_ops(plan: Plan, stage: int) -> list[Op]:
     gradient (:mod:`sim.layout.dualpipe`)."""
     pp, vpp = plan.pp, plan.vpp
     total = plan.num_microbatches * vpp
-    if plan.schedule in ("dualpipev", "dualpipe"):  # the program's, a deferred backward as any
+    if dualpipe_family(plan):  # the program's, a deferred backward as any
         return [("B" if op[0] == "I" else op[0], op[1], op[2])
                 for op in _dualpipev_program(plan, stage) if not isinstance(op, Exchange)]
     if plan.schedule == "gpipe":
@@ -120,7 +126,7 @@ def _steps(plan: Plan, stage: int) -> tuple[list[list[Op]], list[list[Op]], list
 
 def stage_program(plan: Plan, stage: int) -> list[Op | Exchange]:
     """The stage's ops with Megatron-LM's point-to-point calls between them (module doc)."""
-    if plan.schedule in ("dualpipev", "dualpipe"):
+    if dualpipe_family(plan):
         return _dualpipev_program(plan, stage)
     if plan.pp == 1:
         return list(stage_ops(plan, stage))

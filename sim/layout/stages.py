@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sim.layout.dualpipe import chain_length, rank_of_stage, stages_of_rank
+from sim.layout.dualpipe import chain_microbatches as dualpipe_chain_microbatches
+from sim.layout.dualpipe import rank_of_stage, stages_of_rank
 from sim.layout.routing import routing
 from sim.spec.experts import expert_tp
 from sim.spec.model import ModelSpec
@@ -13,6 +14,7 @@ from sim.spec.recompute import reruns_core, stops_early
 
 __all__ = ["StageLayers", "even_split", "tp_blocks", "tp_pass", "virtual_stage_layers",
            "virtual_stage_moe", "rank_virtual_stages", "virtual_stage_rank", "mirrored",
+           "dualpipe_family",
            "chain_microbatches", "first_stage", "last_stage",
            "pipeline_rank_layers", "edge_tp_collectives", "cp_exchanges"]
 
@@ -87,27 +89,36 @@ def mirrored(plan: Plan) -> bool:
     return plan.schedule == "dualpipe"
 
 
+def dualpipe_family(plan: Plan) -> bool:
+    """DualPipeV or DualPipe: run as DeepSeek's programs (:mod:`sim.layout.dualpipe`)."""
+    return plan.schedule in ("dualpipev", "dualpipe")
+
+
 def chain_microbatches(plan: Plan) -> int:
     """Micro-batches each virtual stage runs a step: all of them, or under DualPipe the
     half that enter at its chain's end."""
-    return plan.num_microbatches // 2 if mirrored(plan) else plan.num_microbatches
+    return dualpipe_chain_microbatches(plan.num_microbatches, mirrored(plan))
+
+
+def _chain(plan: Plan) -> int:
+    """Virtual stages a micro-batch runs through."""
+    return plan.pp if mirrored(plan) else plan.pp * plan.vpp
 
 
 def first_stage(plan: Plan, vs: int) -> bool:
     """Whether virtual stage ``vs`` starts a micro-batch's chain (holds the embedding)."""
-    return vs % chain_length(plan.pp, True) == 0 if mirrored(plan) else vs == 0
+    return vs % _chain(plan) == 0
 
 
 def last_stage(plan: Plan, vs: int) -> bool:
     """Whether virtual stage ``vs`` ends a micro-batch's chain (the output layer, loss)."""
-    n = plan.pp if mirrored(plan) else plan.pp * plan.vpp
-    return vs % n == n - 1
+    return vs % _chain(plan) == _chain(plan) - 1
 
 
 def virtual_stage_layers(plan: Plan, model: ModelSpec) -> list[int]:
     """Layer count of each of the pp*vpp virtual stages, in model order (under DualPipe
     each of the pp stages twice: chain 0's, then chain 1's)."""
-    stages = plan.pp if mirrored(plan) else plan.pp * plan.vpp
+    stages = _chain(plan)
     counts = list(plan.layers_per_stage) if plan.layers_per_stage is not None else \
         [model.num_layers // stages] * stages
     return counts * 2 if mirrored(plan) else counts
@@ -136,13 +147,13 @@ def rank_virtual_stages(plan: Plan, rank: int) -> list[int]:
     (Megatron-LM's interleaving), or under ``dualpipev`` a V (``rank`` and ``2 pp - 1 -
     rank``, :mod:`sim.layout.dualpipe`), or under ``dualpipe`` one of each direction's
     chain, the one it starts first."""
-    if plan.schedule in ("dualpipev", "dualpipe"):
+    if dualpipe_family(plan):
         return list(stages_of_rank(plan.pp, rank, mirrored(plan)))
     return [rank + c * plan.pp for c in range(plan.vpp)]
 
 
 def virtual_stage_rank(plan: Plan, vs: int) -> int:
-    if plan.schedule in ("dualpipev", "dualpipe"):
+    if dualpipe_family(plan):
         return rank_of_stage(plan.pp, vs, mirrored(plan))
     return vs % plan.pp
 
