@@ -23,9 +23,12 @@ What the paper gives and what is assumed (each assumption is a choice a user wou
   "a2a"``), EP 8 inside the node, expert tensor parallelism 1, gradients reduced in bf16
   (section 5). DP is the rest: 2, 4, 6, 8, 12. Micro-batch 1 sequence.
 * Not published, so shown as a band: Megatron-LM's recomputation (``none``, the least that
-  fits in 80 GB, and ``full``) and MegaScale-MoE's overlap (``none``, and trainsim's ideal
-  two-stream bound, ``moe_overlap = "a2a"`` with 2 virtual stages: MegaScale-MoE's own
-  inter- and intra-operator overlap runs inside a micro-batch, which trainsim does not model).
+  fits in 80 GB, and ``full``) and MegaScale-MoE's overlap: ``none``; its own inter- and
+  intra-operator overlap inside each micro-batch (``moe_overlap = "operator"``: the expert
+  exchanges and Ulysses' all-to-alls fused with the GEMMs beside them, the shared expert
+  and the weight gradients beside the waits; an ideal bound, ``sim.cost.overlap``); and
+  trainsim's ideal two-stream bound across micro-batches (``moe_overlap = "a2a"`` with 2
+  virtual stages), which MegaScale-MoE does not describe.
 """
 
 from __future__ import annotations
@@ -55,6 +58,8 @@ VARIANTS: dict[tuple[str, str], dict[str, object]] = {
     ("Megatron-LM", "recompute full"): {"tp": 8, "sequence_parallel": True,
                                         "grad_reduce_dtype": "fp32", "recompute": "full"},
     ("MegaScale-MoE", "no overlap"): {"cp": 8, "cp_comm": "a2a", "ep": 8, "etp": 1},
+    ("MegaScale-MoE", "operator overlap"): {"cp": 8, "cp_comm": "a2a", "ep": 8, "etp": 1,
+                                            "moe_overlap": "operator"},
     ("MegaScale-MoE", "ideal a2a overlap"): {"cp": 8, "cp_comm": "a2a", "ep": 8, "etp": 1,
                                              "vpp": 2,
                                              "schedule": "interleaved-1f1b",

@@ -43,7 +43,9 @@ def _dispatcher_moves(p: Plan, r: Result) -> list[tuple[str, Plan]]:
     changes: list[tuple[str, dict[str, Any]]] = [
         (f"dispatcher {d}", {"moe_dispatcher": d}) for d in DISPATCHERS
         if d != p.moe_dispatcher]
-    changes += [(f"overlap {o}", {"moe_overlap": o}) for o in OVERLAPS if o != p.moe_overlap]
+    # operator overlap is MegaScale-MoE's, which no framework the plans export to runs
+    changes += [(f"overlap {o}", {"moe_overlap": o}) for o in OVERLAPS
+                if o not in (p.moe_overlap, "operator")]
     out = []
     for name, change in changes:
         try:

@@ -188,7 +188,9 @@ def test_the_des_runs_odd_pipelines_and_uneven_replicas():
 
     plan = Plan(16, 256, 1, dp=2, pp=3, vpp=2, schedule="dualpipev", layers_per_stage=(
         1, 1, 0, 0, 1, 1), micro_batches_per_replica=(7, 9))
-    cluster = load_cluster("cpu:6")
+    # the catalog roofline, not the profile shipped for some hosts' CPU model: the tiers'
+    # agreement is then the same on every machine (with AMD EPYC's profile 2.2% apart)
+    cluster = dataclasses.replace(load_cluster("cpu:6"), profile=None)
     tiny = load_model("tiny")
     times = [simulate(tiny, cluster, plan, fidelity=f).iteration_time_s
              for f in ("analytic", "des")]

@@ -35,6 +35,10 @@ def check_common(plan: Plan, fmt: str) -> None:
         raise SpecError("plan.micro_batches_per_replica", "micro_batches_per_replica "
                         f"{list(plan.micro_batches_per_replica)} is not expressible: {fmt} gives "
                         "every data-parallel replica the same batch (export the even split)")
+    if plan.moe_overlap == "operator":
+        raise SpecError("plan.moe_overlap", f"operator is not expressible in {fmt}: it is "
+                        "MegaScale-MoE's overlap, which no public framework runs (export "
+                        "with none, shared-expert or a2a)")
     if plan.moe_dispatch_dtype is not None:
         raise SpecError("plan.moe_dispatch_dtype", f"{plan.moe_dispatch_dtype} dispatch is not "
                         f"expressible in {fmt}: no option sets the dispatch's wire dtype "

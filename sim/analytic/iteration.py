@@ -21,6 +21,7 @@ from sim.analytic.data_parallel import DPCost, dp_costs
 from sim.analytic.dualpipev import RankTime, StagePasses, dualpipev_pipeline
 from sim.cost import compute as cm
 from sim.cost.costmodel import CostModel
+from sim.cost.overlap import cp_steps, ep_steps, exposed
 from sim.layout.dualpipe import paired_share
 from sim.layout.memory import mirror_bytes, rank_params
 from sim.layout.routing import dispatches, replay_dispatches
@@ -139,14 +140,17 @@ def _embedding_allreduce(x: Ctx, st: StageLayers) -> float:
     return x.coll("emb", "all_reduce", x.m.vocab_size * x.m.hidden_size / x.p.tp * x.e)
 
 
-def _cp_per_layer(x: Ctx, layer: cm.LayerTime) -> tuple[float, float]:
+def _cp_per_layer(x: Ctx, layer: cm.LayerTime, k: float = 1.0) -> tuple[float, float]:
     """Context parallelism's exchange of one layer and micro-batch (exposed, overlapped)
     (:func:`sim.layout.stages.cp_exchanges`). Ring attention (``p2p``): (cp-1) K/V hops
     forward, twice that backward, once more after recomputation, hidden behind the
     attention core (each pass's, the recomputed one's too) when it is long enough.
-    ``allgather`` and ``a2a``: the core waits for them."""
+    ``allgather`` and ``a2a``: the core waits for them (``a2a`` under operator overlap:
+    fused with the projections, their compute scaled by ``k``)."""
     if x.p.cp == 1:
         return 0.0, 0.0
+    if x.p.cp_comm == "a2a" and x.p.moe_overlap == "operator":
+        return _cp_operator(x, layer, k)
     if x.p.cp_comm != "p2p":
         return sum(x.coll("cp", kind, size) for b in (False, True)
                    for kind, size in cp_exchanges(x.m, x.p, b)), 0.0
@@ -157,6 +161,39 @@ def _cp_per_layer(x: Ctx, layer: cm.LayerTime) -> tuple[float, float]:
     forwards = 2 if again else 1
     hide = (forwards * layer.attention_forward + layer.attention_backward) * x.overlap
     return max(0.0, comm - hide), min(comm, hide)
+
+
+def _cp_operator(x: Ctx, layer: cm.LayerTime, k: float) -> tuple[float, float]:
+    """Ulysses' all-to-alls under operator overlap (:mod:`sim.cost.overlap`), compute
+    scaled by ``k``: (exposed, hidden) seconds of one layer and micro-batch."""
+    out = total = 0.0
+    for backward in (False, True):
+        for steps in cp_steps(layer, cp_exchanges(x.m, x.p, backward), backward,
+                              x.p.recompute == "full"):
+            times = [sum(x.coll("cp", kind, size) for kind, size in parts)
+                     for parts, _, _ in steps]
+            out += exposed(times, steps, k * x.overlap)
+            total += sum(times)
+    return out, total - out
+
+
+def _ep_operator(x: Ctx, k: float) -> tuple[float, float]:
+    """One MoE layer's dispatches and combines under operator overlap
+    (:mod:`sim.cost.overlap`), compute scaled by ``k``: (exposed, total) seconds a
+    micro-batch."""
+    nodes = x.fabric["ep"].span.nodes
+    passes = [(dispatches(x.m, x.p, nodes, True), False),
+              (dispatches(x.m, x.p, nodes, False), True)]
+    if x.p.recompute == "full":
+        passes.append((replay_dispatches(x.m, x.p, nodes), False))
+    out = total = 0.0
+    for ways, backward in passes:
+        steps = ep_steps(x.moe, ways, backward)
+        times = [max(x.coll("ep", kind, size) for kind, size in parts)
+                 for parts, _, _ in steps]
+        out += exposed(times, steps, k * x.overlap)
+        total += sum(times)
+    return out, total
 
 
 def _ep_pass(x: Ctx, forward: bool, replay: bool = False) -> float:
@@ -176,6 +213,8 @@ def _ep_stage(x: Ctx, st: StageLayers, rank: int, k: float, tp_s: float
 
     * ``none``: every dispatch and combine waits.
     * ``shared-expert``: each pass's pair runs beside that pass's shared expert.
+    * ``operator``: each pass's pair fused with the experts' GEMMs beside the pass's
+      independent compute (:mod:`sim.cost.overlap`).
     * ``a2a``: merged steps run one micro-batch's forward with another's backward, two
       streams: a pair's all-to-alls hide behind both passes' compute and its blocking
       tensor-parallel collectives ``tp_s``, which run on the compute stream
@@ -183,6 +222,9 @@ def _ep_stage(x: Ctx, st: StageLayers, rank: int, k: float, tp_s: float
       shares them).
       The forwards before the first merged step and the backwards after the last (the
       warm-up's, at least one each) wait as ``none``."""
+    if x.p.moe_overlap == "operator" and st.moe:
+        one, every = _ep_operator(x, k)
+        return _sm_share(x, st.moe * one, st.moe * (every - one))
     fwd, bwd = _ep_pass(x, True), _ep_pass(x, False)
     full = x.p.recompute == "full"
     each = [fwd, bwd] + ([_ep_pass(x, True, replay=True)] if full else [])  # and the replay
@@ -242,10 +284,12 @@ def stage_costs(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostMo
 def _stage_costs(x: Ctx, stage_scale: Sequence[float] | None) -> list[StageCost]:
     plan, model = x.p, x.m
     tp_d, tp_m = _tp_per_layer(x), _tp_per_layer(x, moe=True)
-    cp_d, cp_e = _cp_per_layer(x, x.dense), _cp_per_layer(x, x.moe)
+    even = _cp_per_layer(x, x.dense), _cp_per_layer(x, x.moe)
     out: list[StageCost] = []
     for st in pipeline_rank_layers(plan, model):
         k = 1.0 if stage_scale is None else stage_scale[len(out)]
+        cp_d, cp_e = even if k == 1.0 or plan.moe_overlap != "operator" else (
+            _cp_per_layer(x, x.dense, k), _cp_per_layer(x, x.moe, k))  # slower GEMMs hide more
         comp = k * _stage_compute(x, st)
         tp = _tp_layers(st, tp_d, tp_m) + _tp_edges(x, st)
         ep = _ep_stage(x, st, len(out), k, tp)

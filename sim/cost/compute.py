@@ -20,7 +20,7 @@ from sim.spec.recompute import recomputed, recomputed_norms, stops_early
 
 __all__ = ["LayerTime", "layer_time", "ops_layer_time", "logits_time", "ops_logits_time",
            "embedding_time",
-           "expert_time",
+           "expert_time", "expert_gemms", "attention_gemms",
            "optimizer_time", "layer_variant", "variant_layer"]
 
 # Fields of a layer's structure that a profiled whole layer records (its DB "variant").
@@ -41,6 +41,12 @@ class LayerTime:
     # the forward of the modules selective recomputation re-runs (sim.spec.recompute), or
     # of full recomputation's replay when it stops early
     recompute_forward: float = 0.0
+    # (forward, backward) seconds of the GEMMs beside a layer's exchanges, for operator-
+    # level overlap (sim.cost.overlap): the routed experts' first (gate and up) and last
+    # (down) GEMMs on the most-loaded rank; the attention's input projections (QKV, or
+    # MLA's) and its output projection
+    expert_gemms: tuple[Cost, Cost] = ((0.0, 0.0), (0.0, 0.0))
+    attention_gemms: tuple[Cost, Cost] = ((0.0, 0.0), (0.0, 0.0))
 
     def replay(self, recompute: str, early_stop: bool) -> float:
         """Seconds the backward re-runs: the forward (full), less what an early-stopped
@@ -92,6 +98,16 @@ def expert_time(cm: CostModel, m: ModelSpec, plan: Plan, tokens: float) -> Cost:
     return _scale(one, m.num_experts / plan.ep)
 
 
+def expert_gemms(cm: CostModel, m: ModelSpec, plan: Plan, tokens: float) -> tuple[Cost, Cost]:
+    """The routed experts' first (gate and up) and last (down) GEMMs of
+    :func:`expert_time`, each over all local experts."""
+    per_expert, e = _expert_tokens(m, plan, tokens)
+    up = 2 if m.gated_mlp else 1
+    k = m.num_experts / plan.ep
+    return (_scale(cm.gemm(per_expert, up * m.expert_ffn / e, m.hidden_size, plan.dtype), k),
+            _scale(cm.gemm(per_expert, m.hidden_size, m.expert_ffn / e, plan.dtype), k))
+
+
 def _expert_tokens(m: ModelSpec, plan: Plan, tokens: float) -> tuple[float, int]:
     """(tokens of each local expert on the most-loaded rank, the experts' TP degree)."""
     e = expert_tp(plan)
@@ -114,28 +130,37 @@ def _moe(cm: CostModel, m: ModelSpec, plan: Plan, tokens: float) -> Cost:
 def _attention_block(cm: CostModel, m: ModelSpec, plan: Plan, tokens: float) -> Cost:
     if m.is_mla:
         return _mla_block(cm, m, plan, tokens)
-    t, dt = plan.tp, plan.dtype
-    qkv = cm.gemm(tokens, (m.q_dim + 2 * m.kv_dim) / t, m.hidden_size, dt)
-    proj = cm.gemm(tokens, m.hidden_size, m.q_dim / t, dt)
+    t = plan.tp
+    qkv, proj = attention_gemms(cm, m, plan, tokens)
     rope = cm.elementwise("rope", tokens, (m.q_dim + m.kv_dim) / t, plan.activation_dtype) \
         if m.position_embedding == "rope" else (0.0, 0.0)
     return _add(qkv, proj, rope)
+
+
+def attention_gemms(cm: CostModel, m: ModelSpec, plan: Plan, tokens: float
+                    ) -> tuple[Cost, Cost]:
+    """The attention's input projections (QKV; MLA's down- and up-projections) and its
+    output projection."""
+    t, dt, h = plan.tp, plan.dtype, m.hidden_size
+    if not m.is_mla:
+        return (cm.gemm(tokens, (m.q_dim + 2 * m.kv_dim) / t, h, dt),
+                cm.gemm(tokens, h, m.q_dim / t, dt))
+    down = m.kv_lora_rank + m.qk_rope_head_dim + m.q_lora_rank
+    return (_add(cm.gemm(tokens, down, h, dt),
+                 cm.gemm(tokens, m.num_heads * (m.head_dim + m.v_head_dim) / t,
+                         m.kv_lora_rank, dt),
+                 cm.gemm(tokens, m.q_dim / t, m.q_lora_rank or h, dt)),
+            cm.gemm(tokens, h, m.o_dim / t, dt))
 
 
 def _mla_block(cm: CostModel, m: ModelSpec, plan: Plan, tokens: float) -> Cost:
     """Multi-head latent attention: down-projections and latent norms whole on every TP
     rank (Megatron-LM duplicates them), up-projections and the output projection split;
     rotary embedding on the queries' and the shared key's rotary parts."""
-    t, dt, act, h = plan.tp, plan.dtype, plan.activation_dtype, m.hidden_size
-    down = m.kv_lora_rank + m.qk_rope_head_dim + m.q_lora_rank
-    parts = [cm.gemm(tokens, down, h, dt),
-             cm.gemm(tokens, m.num_heads * (m.head_dim + m.v_head_dim) / t, m.kv_lora_rank, dt),
-             cm.gemm(tokens, h, m.o_dim / t, dt),
-             cm.elementwise(m.norm, tokens, m.q_lora_rank + m.kv_lora_rank, act),
-             cm.elementwise("rope", tokens, (m.num_heads / t + 1) * m.qk_rope_head_dim, act)]
-    q_in = m.q_lora_rank or h
-    parts.append(cm.gemm(tokens, m.q_dim / t, q_in, dt))
-    return _add(*parts)
+    t, act = plan.tp, plan.activation_dtype
+    return _add(*attention_gemms(cm, m, plan, tokens),
+                cm.elementwise(m.norm, tokens, m.q_lora_rank + m.kv_lora_rank, act),
+                cm.elementwise("rope", tokens, (m.num_heads / t + 1) * m.qk_rope_head_dim, act))
 
 
 def _attention_core(cm: CostModel, m: ModelSpec, plan: Plan) -> Cost:
@@ -191,10 +216,13 @@ def layer_time(cm: CostModel, m: ModelSpec, plan: Plan, moe: bool = False) -> La
     f, b = factor(m, plan) if factor is not None else (1.0, 1.0)
     over = getattr(cm, "layer_overhead_s", 0.0)  # the roofline's calibrated fixed cost
     replay = over if stops_early(plan) else 0.0  # a whole layer's replay: its fixed cost too
+    def fb(pair: tuple[Cost, Cost]) -> tuple[Cost, Cost]:
+        return (pair[0][0] * f, pair[0][1] * b), (pair[1][0] * f, pair[1][1] * b)
     return LayerTime(lt.forward * f + over, lt.backward * b + 2 * over,
                      lt.attention_forward * f, lt.attention_backward * b,
                      lt.shared_forward * f, lt.shared_backward * b,
-                     lt.recompute_forward * f + replay)
+                     lt.recompute_forward * f + replay, fb(lt.expert_gemms),
+                     fb(lt.attention_gemms))
 
 
 def ops_layer_time(cm: CostModel, m: ModelSpec, plan: Plan, moe: bool = False) -> LayerTime:
@@ -211,7 +239,10 @@ def ops_layer_time(cm: CostModel, m: ModelSpec, plan: Plan, moe: bool = False) -
         down = 0.0 if moe else cm.gemm(tokens, m.hidden_size, m.ffn_hidden_size / plan.tp,
                                        plan.dtype)[0]
         again = rest[0] + core[0] - down
-    return LayerTime(rest[0] + core[0], rest[1] + core[1], core[0], core[1], *shared, again)
+    zero = ((0.0, 0.0), (0.0, 0.0))
+    return LayerTime(rest[0] + core[0], rest[1] + core[1], core[0], core[1], *shared, again,
+                     expert_gemms(cm, m, plan, tokens) if moe else zero,
+                     attention_gemms(cm, m, plan, tokens))
 
 
 def _recomputed_forward(cm: CostModel, m: ModelSpec, plan: Plan, moe: bool,

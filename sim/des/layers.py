@@ -7,11 +7,13 @@ meets no other traffic (TP memoised; no CP, EP or ZeRO-3) runs as one delay.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import cast
 
 import simpy
 
 from sim.cost import compute as cm
+from sim.cost.overlap import Step, cp_steps, ep_steps, held
 from sim.des.comm import Collectives
 from sim.des.context import Context, Proc, Unit
 from sim.des.data_parallel import DataParallel
@@ -27,6 +29,18 @@ __all__ = ["Layers"]
 
 
 _PASS = {"full": "B", "input": "I", "weight": "W"}  # trace names of a backward's parts
+
+
+def _name(tag: tuple) -> str:
+    """A trace name for a layer's pass tag, ``(pass, micro-batch, virtual stage, layer)``:
+    ``F3 v0 L2``."""
+    return f"{tag[0]}{tag[1]} v{tag[2]} L{tag[3]}"
+
+
+def _stamp(env: simpy.Environment, into: list[float], flag: simpy.Event, _event: simpy.Event
+           ) -> None:
+    into.append(env.now)
+    flag.succeed()
 
 
 class Layers:
@@ -61,8 +75,9 @@ class Layers:
                      hide: tuple[float, ...] = (), backward: bool = False) -> Proc:
         """``passes`` forward-shaped TP passes and, for an MoE layer, expert all-to-alls:
         waited for, run beside ``hide[i]`` seconds of the pass's shared expert
-        (``shared-expert`` overlap), or left running in a merged step (``a2a``). In a
-        backward with two passes the first is the recomputed forward."""
+        (``shared-expert`` overlap), fused with the experts' GEMMs (``operator``), or left
+        running in a merged step (``a2a``). In a backward with two passes the first is the
+        recomputed forward."""
         x = self.x
         for i in range(passes):
             replay = backward and passes == 2 and i == 0
@@ -71,7 +86,12 @@ class Layers:
                 yield from self.comm.blocking(u, "tp", coll, size, tag + (i, j))
             if not (moe and x.p.ep > 1):
                 continue
-            if u in self.merged:
+            if x.p.moe_overlap == "operator":
+                steps = ep_steps(x.moe_t, self._dispatches(forward, replay), not forward)
+                beside = yield from self._fused(u, "ep", steps, tag + (i, "ep"),
+                                                f"{_name(tag)} experts")
+                yield from self._sm_share(u, beside)
+            elif u in self.merged:
                 self.merged[u].append((x.env.now, x.env.process(
                     self._ep_chain(u, tag + (i,), forward, replay))))
             elif hide:
@@ -127,10 +147,50 @@ class Layers:
             yield from x.wait(u, "ep", x.env.timeout(beside * share),
                               "ep (its kernels' SMs slow the compute beside it)")
 
+    def _fused(self, u: Unit, kind: str, steps: list[Step], tag: tuple, name: str) -> Proc:
+        """Operator overlap (:mod:`sim.cost.overlap`): each exchange runs beside the GEMM
+        fused with it and is waited for after it; compute that needs none of the exchanges
+        still to come runs in those waits from the step that readies it, the rest after
+        the last. Returns the seconds of exchange that ran beside compute (none on a
+        device that cannot overlap: the compute, then the exchanges)."""
+        x = self.x
+        if x.core is not None:
+            yield from x.compute(u, held(steps), name)
+            for j, (parts, _, _) in enumerate(steps):
+                yield from self.comm.blocking_all(u, kind, list(parts), tag + (j,))
+            return 0.0
+        beside = ready = 0.0
+        for j, (parts, gemm, fill) in enumerate(steps):
+            t0, ended, flag = x.env.now, list[float](), x.env.event()
+            done = simpy.AllOf(x.env, [self.comm.collective(u, kind, coll, size, tag + (j, coll))
+                                       for coll, size in parts])
+            # a plain event for the race below: a condition inside another loses its own
+            # callbacks when the outer one fires first (simpy)
+            done.callbacks.append(partial(_stamp, x.env, ended, flag))
+            yield from x.compute(u, gemm, f"{name} (fused)")
+            ready += fill
+            if not ended and ready > 0:
+                t1 = x.env.now
+                yield from x.wait(u, "compute", simpy.AnyOf(
+                    x.env, [flag, x.env.timeout(ready * x.scale[u])]), f"{name} (beside {kind})")
+                ready = max(0.0, ready - (x.env.now - t1) / x.scale[u])
+            computed = x.env.now
+            yield from x.wait(u, kind, done, f"{kind} (fused)")
+            x.acct[u].comm_total[kind] += ended[0] - t0
+            beside += min(ended[0], computed) - t0
+        yield from x.compute(u, ready, name)
+        return beside
+
     def _shared(self, moe: bool, backward: bool) -> tuple[float, ...]:
         """Per comm pass, the shared-expert seconds that hide its all-to-alls (``shared-expert``
-        overlap with expert parallelism), else nothing."""
+        overlap with expert parallelism), or the seconds of the experts' GEMMs and the
+        compute beside them (``operator``), else nothing."""
         x = self.x
+        if moe and x.p.ep > 1 and x.p.moe_overlap == "operator":
+            passes = [(True, False)] if not backward else \
+                [(True, True)] * (x.p.recompute == "full") + [(False, False)]
+            return tuple(held(ep_steps(x.moe_t, self._dispatches(f, r), not f))
+                         for f, r in passes)
         if not (moe and x.p.ep > 1 and x.p.moe_overlap == "shared-expert"):
             return ()
         lt = x.moe_t
@@ -139,16 +199,23 @@ class Layers:
         return (lt.shared_forward, lt.shared_backward) if x.p.recompute == "full" else \
             (lt.shared_backward,)
 
-    def _with_cp(self, u: Unit, seconds: float, core: float, backward: bool, tag: tuple,
-                 name: str) -> Proc:
+    def _with_cp(self, u: Unit, lt: cm.LayerTime, seconds: float, core: float,
+                 backward: bool, tag: tuple, name: str) -> Proc:
         """A layer's ``seconds`` of compute, ``core`` of them the attention core's, with
         context parallelism's exchange (:func:`sim.layout.stages.cp_exchanges`): the
         ``p2p`` ring beside the core, its excess exposed; ``allgather`` and ``a2a`` waited
-        for, the first before the compute, the rest after it."""
+        for, the first before the compute, the rest after it; ``a2a`` under operator
+        overlap fused with ``lt``'s projections (:mod:`sim.cost.overlap`)."""
         x = self.x
         parts = cp_exchanges(x.m, x.p, backward)
         if not parts:
             yield from x.compute(u, seconds, name)
+            return
+        if x.p.cp_comm == "a2a" and x.p.moe_overlap == "operator":
+            passes = cp_steps(lt, parts, backward, x.p.recompute == "full")
+            yield from x.compute(u, max(0.0, seconds - sum(held(p) for p in passes)), name)
+            for j, steps in enumerate(passes):
+                yield from self._fused(u, "cp", steps, tag + (j,), name)
             return
         if x.p.cp_comm != "p2p":
             split = max(1, len(parts) - 1)  # of two or more, the last after the compute
@@ -237,7 +304,7 @@ class Layers:
                 yield from x.wait(u, "dp", gather, "zero3 gather")
                 gather = self.dp.z3_gather(u, layers, i + 1, ("F", mb, vs))
             hide = self._shared(moe, backward=False)
-            yield from self._with_cp(u, lt.forward - sum(hide), lt.attention_forward, False,
+            yield from self._with_cp(u, lt, lt.forward - sum(hide), lt.attention_forward, False,
                                      ("Fcp", mb, vs, i), f"F{mb} v{vs} L{i}")
             yield from self._comm_passes(u, moe, 1, ("F", mb, vs, i), hide)
         yield from self._edge(u, vs, "F", ("F", mb, vs))
@@ -294,7 +361,7 @@ class Layers:
             weight = lt.weight_grad if part == "input" else 0.0
             seconds = max(0.0, lt.backward + self._recompute(lt) - sum(hide) - weight)
             core = lt.attention_backward + (lt.attention_forward if reruns_core(x.p) else 0.0)
-            yield from self._with_cp(u, seconds, core, True, ("Bcp", mb, vs, i),
+            yield from self._with_cp(u, lt, seconds, core, True, ("Bcp", mb, vs, i),
                                      f"B{mb} v{vs} L{i}")
             yield from self._comm_passes(u, moe, passes, ("B", mb, vs, i), hide, backward=True)
             if part == "full":

@@ -34,8 +34,10 @@ __all__ = ["check_experts", "check_experts_model", "expert_tp", "ep_inner", "is_
 
 # What hides an MoE layer's dispatch and combine (Megatron-LM's options): nothing, the
 # shared expert's compute (--moe-shared-expert-overlap), or another micro-batch's compute in
-# merged forward/backward steps (--overlap-moe-expert-parallel-comm, "EP A2A overlap").
-OVERLAPS = ("none", "shared-expert", "a2a")
+# merged forward/backward steps (--overlap-moe-expert-parallel-comm, "EP A2A overlap");
+# or, as MegaScale-MoE runs it (no public framework does), the layer's own GEMMs inside
+# the micro-batch (sim.cost.overlap).
+OVERLAPS = ("none", "shared-expert", "a2a", "operator")
 
 
 def expert_tp(plan: Plan) -> int:
@@ -115,14 +117,27 @@ def check_experts_model(plan: Plan, m: ModelSpec) -> None:
                         f"layer (Megatron-LM's rule), the model has {m.num_mtp_layers}")
 
 
+def _check_operator(plan: Plan) -> None:
+    if plan.ep == 1:
+        raise SpecError("plan.moe_overlap", "operator needs expert parallelism (ep > 1)")
+    if plan.schedule in ("dualpipev", "dualpipe"):
+        raise SpecError("plan.moe_overlap", f"operator with {plan.schedule} is not modelled "
+                        "(the schedule takes the weight gradients out of the backward, "
+                        "which operator overlap hides exchanges behind)")
+
+
 def check_overlap(plan: Plan) -> None:
-    """``moe_overlap`` alone and against the plan, by Megatron-LM's rules for each option."""
+    """``moe_overlap`` alone and against the plan: Megatron-LM's rules for its options;
+    ``operator`` needs expert parallelism and a schedule that keeps the weight gradients
+    in the backward."""
     o = plan.moe_overlap
     if o not in OVERLAPS:
         raise SpecError("plan.moe_overlap", f"must be one of {', '.join(OVERLAPS)}, got {o!r}")
     if o == "shared-expert" and plan.moe_dispatcher != "alltoall":
         raise SpecError("plan.moe_overlap", f"shared-expert works with the alltoall dispatcher "
                         f"only, got {plan.moe_dispatcher}")
+    if o == "operator":
+        _check_operator(plan)
     if o != "a2a":
         return
     if plan.ep == 1:

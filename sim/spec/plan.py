@@ -87,7 +87,8 @@ class Plan:
     # tokens an expert takes, over its balanced share; the rest are dropped (null: dropless)
     moe_capacity_factor: float | None = None
     moe_dispatcher: str = "alltoall"  # MoE token dispatch: `alltoall`, `allgather` or `deepep`
-    # what hides the expert all-to-alls: `none`, `shared-expert` or `a2a` (another micro-batch)
+    # what hides the expert all-to-alls: `none`, `shared-expert`, `a2a` (another micro-batch)
+    # or `operator` (the layer's own GEMMs, MegaScale-MoE's; sim.cost.overlap)
     moe_overlap: str = "none"
     etp: int | None = None  # expert-tensor-parallel degree: 1 or tp (null: tp)
     # how data-parallel workers synchronise, over what, compressed how (sim.spec.sync)

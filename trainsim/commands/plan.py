@@ -130,6 +130,7 @@ def _moe_options(new: Any) -> None:
     new.add_argument("--moe-comm-sms", type=int, metavar="S",
                      help="MoE: SMs the dispatch and combine kernels hold while they run "
                      "beside compute (default: 20 for deepep, none for the NCCL dispatchers)")
-    new.add_argument("--moe-overlap", choices=["none", "shared-expert", "a2a"],
-                     help="MoE: what hides the expert all-to-alls: the shared expert, or "
-                     "another micro-batch's compute (a2a) (default none)")
+    new.add_argument("--moe-overlap", choices=["none", "shared-expert", "a2a", "operator"],
+                     help="MoE: what hides the expert all-to-alls: the shared expert, "
+                     "another micro-batch's compute (a2a), or the layer's own GEMMs "
+                     "(operator, MegaScale-MoE's) (default none)")
