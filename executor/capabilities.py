@@ -81,6 +81,9 @@ def _plan(plan: Plan) -> tuple[str, str] | None:
     if not plan.overlap_grad_reduce:
         return "plan.overlap_grad_reduce", ("false is not run by the executor: DDP and FSDP "
                                             "always overlap the gradient reduction")
+    if plan.tp_overlap:
+        return "plan.tp_overlap", ("true is not run by the executor: torch's async TP needs "
+                                   "CUDA symmetric memory and torch.compile (simulate it)")
     if plan.micro_batches_per_replica is not None:
         return "plan.micro_batches_per_replica", ("micro_batches_per_replica is not run by the "
                                                   "executor: every replica takes the same batch")

@@ -23,7 +23,11 @@ Assumed where the benchmark does not say (marked in the table):
   stages, 15 on the last two; interleaved with 2 stages a rank: 8 on the first fourteen, 7
   on the last two); 8 micro-batches of 4 sequences (torchtitan's default then:
   ``pipeline_parallel_microbatches`` unset gives the PP degree).
-* Async TP (the 70B "+ AsyncTP" rows, all 405B rows): not modelled; predicted as vanilla TP.
+* Async TP (the "+ AsyncTP" and "async TP" rows, all 405B rows): ``tp_overlap``, each
+  all-gather and reduce-scatter fused with its GEMM, the stack's ``tp_overlap_eff`` of each
+  GEMM hiding it (``torchtitan-compile``'s fitted by ``experiments/fit_stacks.py`` to the
+  2025-06 70B BF16 pair, async over vanilla TP; the other pairs held out). Until 2026-12-06
+  they were predicted as vanilla TP.
 * 405B: FSDP keeps each layer's gathered weights from forward to backward
   (``reshard_after_forward = false``: torchtitan's ``fsdp_reshard_after_forward = "default"``
   under PP, "to avoid per-microbatch all-gathers").
@@ -79,7 +83,8 @@ def _plan(row: pd.Series, dtype: str) -> tuple[Plan, str]:
               "zero_stage": 3, "recompute": recompute, "dtype": dtype,
               "sequence_parallel": tp > 1}
     mode = f"{par} {row['precision_mode']}".lower()
-    notes = ["async TP as vanilla"] if "async" in mode else []
+    common["tp_overlap"] = "async" in mode
+    notes: list[str] = []
     if pp == 1:
         return Plan(**common, micro_batch_size=local), "; ".join(notes)
     vpp = 2 if "interleaved" in par else 1

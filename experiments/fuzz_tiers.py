@@ -2,7 +2,8 @@
 
 Run: ``.venv/bin/python experiments/fuzz_tiers.py [--cases 120] [--seed 0]`` (about two
 minutes on 2 cores). Draws a model (llama3-8b, llama3-70b, mixtral-8x7b, qwen3-30b-a3b), a
-DGX-H100 cluster of 2-8 nodes and a plan (TP with or without sequence parallelism, PP with
+DGX-H100 cluster of 2-8 nodes and a plan (TP with or without sequence parallelism, and
+with it with or without async TP for the dense models, PP with
 1F1B, GPipe or interleaving, CP with each exchange, EP with each dispatcher and overlap,
 ZeRO 0-3 with and without overlapped gradient reduction, ZeRO-3 keeping gathered weights
 or not, each recomputation), and
@@ -45,7 +46,7 @@ BREAKDOWN = ("compute", "tp", "cp", "ep", "pp", "dp", "bubble")
 def _moe_fields(rng: random.Random, dp: int, tp: int) -> dict[str, object]:
     ep = rng.choice([d for d in (1, 2, 4, 8) if (dp * tp) % d == 0])
     return {"ep": ep, "moe_dispatcher": rng.choice(["alltoall", "allgather", "deepep"]),
-            "moe_overlap": rng.choice(["none", "none", "shared-expert", "a2a"])}
+            "moe_overlap": rng.choice(["none", "none", "shared-expert", "a2a", "operator"])}
 
 
 def draw(rng: random.Random, dual: bool = False) -> tuple[str, str, Plan] | None:
@@ -78,6 +79,8 @@ def draw(rng: random.Random, dual: bool = False) -> tuple[str, str, Plan] | None
         fields["reshard_after_forward"] = rng.random() < 0.7
     if name in ("mixtral-8x7b", "qwen3-30b-a3b"):
         fields |= _moe_fields(rng, dp, tp)
+    elif fields["sequence_parallel"]:  # async TP (dense models: MoE is not modelled)
+        fields["tp_overlap"] = rng.random() < 0.5
     try:
         return name, f"dgx-h100:{nodes}", Plan(**fields)  # type: ignore[arg-type]
     except SpecError:  # a combination the plan refuses
@@ -117,6 +120,7 @@ def one(rng: random.Random, dual: bool = False) -> dict[str, object] | None:
         "cp": plan.cp, "ep": plan.ep, "dp": plan.dp, "schedule": plan.schedule,
         "zero": plan.zero_stage, "recompute": plan.recompute, "sp": plan.sequence_parallel,
         "overlap": plan.overlap_grad_reduce, "reshard": plan.reshard_after_forward,
+        "tp_overlap": plan.tp_overlap,
         "cp_comm": plan.cp_comm if plan.cp > 1 else "", "mbs": plan.micro_batch_size,
         "microbatches": plan.num_microbatches,
         "dispatcher": plan.moe_dispatcher if plan.ep > 1 else "",
@@ -136,12 +140,12 @@ def summary(df: pd.DataFrame) -> None:
     print(f"{len(df)} cases: |analytic / DES - 1| median {100 * err.median():.2f}%, "
           f"p90 {100 * err.quantile(0.9):.2f}%, worst {100 * err.max():.2f}%; "
           f"{(err > 0.05).sum()} beyond 5%, {(err > 0.10).sum()} beyond 10%")
-    for col in ("model", "schedule", "zero", "overlap", "reshard", "recompute", "cp_comm",
-                "dispatcher", "moe_overlap", "tp", "pp"):
+    for col in ("model", "schedule", "zero", "overlap", "reshard", "tp_overlap", "recompute",
+                "cp_comm", "dispatcher", "moe_overlap", "tp", "pp"):
         by = df.assign(e=100 * err).groupby(col)["e"].agg(["count", "median", "max"])
         print(f"by {col}:\n{by.to_string(float_format='%.2f')}")
     cols = ["model", "cluster", "tp", "pp", "vpp", "cp", "ep", "dp", "zero", "recompute",
-            "sp", "cp_comm", "dispatcher", "moe_overlap", "ratio_minus_1"]
+            "sp", "tp_overlap", "cp_comm", "dispatcher", "moe_overlap", "ratio_minus_1"]
     print("beyond 5%:")
     print(df[err > 0.05].sort_values("ratio_minus_1")[cols].to_string(
         index=False, float_format="%.3f"))

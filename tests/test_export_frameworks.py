@@ -39,6 +39,9 @@ PLANS: dict[str, tuple[str, str, Plan]] = {
     "llama3-70b tp8 pp2 uneven": ("llama3-70b", "dgx-h100:16", Plan(
         512, 4096, 2, dp=8, tp=8, pp=2, sequence_parallel=True, recompute="full",
         layers_per_stage=(39, 41), zero_stage=1)),
+    "llama3-70b tp8 fsdp async tp": ("llama3-70b", "dgx-h100:16", Plan(
+        256, 8192, 1, dp=16, tp=8, sequence_parallel=True, zero_stage=3, recompute="full",
+        tp_overlap=True)),
 }
 # format -> plan -> None (accepted) or the field its one-line refusal names
 EXPECTED: dict[str, dict[str, str | None]] = {
@@ -48,12 +51,14 @@ EXPECTED: dict[str, dict[str, str | None]] = {
                    "llama3-8b fsdp dp16 fp32 grads": None,
                    "mixtral-8x7b ep8 tp2": "model",
                    "llama3-8b tp4 cp2 seq16k": "plan.zero_stage",
-                   "llama3-70b tp8 pp2 uneven": "plan.zero_stage"},
+                   "llama3-70b tp8 pp2 uneven": "plan.zero_stage",
+                   "llama3-70b tp8 fsdp async tp": None},
     "deepspeed": {"gpt3-175b tp8 pp16 dp8 sp zero1": "plan.tp",
                   "llama3-70b tp8 pp2 vpp4 dp8": "plan.tp", "llama3-8b fsdp dp16": None,
                   "llama3-8b fsdp dp16 fp32 grads": None,
                   "mixtral-8x7b ep8 tp2": "plan.tp", "llama3-8b tp4 cp2 seq16k": "plan.tp",
-                  "llama3-70b tp8 pp2 uneven": "plan.tp"},
+                  "llama3-70b tp8 pp2 uneven": "plan.tp",
+                  "llama3-70b tp8 fsdp async tp": "plan.tp"},
 }
 
 
@@ -63,7 +68,8 @@ def _expected(plan: Plan, model: Any) -> dict[str, Any]:
             "vpp": plan.vpp, "layers": virtual_stage_layers(plan, model),
             "zero": plan.zero_stage, "recompute": plan.recompute, "dtype": plan.dtype,
             "sequence_parallel": plan.sequence_parallel,
-            "overlap_grad_reduce": plan.overlap_grad_reduce, "grad_bytes": plan.grad_bytes}
+            "overlap_grad_reduce": plan.overlap_grad_reduce, "grad_bytes": plan.grad_bytes,
+            "tp_overlap": plan.tp_overlap}
 
 
 def _case(name: str, fmt: str) -> tuple[Any, Any, Plan, dict[str, str] | None]:

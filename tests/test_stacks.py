@@ -105,6 +105,15 @@ def test_the_fitted_values_reproduce_what_they_were_fitted_to():
     run = zero3_runs()[0]
     t = simulate(run.model, _with(run.cluster, "deepspeed"), run.plan).iteration_time_s
     assert t == pytest.approx(run.measured_s, rel=0.03)
+    from calibrate_torchtitan import runs as tt_runs
+
+    by = {r.label: r for r in tt_runs()[0]}
+    vanilla, fused = (by[f"70B FSDP32 x TP8 {tp} TP 256 GPUs BF16 + compile"]
+                      for tp in ("vanilla", "async"))
+    assert fused.plan.tp_overlap and fused.cluster.gpu.tp_overlap_eff == 0.184
+    ratio = simulate(vanilla.model, vanilla.cluster, vanilla.plan).iteration_time_s \
+        / simulate(fused.model, fused.cluster, fused.plan).iteration_time_s
+    assert ratio == pytest.approx(vanilla.measured_s / fused.measured_s, rel=0.005)
 
 
 def test_stack_in_a_toml_and_on_the_command_line(tmp_path, capsys):

@@ -167,6 +167,7 @@ def megatron_args(plan: Plan, model: ModelSpec) -> list[str]:
     elif plan.vpp > 1:
         args.append(f"--num-virtual-stages-per-pipeline-rank {plan.vpp}")
     args += ["--sequence-parallel"] if plan.sequence_parallel else []
+    args += ["--tp-comm-overlap"] if plan.tp_overlap else []  # Transformer Engine's userbuffers
     if plan.cp > 1:  # Transformer Engine's names (its all-gather is "all_gather")
         args.append(f"--cp-comm-type {_CP_COMM[plan.cp_comm]}")
     args += _ZERO[plan.zero_stage]

@@ -192,8 +192,15 @@ def {fn}():
     config.training = TrainingConfig(**TRAINING)
     config.activation_checkpoint = {{"none": None, "full": FullAC.Config(),
                                      "selective": SelectiveAC.Config()}}[RECOMPUTE]
-    return config
+{compile}    return config
 '''
+
+
+# async TP (plan.tp_overlap): torchtitan pipelines TP collectives with their matmuls only
+# under torch.compile, which its CompileConfig then requires
+_ASYNC_TP = ("    from torchtitan.config import CompileConfig\n\n"
+             "    config.compile = CompileConfig(enable=True, "
+             "enable_async_tensor_parallel=True)\n")
 
 
 def _literal(value: dict[str, object]) -> str:
@@ -217,7 +224,7 @@ def module_source(plan: Plan, model: ModelSpec) -> str:
                             model=_literal(spec),
                             parallelism=_literal(_parallelism(plan, model)),
                             training=_literal(_training(plan)), recompute=plan.recompute,
-                            fp8=plan.dtype == "fp8")
+                            fp8=plan.dtype == "fp8", compile=_ASYNC_TP if plan.tp_overlap else "")
 
 
 def files(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> dict[str, str]:

@@ -21,7 +21,7 @@ from sim.analytic.data_parallel import DPCost, dp_costs
 from sim.analytic.dualpipev import RankTime, StagePasses, dualpipev_pipeline
 from sim.cost import compute as cm
 from sim.cost.costmodel import CostModel
-from sim.cost.overlap import cp_steps, ep_steps, exposed
+from sim.cost.overlap import cp_steps, ep_steps, exposed, tp_steps
 from sim.layout.dualpipe import paired_share
 from sim.layout.memory import mirror_bytes, rank_params
 from sim.layout.routing import dispatches, replay_dispatches
@@ -64,6 +64,7 @@ class StageCost:
     # the tied embedding's gradient all-reduce (first, last stage); DualPipe: the mirror sum
     embedding_s: float = 0.0
     ep_overlapped_s: float = 0.0  # expert all-to-alls hidden (plan.moe_overlap)
+    tp_overlapped_s: float = 0.0  # TP collectives hidden (plan.tp_overlap)
 
     @property
     def per_microbatch_s(self) -> float:
@@ -86,6 +87,26 @@ def _tp_per_layer(x: Ctx, moe: bool = False) -> float:
     if stops_early(x.p):  # the replay has fewer
         return 2 * one(False) + one(True)
     return one(False) * (3 if x.p.recompute == "full" else 2)
+
+
+def _tp_fused(x: Ctx, k: float) -> tuple[float, float]:
+    """A dense layer's TP collectives under ``tp_overlap``, fused with their GEMMs
+    (:func:`sim.cost.overlap.tp_steps`), ``tp_overlap_eff`` of each GEMM hiding its
+    collective, compute scaled by ``k``: (exposed, hidden) seconds a micro-batch, forward,
+    backward and a full recomputation's replay."""
+    act = x.tokens * x.m.hidden_size * x.e
+    # the share of each GEMM that hides its collective (the stack's); none on a device
+    # whose collectives run on the compute cores
+    share = x.c.gpu.tp_overlap_eff if x.overlap > 0 else 0.0
+    passes = [(False, False), (True, False)] + [(False, True)] * (x.p.recompute == "full")
+    out = total = 0.0
+    for backward, replay in passes:
+        ops = [(kind, act * scale) for kind, scale in tp_pass(x.m, x.p, False, replay)]
+        steps = tp_steps(x.dense, ops, backward)
+        times = [x.coll("tp", kind, size) for parts, _, _ in steps for kind, size in parts]
+        out += exposed(times, steps, k * share)
+        total += sum(times)
+    return out, total - out
 
 
 def _tp_layers(st: StageLayers, dense_s: float, moe_s: float) -> float:
@@ -284,6 +305,7 @@ def stage_costs(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost: CostMo
 def _stage_costs(x: Ctx, stage_scale: Sequence[float] | None) -> list[StageCost]:
     plan, model = x.p, x.m
     tp_d, tp_m = _tp_per_layer(x), _tp_per_layer(x, moe=True)
+    tp_hid = 0.0
     even = _cp_per_layer(x, x.dense), _cp_per_layer(x, x.moe)
     out: list[StageCost] = []
     for st in pipeline_rank_layers(plan, model):
@@ -291,6 +313,8 @@ def _stage_costs(x: Ctx, stage_scale: Sequence[float] | None) -> list[StageCost]
         cp_d, cp_e = even if k == 1.0 or plan.moe_overlap != "operator" else (
             _cp_per_layer(x, x.dense, k), _cp_per_layer(x, x.moe, k))  # slower GEMMs hide more
         comp = k * _stage_compute(x, st)
+        if plan.tp_overlap:  # dense models only (validated)
+            tp_d, tp_hid = _tp_fused(x, k)
         tp = _tp_layers(st, tp_d, tp_m) + _tp_edges(x, st)
         ep = _ep_stage(x, st, len(out), k, tp)
         cp = st.dense * cp_d[0] + st.moe * cp_e[0]
@@ -299,7 +323,7 @@ def _stage_costs(x: Ctx, stage_scale: Sequence[float] | None) -> list[StageCost]
             comp, tp, cp, st.dense * cp_d[1] + st.moe * cp_e[1],
             ep[0], _p2p(x, st, len(out)), dp_costs(x, st, comp, len(out), beside),
             k * _optimizer(x, st),
-            _embedding_allreduce(x, st), ep[1]))
+            _embedding_allreduce(x, st), ep[1], st.total * tp_hid))
     return out
 
 
@@ -359,7 +383,7 @@ def analytic_iteration(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost:
         "dp": m * b.dp.mb_exposed_s + t.dp.tail_exposed_s,
         "optimizer": t.optimizer_s, "bubble": pipe - m * times[slow]}
     comm = {
-        "tp": {"exposed_s": m * b.tp_s, "overlapped_s": 0.0},
+        "tp": {"exposed_s": m * b.tp_s, "overlapped_s": m * b.tp_overlapped_s},
         "cp": {"exposed_s": m * b.cp_exposed_s, "overlapped_s": m * b.cp_overlapped_s},
         "ep": {"exposed_s": m * b.ep_s, "overlapped_s": m * b.ep_overlapped_s},
         "pp": {"exposed_s": breakdown["pp"], "overlapped_s": 0.0},

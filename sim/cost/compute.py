@@ -20,7 +20,7 @@ from sim.spec.recompute import recomputed, recomputed_norms, stops_early
 
 __all__ = ["LayerTime", "layer_time", "ops_layer_time", "logits_time", "ops_logits_time",
            "embedding_time",
-           "expert_time", "expert_gemms", "attention_gemms",
+           "expert_time", "expert_gemms", "attention_gemms", "mlp_gemms",
            "optimizer_time", "layer_variant", "variant_layer"]
 
 # Fields of a layer's structure that a profiled whole layer records (its DB "variant").
@@ -44,9 +44,10 @@ class LayerTime:
     # (forward, backward) seconds of the GEMMs beside a layer's exchanges, for operator-
     # level overlap (sim.cost.overlap): the routed experts' first (gate and up) and last
     # (down) GEMMs on the most-loaded rank; the attention's input projections (QKV, or
-    # MLA's) and its output projection
+    # MLA's) and its output projection; a dense layer's MLP up (and gate) and down
     expert_gemms: tuple[Cost, Cost] = ((0.0, 0.0), (0.0, 0.0))
     attention_gemms: tuple[Cost, Cost] = ((0.0, 0.0), (0.0, 0.0))
+    mlp_gemms: tuple[Cost, Cost] = ((0.0, 0.0), (0.0, 0.0))  # a dense layer's up, down
 
     def replay(self, recompute: str, early_stop: bool) -> float:
         """Seconds the backward re-runs: the forward (full), less what an early-stopped
@@ -74,12 +75,18 @@ def _mlp(cm: CostModel, m: ModelSpec, plan: Plan, tokens: float, ffn: int,
          ways: int | None = None) -> Cost:
     """One MLP of width ``ffn`` split ``ways`` ways (default: over TP): up (and gate),
     activation, down."""
-    up = 2 if m.gated_mlp else 1
     act = "swiglu" if m.gated_mlp else "gelu"
     w = plan.tp if ways is None else ways
-    return _add(cm.gemm(tokens, up * ffn / w, m.hidden_size, plan.dtype),
-                cm.elementwise(act, tokens, ffn / w, plan.activation_dtype),
-                cm.gemm(tokens, m.hidden_size, ffn / w, plan.dtype))
+    up, down = mlp_gemms(cm, m, plan, tokens, ffn, w)
+    return _add(up, cm.elementwise(act, tokens, ffn / w, plan.activation_dtype), down)
+
+
+def mlp_gemms(cm: CostModel, m: ModelSpec, plan: Plan, tokens: float, ffn: int,
+              ways: int) -> tuple[Cost, Cost]:
+    """An MLP's up (and gate) GEMM and its down GEMM, width ``ffn`` split ``ways`` ways."""
+    up = 2 if m.gated_mlp else 1
+    return (cm.gemm(tokens, up * ffn / ways, m.hidden_size, plan.dtype),
+            cm.gemm(tokens, m.hidden_size, ffn / ways, plan.dtype))
 
 
 def expert_time(cm: CostModel, m: ModelSpec, plan: Plan, tokens: float) -> Cost:
@@ -102,10 +109,9 @@ def expert_gemms(cm: CostModel, m: ModelSpec, plan: Plan, tokens: float) -> tupl
     """The routed experts' first (gate and up) and last (down) GEMMs of
     :func:`expert_time`, each over all local experts."""
     per_expert, e = _expert_tokens(m, plan, tokens)
-    up = 2 if m.gated_mlp else 1
+    up, down = mlp_gemms(cm, m, plan, per_expert, m.expert_ffn, e)
     k = m.num_experts / plan.ep
-    return (_scale(cm.gemm(per_expert, up * m.expert_ffn / e, m.hidden_size, plan.dtype), k),
-            _scale(cm.gemm(per_expert, m.hidden_size, m.expert_ffn / e, plan.dtype), k))
+    return _scale(up, k), _scale(down, k)
 
 
 def _expert_tokens(m: ModelSpec, plan: Plan, tokens: float) -> tuple[float, int]:
@@ -222,7 +228,7 @@ def layer_time(cm: CostModel, m: ModelSpec, plan: Plan, moe: bool = False) -> La
                      lt.attention_forward * f, lt.attention_backward * b,
                      lt.shared_forward * f, lt.shared_backward * b,
                      lt.recompute_forward * f + replay, fb(lt.expert_gemms),
-                     fb(lt.attention_gemms))
+                     fb(lt.attention_gemms), fb(lt.mlp_gemms))
 
 
 def ops_layer_time(cm: CostModel, m: ModelSpec, plan: Plan, moe: bool = False) -> LayerTime:
@@ -242,7 +248,8 @@ def ops_layer_time(cm: CostModel, m: ModelSpec, plan: Plan, moe: bool = False) -
     zero = ((0.0, 0.0), (0.0, 0.0))
     return LayerTime(rest[0] + core[0], rest[1] + core[1], core[0], core[1], *shared, again,
                      expert_gemms(cm, m, plan, tokens) if moe else zero,
-                     attention_gemms(cm, m, plan, tokens))
+                     attention_gemms(cm, m, plan, tokens),
+                     zero if moe else mlp_gemms(cm, m, plan, tokens, m.ffn_hidden_size, plan.tp))
 
 
 def _recomputed_forward(cm: CostModel, m: ModelSpec, plan: Plan, moe: bool,

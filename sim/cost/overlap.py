@@ -23,8 +23,12 @@ after the last. The pass takes ``sum g + F + exposed`` where its exchanges and c
 otherwise add up. An ideal bound, like ``a2a``'s two streams: the tiles' fill and drain
 and the fused kernels' contention (beyond ``moe_comm_sms`` for the expert exchanges) are
 not modelled; on a device whose collectives cannot overlap compute (``comm_overlap``) the
-GEMMs hide that share only. Other exchanges (the tensor-parallel collectives, the ring and
-all-gather forms of context parallelism) are unchanged.
+GEMMs hide that share only. The ring and all-gather forms of context parallelism are
+unchanged.
+
+The tensor-parallel all-gathers and reduce-scatters of sequence parallelism are fused the
+same way, on their own switch (``plan.tp_overlap``: torch's async TP, Megatron-LM's
+``--tp-comm-overlap``), with no independent compute beside them (:func:`tp_steps`).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from collections.abc import Sequence
 
 from sim.cost.compute import LayerTime
 
-__all__ = ["Step", "exposed", "held", "ep_steps", "cp_steps"]
+__all__ = ["Step", "exposed", "held", "ep_steps", "cp_steps", "tp_steps"]
 
 Parts = Sequence[tuple[str, float]]  # collectives that run at once
 # an exchange, the seconds of the GEMM fused with it, and the seconds of independent
@@ -86,3 +90,24 @@ def cp_steps(lt: LayerTime, parts: Parts, backward: bool, full: bool) -> list[li
     # weight gradient ready; the input projections' weight gradient needs the second
     last: list[Step] = [([parts[-1]], out_b / 2, out_b / 2), ([parts[-2]], in_b / 2, 0.0)]
     return ([pair(full * in_f, full * out_f)] if len(parts) == 4 else []) + [last]
+
+
+def tp_steps(lt: LayerTime, ops: Parts, backward: bool) -> list[Step]:
+    """A dense layer's tensor-parallel all-gathers and reduce-scatters in one pass
+    (:func:`sim.layout.stages.tp_pass` with sequence parallelism, bytes), each fused with
+    its GEMM as torch's async TP and Megatron-LM's ``--tp-comm-overlap`` run them: the
+    attention's input all-gather with the input projections, its reduce-scatter with the
+    output projection, the MLP's with its up and down GEMMs; in the backward, block by
+    block from the MLP, the all-gather of the output gradient beside the last GEMM's data
+    gradient and the reduce-scatter beside the first's. A replay that stops early has no
+    MLP reduce-scatter. No independent compute is counted beside them."""
+    (in_f, in_b), (out_f, out_b) = lt.attention_gemms
+    (up_f, up_b), (down_f, down_b) = lt.mlp_gemms
+    # backward: each block's all-gather of the output gradient before the data gradient of
+    # its last GEMM, the reduce-scatter of the input gradient after its first GEMM's
+    gemms = [out_b / 2, in_b / 2, down_b / 2, up_b / 2] if backward else \
+        [in_f, out_f, up_f, down_f]
+    if len(ops) == 3:  # the replay's last reduce-scatter left out
+        gemms = gemms[:3]
+    steps: list[Step] = [([op], g, 0.0) for op, g in zip(ops, gemms, strict=True)]
+    return steps[2:] + steps[:2] if backward else steps

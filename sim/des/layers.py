@@ -7,16 +7,16 @@ meets no other traffic (TP memoised; no CP, EP or ZeRO-3) runs as one delay.
 
 from __future__ import annotations
 
-from functools import partial
 from typing import cast
 
 import simpy
 
 from sim.cost import compute as cm
-from sim.cost.overlap import Step, cp_steps, ep_steps, held
+from sim.cost.overlap import cp_steps, ep_steps, exposed, held, tp_steps
 from sim.des.comm import Collectives
 from sim.des.context import Context, Proc, Unit
 from sim.des.data_parallel import DataParallel
+from sim.des.fused import fused
 from sim.layout.memory import chunk_edge_params, layer_rank_params
 from sim.layout.placement import group_span
 from sim.layout.routing import dispatches, replay_dispatches
@@ -35,12 +35,6 @@ def _name(tag: tuple) -> str:
     """A trace name for a layer's pass tag, ``(pass, micro-batch, virtual stage, layer)``:
     ``F3 v0 L2``."""
     return f"{tag[0]}{tag[1]} v{tag[2]} L{tag[3]}"
-
-
-def _stamp(env: simpy.Environment, into: list[float], flag: simpy.Event, _event: simpy.Event
-           ) -> None:
-    into.append(env.now)
-    flag.succeed()
 
 
 class Layers:
@@ -82,13 +76,18 @@ class Layers:
         for i in range(passes):
             replay = backward and passes == 2 and i == 0
             forward = not backward or replay
-            for j, (coll, size) in enumerate(self._tp_ops(moe, replay)):
+            if x.p.tp_overlap:  # dense layers only (validated)
+                steps = tp_steps(x.dense_t, self._tp_ops(False, replay), not forward)
+                yield from fused(x, self.comm, u, "tp", steps, tag + (i, "tp"),
+                                 f"{_name(tag)} tp", x.c.gpu.tp_overlap_eff)
+            for j, (coll, size) in enumerate(() if x.p.tp_overlap else
+                                             self._tp_ops(moe, replay)):
                 yield from self.comm.blocking(u, "tp", coll, size, tag + (i, j))
             if not (moe and x.p.ep > 1):
                 continue
             if x.p.moe_overlap == "operator":
                 steps = ep_steps(x.moe_t, self._dispatches(forward, replay), not forward)
-                beside = yield from self._fused(u, "ep", steps, tag + (i, "ep"),
+                beside = yield from fused(x, self.comm, u, "ep", steps, tag + (i, "ep"),
                                                 f"{_name(tag)} experts")
                 yield from self._sm_share(u, beside)
             elif u in self.merged:
@@ -147,50 +146,24 @@ class Layers:
             yield from x.wait(u, "ep", x.env.timeout(beside * share),
                               "ep (its kernels' SMs slow the compute beside it)")
 
-    def _fused(self, u: Unit, kind: str, steps: list[Step], tag: tuple, name: str) -> Proc:
-        """Operator overlap (:mod:`sim.cost.overlap`): each exchange runs beside the GEMM
-        fused with it and is waited for after it; compute that needs none of the exchanges
-        still to come runs in those waits from the step that readies it, the rest after
-        the last. Returns the seconds of exchange that ran beside compute (none on a
-        device that cannot overlap: the compute, then the exchanges)."""
-        x = self.x
-        if x.core is not None:
-            yield from x.compute(u, held(steps), name)
-            for j, (parts, _, _) in enumerate(steps):
-                yield from self.comm.blocking_all(u, kind, list(parts), tag + (j,))
-            return 0.0
-        beside = ready = 0.0
-        for j, (parts, gemm, fill) in enumerate(steps):
-            t0, ended, flag = x.env.now, list[float](), x.env.event()
-            done = simpy.AllOf(x.env, [self.comm.collective(u, kind, coll, size, tag + (j, coll))
-                                       for coll, size in parts])
-            # a plain event for the race below: a condition inside another loses its own
-            # callbacks when the outer one fires first (simpy)
-            done.callbacks.append(partial(_stamp, x.env, ended, flag))
-            yield from x.compute(u, gemm, f"{name} (fused)")
-            ready += fill
-            if not ended and ready > 0:
-                t1 = x.env.now
-                yield from x.wait(u, "compute", simpy.AnyOf(
-                    x.env, [flag, x.env.timeout(ready * x.scale[u])]), f"{name} (beside {kind})")
-                ready = max(0.0, ready - (x.env.now - t1) / x.scale[u])
-            computed = x.env.now
-            yield from x.wait(u, kind, done, f"{kind} (fused)")
-            x.acct[u].comm_total[kind] += ended[0] - t0
-            beside += min(ended[0], computed) - t0
-        yield from x.compute(u, ready, name)
-        return beside
+    def _passes(self, backward: bool) -> list[tuple[bool, bool]]:
+        """A pass's comm passes as (forward-shaped, replay): the forward, or the backward
+        after full recomputation's replay."""
+        if not backward:
+            return [(True, False)]
+        return [(True, True)] * (self.x.p.recompute == "full") + [(False, False)]
 
     def _shared(self, moe: bool, backward: bool) -> tuple[float, ...]:
         """Per comm pass, the shared-expert seconds that hide its all-to-alls (``shared-expert``
-        overlap with expert parallelism), or the seconds of the experts' GEMMs and the
-        compute beside them (``operator``), else nothing."""
+        overlap with expert parallelism), or the seconds of the GEMMs and the compute beside
+        fused exchanges (``operator``, ``tp_overlap``), else nothing."""
         x = self.x
+        if x.p.tp_overlap:
+            return tuple(held(tp_steps(x.dense_t, self._tp_ops(replay=r), not f))
+                         for f, r in self._passes(backward))
         if moe and x.p.ep > 1 and x.p.moe_overlap == "operator":
-            passes = [(True, False)] if not backward else \
-                [(True, True)] * (x.p.recompute == "full") + [(False, False)]
             return tuple(held(ep_steps(x.moe_t, self._dispatches(f, r), not f))
-                         for f, r in passes)
+                         for f, r in self._passes(backward))
         if not (moe and x.p.ep > 1 and x.p.moe_overlap == "shared-expert"):
             return ()
         lt = x.moe_t
@@ -215,7 +188,7 @@ class Layers:
             passes = cp_steps(lt, parts, backward, x.p.recompute == "full")
             yield from x.compute(u, max(0.0, seconds - sum(held(p) for p in passes)), name)
             for j, steps in enumerate(passes):
-                yield from self._fused(u, "cp", steps, tag + (j,), name)
+                yield from fused(x, self.comm, u, "cp", steps, tag + (j,), name)
             return
         if x.p.cp_comm != "p2p":
             split = max(1, len(parts) - 1)  # of two or more, the last after the compute
@@ -242,28 +215,40 @@ class Layers:
         x.acct[u].comm_total["cp"] += ring_end[0] - t0
         yield from x.compute(u, seconds - core, name)
 
-    def _fast(self, u: Unit, layers: list[bool], backward: bool) -> tuple[float, float] | None:
-        """(compute, tp) seconds of a whole chunk when nothing in it interacts with other
-        traffic: TP memoised, no CP, no ZeRO-3, no MoE layer under TP (its blocks differ),
-        no expert parallelism (expert all-to-alls never qualify: the data-parallel group
-        holds the expert-parallel ranks, so EP links always carry other traffic too)."""
+    def _fast(self, u: Unit, layers: list[bool], backward: bool
+              ) -> tuple[float, float, float] | None:
+        """(compute, exposed tp, all tp) seconds of a whole chunk when nothing in it
+        interacts with other traffic: TP memoised, no CP, no ZeRO-3, no MoE layer under TP
+        (its blocks differ), no expert parallelism (expert all-to-alls never qualify: the
+        data-parallel group holds the expert-parallel ranks, so EP links always carry other
+        traffic too). Under ``tp_overlap`` each pass's collectives are fused with their
+        GEMMs (:func:`sim.cost.overlap.exposed`)."""
         x, p, comm = self.x, self.x.p, self.comm
         solo_tp = p.tp == 1 or comm.memoised("tp", x.tp_devices(u.rank0))
         if p.cp > 1 or p.zero_stage == 3 or p.ep > 1 or not solo_tp or (
                 any(layers) and p.tp > 1):
             return None
+        compute = sum((lt.backward + self._recompute(lt)) if backward else lt.forward
+                      for lt in (x.moe_t if moe else x.dense_t for moe in layers))
+        n = len(layers)
+        if p.tp_overlap:
+            # a CPU's collectives hide nothing
+            share = x.scale[u] * x.c.gpu.tp_overlap_eff if x.core is None else 0.0
+            tp = total = 0.0
+            for forward, replay in self._passes(backward):
+                steps = tp_steps(x.dense_t, self._tp_ops(replay=replay), not forward)
+                times = [comm.solo(u, "tp", c, size, n) for parts, _, _ in steps
+                         for c, size in parts]
+                tp, total = tp + n * exposed(times, steps, share), total + n * sum(times)
+            return compute, tp, total
         passes = (2 if p.recompute == "full" else 1) if backward else 1
         ops = self._tp_ops()
         replayed = self._tp_ops(replay=True) if passes == 2 else ops
         if replayed == ops:
-            tp = passes * len(layers) * sum(comm.solo(u, "tp", c, size, passes * len(layers))
-                                            for c, size in ops)
+            tp = passes * n * sum(comm.solo(u, "tp", c, size, passes * n) for c, size in ops)
         else:  # a replay that stops early (sim.layout.stages.tp_pass)
-            tp = len(layers) * sum(comm.solo(u, "tp", c, size, len(layers))
-                                   for c, size in ops + replayed)
-        compute = sum((lt.backward + self._recompute(lt)) if backward else lt.forward
-                      for lt in (x.moe_t if moe else x.dense_t for moe in layers))
-        return compute, tp
+            tp = n * sum(comm.solo(u, "tp", c, size, n) for c, size in ops + replayed)
+        return compute, tp, tp
 
     def _recompute(self, lt: cm.LayerTime) -> float:
         return lt.replay(self.x.p.recompute, stops_early(self.x.p))
@@ -294,7 +279,7 @@ class Layers:
         fwd_extra, _ = self._extras(vs)
         fast = self._fast(u, layers, backward=False)
         if fast:
-            yield from self._whole_chunk(u, vs, mb, "F", fast[0] + fwd_extra, fast[1])
+            yield from self._whole_chunk(u, vs, mb, "F", fast[0] + fwd_extra, *fast[1:])
             return
         yield from x.compute(u, fwd_extra, f"F{mb} v{vs} extra")
         gather = self.dp.z3_gather(u, layers, 0, ("F", mb, vs))
@@ -323,7 +308,7 @@ class Layers:
         gtag = ("B", mb if x.p.zero_stage == 2 else "last", vs)
         fast = None if reduce_now or part != "full" else self._fast(u, layers, backward=True)
         if fast:
-            yield from self._whole_chunk(u, vs, mb, "B", fast[0] + bwd_extra, fast[1])
+            yield from self._whole_chunk(u, vs, mb, "B", fast[0] + bwd_extra, *fast[1:])
             return
         yield from self._layers_backward(u, vs, mb, layers, reduce_now, gtag, part)
         extra = {"full": bwd_extra, "input": bwd_extra - w_extra, "weight": w_extra}[part]
@@ -385,13 +370,14 @@ class Layers:
             if when == which:
                 yield from self.comm.blocking(u, "tp", coll, size, tag + ("edge", i))
 
-    def _whole_chunk(self, u: Unit, vs: int, mb: int, which: str, compute: float, tp: float
-                     ) -> Proc:
-        """A chunk on the fast path: its compute, its memoised TP collectives as one delay,
-        then the embedding's or output layer's collectives."""
+    def _whole_chunk(self, u: Unit, vs: int, mb: int, which: str, compute: float, tp: float,
+                     tp_all: float) -> Proc:
+        """A chunk on the fast path: its compute, its memoised TP collectives' exposed
+        ``tp`` seconds (of ``tp_all``) as one delay, then the embedding's or output layer's
+        collectives."""
         x = self.x
         yield from x.compute(u, compute, f"{which}{mb} v{vs}")
         if tp > 0:
             yield from x.wait(u, "tp", x.env.timeout(tp), "tp (memoised)")
-            x.acct[u].comm_total["tp"] += tp
+        x.acct[u].comm_total["tp"] += tp_all
         yield from self._edge(u, vs, which, (which, mb, vs))

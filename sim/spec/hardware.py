@@ -78,6 +78,10 @@ class HardwareSpec:
     expert_bias_up_bwd: float = 1.0
     expert_bias_down_fwd: float = 2.0
     expert_bias_down_bwd: float = 1.0
+    # share of a GEMM's time that hides the tensor-parallel collective fused with it under
+    # plan.tp_overlap (1: the ideal max(c, g); 0: none, the collective waits as without the
+    # overlap); stacks set what their overlap reaches (sim/data/stacks.toml)
+    tp_overlap_eff: float = 1.0
     stack: str = ""  # the software stack whose values these are (sim.spec.stack); "": none
 
     def peak_tflops(self, dtype: str) -> float:

@@ -115,6 +115,10 @@ class Plan:
     recompute_replay: str = "whole"
     # ZeRO-3: false keeps a layer's gathered weights from its forward to its backward (one
     reshard_after_forward: bool = True  # gather a micro-batch; FSDP2's reshard_after_forward)
+    # tensor parallelism's all-gathers and reduce-scatters fused with the GEMMs beside them
+    # (torch's async TP, Megatron-LM's --tp-comm-overlap; sim.cost.overlap); needs
+    # sequence parallelism
+    tp_overlap: bool = False
 
     def __post_init__(self) -> None:
         coerce_sync(self)
@@ -281,12 +285,16 @@ def _check_fields(plan: Plan) -> None:
     if plan.grad_reduce_dtype not in (None, *GRAD_DTYPES):
         raise SpecError("plan.grad_reduce_dtype", f"must be null or one of "
                         f"{', '.join(GRAD_DTYPES)}, got {plan.grad_reduce_dtype!r}")
-    for name in ("sequence_parallel", "overlap_grad_reduce"):
+    for name in ("sequence_parallel", "overlap_grad_reduce", "tp_overlap"):
         if not isinstance(getattr(plan, name), bool):
             raise SpecError(f"plan.{name}", f"must be true or false, got {getattr(plan, name)!r}")
     if plan.sequence_parallel and plan.tp == 1:
         raise SpecError("plan.sequence_parallel", "needs tp > 1 (it splits the tensor-parallel "
                         "group's activations)")
+    if plan.tp_overlap and not plan.sequence_parallel:
+        raise SpecError("plan.tp_overlap", "needs sequence_parallel (and so tp > 1): the "
+                        "overlap pipelines its all-gathers and reduce-scatters, as torch's "
+                        "async TP and Megatron-LM's --tp-comm-overlap do")
     _check_lists(plan)
     for group, algo in plan.collectives:
         if group not in ALGORITHMS:
@@ -339,6 +347,9 @@ def _check_model(plan: Plan, m: ModelSpec) -> None:
                             f"{plan.cp} (use p2p or allgather)")
     check_layers(plan, m)
     check_experts_model(plan, m)
+    if plan.tp_overlap and m.is_moe:
+        raise SpecError("plan.tp_overlap", f"with an MoE model ({m.name!r}) is not modelled "
+                        "(the TP collectives around its experts)")
     if m.position_embedding == "learned" and plan.seq_len > m.max_seq_len:
         raise SpecError("plan.seq_len", f"{plan.seq_len} exceeds the model's learned position "
                         f"table of {m.max_seq_len}")

@@ -39,8 +39,10 @@ STACK_FIELDS = {"layer_overhead_us": (0.0, 5000.0), "step_overhead_ms": (0.0, 60
                 "elementwise_scale": (0.05, 4.0), "fp8_cast_bytes": (0.0, 16.0),
                 "comm_overlap": (0.0, 1.0), "nic_eff": (0.02, 1.0),
                 "expert_bias_up_fwd": (0.0, 16.0), "expert_bias_up_bwd": (0.0, 16.0),
-                "expert_bias_down_fwd": (0.0, 16.0), "expert_bias_down_bwd": (0.0, 16.0)}
-CAPS = ("comm_overlap", "nic_eff")  # a stack can lower these below the device's, never raise
+                "expert_bias_down_fwd": (0.0, 16.0), "expert_bias_down_bwd": (0.0, 16.0),
+                "tp_overlap_eff": (0.0, 1.0)}
+# a stack can lower these below the device's, never raise
+CAPS = ("comm_overlap", "nic_eff", "tp_overlap_eff")
 
 
 @dataclass(frozen=True)

@@ -182,7 +182,7 @@ def megatron_parsed(text: str, world: int) -> dict[str, Any]:
             "overlap_grad_reduce": ddp.overlap_grad_reduce, "num_layers": cfg.num_layers,
             "attention": cfg.attention_backend.name, "qk_layernorm": cfg.qk_layernorm,
             "kv_channels": cfg.kv_channels, "cp_comm": cfg.cp_comm_type or "p2p",
-            "recompute_modules": cfg.recompute_modules}
+            "recompute_modules": cfg.recompute_modules, "tp_overlap": cfg.tp_comm_overlap}
 
 
 def torchtitan_parsed(folder: Path, module: str, fn: str, world: int) -> dict[str, Any]:
@@ -229,6 +229,7 @@ def torchtitan_parsed(folder: Path, module: str, fn: str, world: int) -> dict[st
             "bf16" if train.mixed_precision_param == "bfloat16" else "fp32",
             "sequence_parallel": par.enable_sequence_parallel and dims.tp > 1,
             "schedule": par.pipeline_parallel_schedule,
+            "tp_overlap": cfg.compile.enable_async_tensor_parallel and cfg.compile.enable,
             "params": sum(p.numel() for p in model.parameters())}
 
 

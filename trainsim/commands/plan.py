@@ -34,6 +34,7 @@ def cmd_plan_new(args: argparse.Namespace) -> int:
             fields[k] = getattr(args, k)
     fields["sequence_parallel"] = args.sequence_parallel
     fields["reshard_after_forward"] = not args.keep_gathered_weights
+    fields["tp_overlap"] = args.tp_overlap
     from trainsim.commands.sync import section_fields
 
     fields.update(section_fields(args))
@@ -93,6 +94,10 @@ def add_plan_parser(sub: Any) -> None:
     new.add_argument("--placement", help="rank order, innermost first (default tp-cp-ep-dp-pp)")
     new.add_argument("--sequence-parallel", action="store_true",
                      help="split norm/dropout activations over the TP group (needs tp > 1)")
+    new.add_argument("--tp-overlap", action="store_true",
+                     help="fuse the TP all-gathers and reduce-scatters with their GEMMs "
+                     "(torch's async TP, Megatron-LM's --tp-comm-overlap; needs "
+                     "--sequence-parallel)")
     new.add_argument("--keep-gathered-weights", action="store_true",
                      help="ZeRO-3: keep each layer's gathered weights from its forward to its "
                      "backward (one gather a micro-batch; FSDP2's reshard_after_forward=False)")
