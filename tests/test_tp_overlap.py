@@ -66,11 +66,13 @@ def test_both_tiers_hide_part_and_agree(kw):
 
 
 @pytest.mark.parametrize("fidelity", ["analytic", "des"])
-def test_the_stacks_share(fidelity):
+@pytest.mark.parametrize("zero", [0, 3], ids=["fast-path", "zero3"])
+def test_the_stacks_share(fidelity, zero):
     """A stack whose overlap hides nothing (megatron-2021: 0) is vanilla TP exactly;
     torchtitan-compile's fitted 0.184 hides less than the catalog's ideal."""
     m = load_model(LLAMA)
-    plan = Plan(64, 8192, 1, dp=8, tp=8, sequence_parallel=True, tp_overlap=True)
+    plan = Plan(64, 8192, 1, dp=8, tp=8, sequence_parallel=True, tp_overlap=True,
+                zero_stage=zero)
     base = dataclasses.replace(plan, tp_overlap=False)
     none = simulate(m, _cluster("megatron-2021"), plan, fidelity)
     assert none.iteration_time_s == pytest.approx(simulate(
@@ -81,6 +83,8 @@ def test_the_stacks_share(fidelity):
     real = dataclasses.replace(real, gpu=dataclasses.replace(real.gpu, tp_overlap_eff=0.184))
     fitted = simulate(m, real, plan, fidelity)
     assert _tp(ideal)[0] < _tp(fitted)[0] < _tp(simulate(m, real, base, fidelity))[0]
+    if fidelity == "des":  # the fitted share in both tiers
+        assert _tp(fitted)[0] == pytest.approx(_tp(simulate(m, real, plan))[0], rel=0.01)
 
 
 def test_a_device_that_cannot_overlap_hides_nothing():
@@ -114,6 +118,9 @@ def test_exports_and_the_executor():
     assert "--tp-comm-overlap" in export("megatron", plan, m, c)["megatron_args.sh"]
     assert "enable_async_tensor_parallel=True" in export("torchtitan", plan, m,
                                                          c)["trainsim_torchtitan.py"]
+    with pytest.raises(SpecError, match="local spec") as err:  # TE's layers overlap, not these
+        export("megatron", dataclasses.replace(plan, attention="standard"), m, c)
+    assert err.value.field == "plan.tp_overlap"
     base = dataclasses.replace(plan, tp_overlap=False)
     assert "--tp-comm-overlap" not in export("megatron", base, m, c)["megatron_args.sh"]
     assert "CompileConfig" not in export("torchtitan", base, m, c)["trainsim_torchtitan.py"]

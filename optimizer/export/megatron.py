@@ -62,6 +62,10 @@ def check(plan: Plan, model: ModelSpec) -> None:
     if plan.recompute_replay != "whole":
         raise SpecError("plan.recompute_replay", f"{plan.recompute_replay} is not expressible "
                         "in Megatron-LM: its recomputation replays the whole layer (use whole)")
+    if plan.tp_overlap and plan.attention != "flash":
+        raise SpecError("plan.tp_overlap", "with standard attention is not expressible in "
+                        "Megatron-LM: its local spec's linear layers ignore --tp-comm-overlap "
+                        "(Transformer Engine's do it; use attention flash)")
     if not plan.reshard_after_forward:
         raise SpecError("plan.reshard_after_forward", "false is not expressible in Megatron-LM: "
                         "Megatron-FSDP gathers the weights again for the backward (use true)")

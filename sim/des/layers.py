@@ -42,6 +42,10 @@ class Layers:
 
     def __init__(self, x: Context, comm: Collectives, dp: DataParallel) -> None:
         self.x, self.comm, self.dp = x, comm, dp
+        # TP collectives fused with their GEMMs (plan.tp_overlap) where a share of the GEMMs
+        # hides them; else run as without (a stack's 0, or a CPU whose collectives hold its
+        # cores: exactly the plan without it)
+        self.tp_fused = x.p.tp_overlap and x.c.gpu.tp_overlap_eff > 0 and x.core is None
         self._ways: dict[tuple[bool, bool], list[list[tuple[str, float]]]] = {}
         # units in a merged forward/backward step (moe_overlap a2a): their expert
         # all-to-alls, started and not waited for, as (start, process) pairs
@@ -76,11 +80,11 @@ class Layers:
         for i in range(passes):
             replay = backward and passes == 2 and i == 0
             forward = not backward or replay
-            if x.p.tp_overlap:  # dense layers only (validated)
+            if self.tp_fused:  # dense layers only (validated)
                 steps = tp_steps(x.dense_t, self._tp_ops(False, replay), not forward)
                 yield from fused(x, self.comm, u, "tp", steps, tag + (i, "tp"),
                                  f"{_name(tag)} tp", x.c.gpu.tp_overlap_eff)
-            for j, (coll, size) in enumerate(() if x.p.tp_overlap else
+            for j, (coll, size) in enumerate(() if self.tp_fused else
                                              self._tp_ops(moe, replay)):
                 yield from self.comm.blocking(u, "tp", coll, size, tag + (i, j))
             if not (moe and x.p.ep > 1):
@@ -158,7 +162,7 @@ class Layers:
         overlap with expert parallelism), or the seconds of the GEMMs and the compute beside
         fused exchanges (``operator``, ``tp_overlap``), else nothing."""
         x = self.x
-        if x.p.tp_overlap:
+        if self.tp_fused:
             return tuple(held(tp_steps(x.dense_t, self._tp_ops(replay=r), not f))
                          for f, r in self._passes(backward))
         if moe and x.p.ep > 1 and x.p.moe_overlap == "operator":
@@ -231,9 +235,8 @@ class Layers:
         compute = sum((lt.backward + self._recompute(lt)) if backward else lt.forward
                       for lt in (x.moe_t if moe else x.dense_t for moe in layers))
         n = len(layers)
-        if p.tp_overlap:
-            # a CPU's collectives hide nothing
-            share = x.scale[u] * x.c.gpu.tp_overlap_eff if x.core is None else 0.0
+        if self.tp_fused:
+            share = x.scale[u] * x.c.gpu.tp_overlap_eff
             tp = total = 0.0
             for forward, replay in self._passes(backward):
                 steps = tp_steps(x.dense_t, self._tp_ops(replay=replay), not forward)
