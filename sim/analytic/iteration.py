@@ -21,7 +21,7 @@ from sim.analytic.data_parallel import DPCost, dp_costs
 from sim.analytic.dualpipev import RankTime, StagePasses, dualpipev_pipeline
 from sim.cost import compute as cm
 from sim.cost.costmodel import CostModel
-from sim.cost.overlap import cp_steps, ep_steps, exposed, tp_steps
+from sim.cost.overlap import Step, cp_steps, ep_steps, exposed, tp_steps
 from sim.layout.dualpipe import paired_share
 from sim.layout.memory import mirror_bytes, rank_params
 from sim.layout.routing import dispatches, replay_dispatches
@@ -102,11 +102,17 @@ def _tp_fused(x: Ctx, k: float) -> tuple[float, float]:
     out = total = 0.0
     for backward, replay in passes:
         ops = [(kind, act * scale) for kind, scale in tp_pass(x.m, x.p, False, replay)]
-        steps = tp_steps(x.dense, ops, backward)
-        times = [x.coll("tp", kind, size) for parts, _, _ in steps for kind, size in parts]
-        out += exposed(times, steps, k * share)
-        total += sum(times)
+        one, every = _fused_pass(x, "tp", tp_steps(x.dense, ops, backward), k * share)
+        out, total = out + one, total + every
     return out, total - out
+
+
+def _fused_pass(x: Ctx, group: str, steps: list[Step], scale: float) -> tuple[float, float]:
+    """(exposed, all) seconds of one pass's fused exchanges on ``group``'s fabric (each
+    step's parts run at once: the slowest), compute timed ``scale`` x
+    (:func:`sim.cost.overlap.exposed`)."""
+    times = [max(x.coll(group, kind, size) for kind, size in parts) for parts, _, _ in steps]
+    return exposed(times, steps, scale), sum(times)
 
 
 def _tp_layers(st: StageLayers, dense_s: float, moe_s: float) -> float:
@@ -191,10 +197,8 @@ def _cp_operator(x: Ctx, layer: cm.LayerTime, k: float) -> tuple[float, float]:
     for backward in (False, True):
         for steps in cp_steps(layer, cp_exchanges(x.m, x.p, backward), backward,
                               x.p.recompute == "full"):
-            times = [sum(x.coll("cp", kind, size) for kind, size in parts)
-                     for parts, _, _ in steps]
-            out += exposed(times, steps, k * x.overlap)
-            total += sum(times)
+            one, every = _fused_pass(x, "cp", steps, k * x.overlap)
+            out, total = out + one, total + every
     return out, total - out
 
 
@@ -209,11 +213,8 @@ def _ep_operator(x: Ctx, k: float) -> tuple[float, float]:
         passes.append((replay_dispatches(x.m, x.p, nodes), False))
     out = total = 0.0
     for ways, backward in passes:
-        steps = ep_steps(x.moe, ways, backward)
-        times = [max(x.coll("ep", kind, size) for kind, size in parts)
-                 for parts, _, _ in steps]
-        out += exposed(times, steps, k * x.overlap)
-        total += sum(times)
+        one, every = _fused_pass(x, "ep", ep_steps(x.moe, ways, backward), k * x.overlap)
+        out, total = out + one, total + every
     return out, total
 
 
