@@ -84,15 +84,15 @@ class Layers:
                 steps = tp_steps(x.dense_t, self._tp_ops(False, replay), not forward)
                 yield from fused(x, self.comm, u, "tp", steps, tag + (i, "tp"),
                                  f"{_name(tag)} tp", x.c.gpu.tp_overlap_eff)
-            for j, (coll, size) in enumerate(() if self.tp_fused else
-                                             self._tp_ops(moe, replay)):
-                yield from self.comm.blocking(u, "tp", coll, size, tag + (i, j))
+            else:
+                for j, (coll, size) in enumerate(self._tp_ops(moe, replay)):
+                    yield from self.comm.blocking(u, "tp", coll, size, tag + (i, j))
             if not (moe and x.p.ep > 1):
                 continue
             if x.p.moe_overlap == "operator":
                 steps = ep_steps(x.moe_t, self._dispatches(forward, replay), not forward)
                 beside = yield from fused(x, self.comm, u, "ep", steps, tag + (i, "ep"),
-                                                f"{_name(tag)} experts")
+                                          f"{_name(tag)} experts")
                 yield from self._sm_share(u, beside)
             elif u in self.merged:
                 self.merged[u].append((x.env.now, x.env.process(
@@ -157,10 +157,11 @@ class Layers:
             return [(True, False)]
         return [(True, True)] * (self.x.p.recompute == "full") + [(False, False)]
 
-    def _shared(self, moe: bool, backward: bool) -> tuple[float, ...]:
-        """Per comm pass, the shared-expert seconds that hide its all-to-alls (``shared-expert``
-        overlap with expert parallelism), or the seconds of the GEMMs and the compute beside
-        fused exchanges (``operator``, ``tp_overlap``), else nothing."""
+    def _beside(self, moe: bool, backward: bool) -> tuple[float, ...]:
+        """Per comm pass, the seconds of the layer's compute that run beside its exchanges
+        rather than before them: the shared expert's (``shared-expert`` overlap with expert
+        parallelism), or the GEMMs and the compute beside fused exchanges (``operator``,
+        ``tp_overlap``); else nothing."""
         x = self.x
         if self.tp_fused:
             return tuple(held(tp_steps(x.dense_t, self._tp_ops(replay=r), not f))
@@ -291,7 +292,7 @@ class Layers:
             if gather is not None:
                 yield from x.wait(u, "dp", gather, "zero3 gather")
                 gather = self.dp.z3_gather(u, layers, i + 1, ("F", mb, vs))
-            hide = self._shared(moe, backward=False)
+            hide = self._beside(moe, backward=False)
             yield from self._with_cp(u, lt, lt.forward - sum(hide), lt.attention_forward, False,
                                      ("Fcp", mb, vs, i), f"F{mb} v{vs} L{i}")
             yield from self._comm_passes(u, moe, 1, ("F", mb, vs, i), hide)
@@ -345,7 +346,7 @@ class Layers:
             if gather is not None:
                 yield from x.wait(u, "dp", gather, "zero3 gather")
                 gather = dp.z3_gather(u, layers, i - 1, ("B", mb, vs))
-            hide = self._shared(moe, backward=True)
+            hide = self._beside(moe, backward=True)
             weight = lt.weight_grad if part == "input" else 0.0
             seconds = max(0.0, lt.backward + self._recompute(lt) - sum(hide) - weight)
             core = lt.attention_backward + (lt.attention_forward if reruns_core(x.p) else 0.0)
