@@ -122,3 +122,20 @@ def test_zero2_without_overlap_reduces_after_each_backward():
     overlapped = simulate(LLAMA, H100_4, _sharded(8, 2, 16), fidelity="des")
     assert d.iteration_time_s > overlapped.iteration_time_s
     assert a.iteration_time_s == pytest.approx(d.iteration_time_s, rel=0.03)
+
+
+def test_the_des_counts_zero3_gathers_in_its_data_parallel_seconds():
+    """The DES's data-parallel seconds (exposed + overlapped) hold ZeRO-3's gathers as well
+    as its reduce-scatters: keeping the gathered weights (one gather a micro-batch, not two)
+    takes about a gather pass off them in both tiers (it took nothing off the DES's until
+    2026-12-06, which counted the reduce-scatters only)."""
+    m, c = load_model("llama3-8b"), load_cluster("dgx-h100:1")
+    plan = Plan(32, 4096, 1, dp=8, zero_stage=3)
+    keep = dataclasses.replace(plan, reshard_after_forward=False)
+
+    def total(p, fidelity):
+        d = simulate(m, c, p, fidelity).communication["dp"]
+        return d["exposed_s"] + d["overlapped_s"]
+    saved = {f: total(plan, f) - total(keep, f) for f in ("analytic", "des")}
+    assert saved["analytic"] > 0.1
+    assert saved["des"] == pytest.approx(saved["analytic"], rel=0.2)

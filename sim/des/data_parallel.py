@@ -7,6 +7,7 @@ of the updated weights after the optimizer step.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import simpy
 
@@ -18,6 +19,10 @@ from sim.layout.memory import layer_rank_params, rank_params
 from sim.layout.stages import StageLayers, mirrored
 
 __all__ = ["DataParallel"]
+
+
+def _count(x: Context, u: Unit, t0: float, _event: simpy.Event) -> None:
+    x.acct[u].comm_total["dp"] += x.env.now - t0
 
 
 class DataParallel:
@@ -78,9 +83,11 @@ class DataParallel:
         dense, expert = layer_rank_params(x.m, x.p, layers[i])
 
         def start() -> simpy.Event:
-            return simpy.AllOf(x.env, [
+            done = simpy.AllOf(x.env, [
                 comm.collective(u, "dp", "all_gather", dense * x.act, tag + (i, "gd")),
                 comm.collective(u, "edp", "all_gather", expert * x.act, tag + (i, "ge"))])
+            done.callbacks.append(partial(_count, x, u, x.env.now))  # its seconds, hidden
+            return done  # or not, in the data-parallel total as the reductions' are
         if x.core is None:
             return start()
         return x.env.process(self._in_stream(u, start))
