@@ -22,6 +22,8 @@ __all__ = ["DataParallel"]
 
 
 def _count(x: Context, u: Unit, t0: float, _event: simpy.Event) -> None:
+    """A ZeRO-3 gather's seconds into the unit's data-parallel total, hidden or not, as a
+    reduction's are."""
     x.acct[u].comm_total["dp"] += x.env.now - t0
 
 
@@ -86,8 +88,8 @@ class DataParallel:
             done = simpy.AllOf(x.env, [
                 comm.collective(u, "dp", "all_gather", dense * x.act, tag + (i, "gd")),
                 comm.collective(u, "edp", "all_gather", expert * x.act, tag + (i, "ge"))])
-            done.callbacks.append(partial(_count, x, u, x.env.now))  # its seconds, hidden
-            return done  # or not, in the data-parallel total as the reductions' are
+            done.callbacks.append(partial(_count, x, u, x.env.now))
+            return done
         if x.core is None:
             return start()
         return x.env.process(self._in_stream(u, start))
