@@ -21,7 +21,7 @@ from sim.analytic.data_parallel import DPCost, dp_costs
 from sim.analytic.dualpipev import RankTime, StagePasses, dualpipev_pipeline
 from sim.cost import compute as cm
 from sim.cost.costmodel import CostModel
-from sim.cost.overlap import Step, cp_steps, ep_steps, exposed, tp_steps
+from sim.cost.overlap import Step, cp_steps, ep_steps, exchange_passes, exposed, tp_steps
 from sim.layout.dualpipe import paired_share
 from sim.layout.memory import mirror_bytes, rank_params
 from sim.layout.routing import dispatches, replay_dispatches
@@ -98,13 +98,17 @@ def _tp_fused(x: Ctx, k: float) -> tuple[float, float]:
     # the share of each GEMM that hides its collective (the stack's); none on a device
     # whose collectives run on the compute cores
     share = x.c.gpu.tp_overlap_eff if x.overlap > 0 else 0.0
-    passes = [(False, False), (True, False)] + [(False, True)] * (x.p.recompute == "full")
     out = total = 0.0
-    for backward, replay in passes:
+    for forward, replay in _both_ways(x):
         ops = [(kind, act * scale) for kind, scale in tp_pass(x.m, x.p, False, replay)]
-        one, every = _fused_pass(x, "tp", tp_steps(x.dense, ops, backward), k * share)
+        one, every = _fused_pass(x, "tp", tp_steps(x.dense, ops, not forward), k * share)
         out, total = out + one, total + every
     return out, total - out
+
+
+def _both_ways(x: Ctx) -> list[tuple[bool, bool]]:
+    """A layer's exchange passes in a micro-batch (:func:`sim.cost.overlap.exchange_passes`)."""
+    return exchange_passes(x.p.recompute, False) + exchange_passes(x.p.recompute, True)
 
 
 def _fused_pass(x: Ctx, group: str, steps: list[Step], scale: float) -> tuple[float, float]:
@@ -207,13 +211,11 @@ def _ep_operator(x: Ctx, k: float) -> tuple[float, float]:
     (:mod:`sim.cost.overlap`), compute scaled by ``k``: (exposed, total) seconds a
     micro-batch."""
     nodes = x.fabric["ep"].span.nodes
-    passes = [(dispatches(x.m, x.p, nodes, True), False),
-              (dispatches(x.m, x.p, nodes, False), True)]
-    if x.p.recompute == "full":
-        passes.append((replay_dispatches(x.m, x.p, nodes), False))
     out = total = 0.0
-    for ways, backward in passes:
-        one, every = _fused_pass(x, "ep", ep_steps(x.moe, ways, backward), k * x.overlap)
+    for forward, replay in _both_ways(x):
+        ways = replay_dispatches(x.m, x.p, nodes) if replay else \
+            dispatches(x.m, x.p, nodes, forward)
+        one, every = _fused_pass(x, "ep", ep_steps(x.moe, ways, not forward), k * x.overlap)
         out, total = out + one, total + every
     return out, total
 
@@ -307,6 +309,7 @@ def _stage_costs(x: Ctx, stage_scale: Sequence[float] | None) -> list[StageCost]
     plan, model = x.p, x.m
     tp_d, tp_m = _tp_per_layer(x), _tp_per_layer(x, moe=True)
     tp_hid = 0.0
+    fused = _tp_fused(x, 1.0) if plan.tp_overlap else (0.0, 0.0)
     even = _cp_per_layer(x, x.dense), _cp_per_layer(x, x.moe)
     out: list[StageCost] = []
     for st in pipeline_rank_layers(plan, model):
@@ -314,8 +317,8 @@ def _stage_costs(x: Ctx, stage_scale: Sequence[float] | None) -> list[StageCost]
         cp_d, cp_e = even if k == 1.0 or plan.moe_overlap != "operator" else (
             _cp_per_layer(x, x.dense, k), _cp_per_layer(x, x.moe, k))  # slower GEMMs hide more
         comp = k * _stage_compute(x, st)
-        if plan.tp_overlap:  # dense models only (validated)
-            tp_d, tp_hid = _tp_fused(x, k)
+        if plan.tp_overlap:  # dense models only (validated); slower GEMMs hide more
+            tp_d, tp_hid = fused if k == 1.0 else _tp_fused(x, k)
         tp = _tp_layers(st, tp_d, tp_m) + _tp_edges(x, st)
         ep = _ep_stage(x, st, len(out), k, tp)
         cp = st.dense * cp_d[0] + st.moe * cp_e[0]

@@ -240,16 +240,14 @@ def ops_layer_time(cm: CostModel, m: ModelSpec, plan: Plan, moe: bool = False) -
     shared = _shared(cm, m, plan, tokens) if moe else (0.0, 0.0)
     again = _recomputed_forward(cm, m, plan, moe, {"core_attn": core[0], "mlp": mlp[0],
                                                    "shared_experts": shared[0]})
+    zero = ((0.0, 0.0), (0.0, 0.0))
+    dense = zero if moe else mlp_gemms(cm, m, plan, tokens, m.ffn_hidden_size, plan.tp)
     if stops_early(plan):  # the replay ends before a dense layer's down projection, whose
         # inputs torch saves before running it (an MoE layer's grouped GEMMs save after)
-        down = 0.0 if moe else cm.gemm(tokens, m.hidden_size, m.ffn_hidden_size / plan.tp,
-                                       plan.dtype)[0]
-        again = rest[0] + core[0] - down
-    zero = ((0.0, 0.0), (0.0, 0.0))
+        again = rest[0] + core[0] - dense[1][0]
     return LayerTime(rest[0] + core[0], rest[1] + core[1], core[0], core[1], *shared, again,
                      expert_gemms(cm, m, plan, tokens) if moe else zero,
-                     attention_gemms(cm, m, plan, tokens),
-                     zero if moe else mlp_gemms(cm, m, plan, tokens, m.ffn_hidden_size, plan.tp))
+                     attention_gemms(cm, m, plan, tokens), dense)
 
 
 def _recomputed_forward(cm: CostModel, m: ModelSpec, plan: Plan, moe: bool,

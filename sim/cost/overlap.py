@@ -37,7 +37,7 @@ from collections.abc import Sequence
 
 from sim.cost.compute import LayerTime
 
-__all__ = ["Step", "exposed", "held", "ep_steps", "cp_steps", "tp_steps"]
+__all__ = ["Step", "exposed", "held", "exchange_passes", "ep_steps", "cp_steps", "tp_steps"]
 
 Parts = Sequence[tuple[str, float]]  # collectives that run at once
 # an exchange, the seconds of the GEMM fused with it, and the seconds of independent
@@ -55,6 +55,14 @@ def exposed(times: Sequence[float], steps: Sequence[Step], scale: float = 1.0) -
         out += max(0.0, wait - ready)
         ready = max(0.0, ready - wait)
     return out
+
+
+def exchange_passes(recompute: str, backward: bool) -> list[tuple[bool, bool]]:
+    """A layer's exchange passes in its forward or backward as (forward-shaped, replay): the
+    forward, or the backward after full recomputation's replay."""
+    if not backward:
+        return [(True, False)]
+    return [(True, True)] * (recompute == "full") + [(False, False)]
 
 
 def held(steps: Sequence[Step]) -> float:

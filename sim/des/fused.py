@@ -5,6 +5,7 @@ GEMM computes, then ready independent compute while it still runs."""
 from __future__ import annotations
 
 from functools import partial
+from typing import cast
 
 import simpy
 
@@ -15,10 +16,8 @@ from sim.des.context import Context, Proc, Unit
 __all__ = ["fused"]
 
 
-def _stamp(env: simpy.Environment, into: list[float], flag: simpy.Event, _event: simpy.Event
-           ) -> None:
-    into.append(env.now)
-    flag.succeed()
+def _stamp(env: simpy.Environment, flag: simpy.Event, _event: simpy.Event) -> None:
+    flag.succeed(env.now)  # when the exchange ended
 
 
 def fused(x: Context, comm: Collectives, u: Unit, kind: str, steps: list[Step], tag: tuple,
@@ -36,23 +35,24 @@ def fused(x: Context, comm: Collectives, u: Unit, kind: str, steps: list[Step], 
         return 0.0
     beside = ready = 0.0
     for j, (parts, gemm, fill) in enumerate(steps):
-        t0, ended, flag = x.env.now, list[float](), x.env.event()
+        t0, flag = x.env.now, x.env.event()
         done = simpy.AllOf(x.env, [comm.collective(u, kind, coll, size, tag + (j, coll))
                                    for coll, size in parts])
         # a plain event for the race below: a condition inside another loses its own
         # callbacks when the outer one fires first (simpy)
-        done.callbacks.append(partial(_stamp, x.env, ended, flag))
+        done.callbacks.append(partial(_stamp, x.env, flag))
         yield from x.compute(u, share * gemm, f"{name} (fused)")
         ready += fill
-        if not ended and ready > 0:
+        if not flag.triggered and ready > 0:
             t1 = x.env.now
             yield from x.wait(u, "compute", simpy.AnyOf(
                 x.env, [flag, x.env.timeout(ready * x.scale[u])]), f"{name} (beside {kind})")
             ready = max(0.0, ready - (x.env.now - t1) / x.scale[u])
         computed = x.env.now
         yield from x.wait(u, kind, done, f"{kind} (fused)")
-        x.acct[u].comm_total[kind] += ended[0] - t0
-        beside += min(ended[0], computed) - t0
+        ended = cast(float, flag.value)
+        x.acct[u].comm_total[kind] += ended - t0
+        beside += min(ended, computed) - t0
         if share < 1.0:
             yield from x.compute(u, (1.0 - share) * gemm, f"{name} (fused, after)")
     yield from x.compute(u, ready, name)

@@ -12,7 +12,7 @@ from typing import cast
 import simpy
 
 from sim.cost import compute as cm
-from sim.cost.overlap import cp_steps, ep_steps, exposed, held, tp_steps
+from sim.cost.overlap import cp_steps, ep_steps, exchange_passes, exposed, held, tp_steps
 from sim.des.comm import Collectives
 from sim.des.context import Context, Proc, Unit
 from sim.des.data_parallel import DataParallel
@@ -150,13 +150,6 @@ class Layers:
             yield from x.wait(u, "ep", x.env.timeout(beside * share),
                               "ep (its kernels' SMs slow the compute beside it)")
 
-    def _passes(self, backward: bool) -> list[tuple[bool, bool]]:
-        """A pass's comm passes as (forward-shaped, replay): the forward, or the backward
-        after full recomputation's replay."""
-        if not backward:
-            return [(True, False)]
-        return [(True, True)] * (self.x.p.recompute == "full") + [(False, False)]
-
     def _beside(self, moe: bool, backward: bool) -> tuple[float, ...]:
         """Per comm pass, the seconds of the layer's compute that run beside its exchanges
         rather than before them: the shared expert's (``shared-expert`` overlap with expert
@@ -165,10 +158,10 @@ class Layers:
         x = self.x
         if self.tp_fused:
             return tuple(held(tp_steps(x.dense_t, self._tp_ops(replay=r), not f))
-                         for f, r in self._passes(backward))
+                         for f, r in exchange_passes(x.p.recompute, backward))
         if moe and x.p.ep > 1 and x.p.moe_overlap == "operator":
             return tuple(held(ep_steps(x.moe_t, self._dispatches(f, r), not f))
-                         for f, r in self._passes(backward))
+                         for f, r in exchange_passes(x.p.recompute, backward))
         if not (moe and x.p.ep > 1 and x.p.moe_overlap == "shared-expert"):
             return ()
         lt = x.moe_t
@@ -239,7 +232,7 @@ class Layers:
         if self.tp_fused:
             share = x.scale[u] * x.c.gpu.tp_overlap_eff
             tp = total = 0.0
-            for forward, replay in self._passes(backward):
+            for forward, replay in exchange_passes(x.p.recompute, backward):
                 steps = tp_steps(x.dense_t, self._tp_ops(replay=replay), not forward)
                 times = [comm.solo(u, "tp", c, size, n) for parts, _, _ in steps
                          for c, size in parts]
