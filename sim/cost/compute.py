@@ -77,16 +77,25 @@ def _mlp(cm: CostModel, m: ModelSpec, plan: Plan, tokens: float, ffn: int,
     activation, down."""
     act = "swiglu" if m.gated_mlp else "gelu"
     w = plan.tp if ways is None else ways
-    up, down = mlp_gemms(cm, m, plan, tokens, ffn, w)
+    up, down = mlp_gemms(cm, m, plan, tokens, ffn, ways)
     return _add(up, cm.elementwise(act, tokens, ffn / w, plan.activation_dtype), down)
 
 
 def mlp_gemms(cm: CostModel, m: ModelSpec, plan: Plan, tokens: float, ffn: int,
-              ways: int) -> tuple[Cost, Cost]:
-    """An MLP's up (and gate) GEMM and its down GEMM, width ``ffn`` split ``ways`` ways."""
-    up = 2 if m.gated_mlp else 1
-    return (cm.gemm(tokens, up * ffn / ways, m.hidden_size, plan.dtype),
-            cm.gemm(tokens, m.hidden_size, ffn / ways, plan.dtype))
+              ways: int | None = None) -> tuple[Cost, Cost]:
+    """An MLP's up (and gate) GEMM and its down GEMM, width ``ffn`` split ``ways`` ways
+    (default: over TP, the tensor-parallel layers sequence parallelism gathers for)."""
+    up, sp = 2 if m.gated_mlp else 1, _sp(plan) if ways is None else 1
+    w = plan.tp if ways is None else ways
+    return (cm.gemm(tokens, up * ffn / w, m.hidden_size, plan.dtype, (sp, 1)),
+            cm.gemm(tokens, m.hidden_size, ffn / w, plan.dtype, (1, sp)))
+
+
+def _sp(plan: Plan) -> int:
+    """How many ways sequence parallelism gathers a column-parallel layer's input and a
+    row-parallel layer's output gradient (an fp8 cast before it runs on the shard:
+    :meth:`sim.cost.costmodel.Roofline.gemm`)."""
+    return plan.tp if plan.sequence_parallel else 1
 
 
 def expert_time(cm: CostModel, m: ModelSpec, plan: Plan, tokens: float) -> Cost:
@@ -149,8 +158,8 @@ def attention_gemms(cm: CostModel, m: ModelSpec, plan: Plan, tokens: float
     output projection."""
     t, dt, h = plan.tp, plan.dtype, m.hidden_size
     if not m.is_mla:
-        return (cm.gemm(tokens, (m.q_dim + 2 * m.kv_dim) / t, h, dt),
-                cm.gemm(tokens, h, m.q_dim / t, dt))
+        return (cm.gemm(tokens, (m.q_dim + 2 * m.kv_dim) / t, h, dt, (_sp(plan), 1)),
+                cm.gemm(tokens, h, m.q_dim / t, dt, (1, _sp(plan))))
     down = m.kv_lora_rank + m.qk_rope_head_dim + m.q_lora_rank
     return (_add(cm.gemm(tokens, down, h, dt),
                  cm.gemm(tokens, m.num_heads * (m.head_dim + m.v_head_dim) / t,
@@ -241,7 +250,7 @@ def ops_layer_time(cm: CostModel, m: ModelSpec, plan: Plan, moe: bool = False) -
     again = _recomputed_forward(cm, m, plan, moe, {"core_attn": core[0], "mlp": mlp[0],
                                                    "shared_experts": shared[0]})
     zero = ((0.0, 0.0), (0.0, 0.0))
-    dense = zero if moe else mlp_gemms(cm, m, plan, tokens, m.ffn_hidden_size, plan.tp)
+    dense = zero if moe else mlp_gemms(cm, m, plan, tokens, m.ffn_hidden_size)
     if stops_early(plan):  # the replay ends before a dense layer's down projection, whose
         # inputs torch saves before running it (an MoE layer's grouped GEMMs save after)
         again = rest[0] + core[0] - dense[1][0]
@@ -277,13 +286,16 @@ def _expert_act(cm: CostModel, m: ModelSpec, plan: Plan) -> float:
 
 
 def _head(cm: CostModel, m: ModelSpec, plan: Plan) -> Cost:
-    """Final norm, output projection and cross-entropy loss."""
+    """Final norm, output projection and cross-entropy loss. The output projection runs in
+    16 bits under fp8 training, as torchtitan's float8 converter (it leaves ``output``
+    out) and Megatron-LM (a plain ``ColumnParallelLinear``, not Transformer Engine's)
+    run it."""
     tokens = plan.local_tokens
     local = tokens / (plan.tp if plan.sequence_parallel else 1)
     loss = "loss-parallel" if plan.tp > 1 else "loss"  # vocab-parallel: unfused passes
     dt, h = plan.activation_dtype, m.hidden_size
     return _add(cm.elementwise(m.norm, local, h, dt),
-                cm.gemm(tokens, m.vocab_size / plan.tp, h, plan.dtype),
+                cm.gemm(tokens, m.vocab_size / plan.tp, h, dt),
                 cm.elementwise(loss, tokens, m.vocab_size / plan.tp, dt))
 
 

@@ -37,7 +37,8 @@ _STREAM_ELEMS = {"layernorm": 2.0, "rmsnorm": 2.0, "residual": 3.0, "dropout": 2
 class CostModel(Protocol):
     """Forward and backward seconds of each layer building block on one device."""
 
-    def gemm(self, m: float, n: float, k: float, dtype: str) -> Cost: ...
+    def gemm(self, m: float, n: float, k: float, dtype: str,
+             gathered: tuple[float, float] = (1.0, 1.0)) -> Cost: ...
 
     def attention(self, batch_heads: float, q_len: float, kv_len: float, head_dim: float,
                   dtype: str, flash: bool, dropout: bool) -> Cost: ...
@@ -93,15 +94,22 @@ class Roofline:
         h = self.gemm_dim_half
         return (m / (m + h)) * (n / (n + h)) * (k / (k + h))
 
-    def gemm(self, m: float, n: float, k: float, dtype: str, batch: float = 1.0) -> Cost:
+    def gemm(self, m: float, n: float, k: float, dtype: str,
+             gathered: tuple[float, float] = (1.0, 1.0), batch: float = 1.0) -> Cost:
+        """A GEMM's (forward, backward) seconds. Under fp8 each operand is cast to fp8 at
+        the stack's ``fp8_cast_bytes`` a element: the input and the weight forward, the
+        output gradient backward; ``gathered`` says how many ways the input and the output
+        gradient are all-gathered after their cast (sequence parallelism: the cast runs on
+        the shard, :func:`sim.layout.stages.tp_gathers`)."""
         compute = op_flops(m, n, k) * batch / (self.gemm_flops[dtype]
                                                * self.gemm_efficiency(m, n, k))
         memory = (m * k + k * n + m * n) * batch * DTYPE_BYTES[dtype] / self.mem_Bps
         fwd = max(compute, memory)
         if dtype != "fp8" or not self.fp8_cast_bytes:
             return fwd, BACKWARD_FACTOR * fwd
-        cast = self.fp8_cast_bytes * batch / self.mem_Bps  # input and weight; output grad
-        return fwd + (m * k + n * k) * cast, BACKWARD_FACTOR * fwd + m * n * cast
+        cast = self.fp8_cast_bytes * batch / self.mem_Bps
+        inputs, grads = gathered
+        return fwd + (m * k / inputs + n * k) * cast, BACKWARD_FACTOR * fwd + m * n / grads * cast
 
     def attention(self, batch_heads: float, q_len: float, kv_len: float, head_dim: float,
                   dtype: str, flash: bool, dropout: bool) -> Cost:
@@ -109,8 +117,8 @@ class Roofline:
             flops = 4.0 * batch_heads * q_len * kv_len * head_dim * 0.5
             fwd = flops / self.attention_flops[dtype]
             return fwd, FLASH_BACKWARD_FACTOR * fwd
-        scores = self.gemm(q_len, kv_len, head_dim, dtype, batch_heads)[0]
-        weighted = self.gemm(q_len, head_dim, kv_len, dtype, batch_heads)[0]
+        scores = self.gemm(q_len, kv_len, head_dim, dtype, batch=batch_heads)[0]
+        weighted = self.gemm(q_len, head_dim, kv_len, dtype, batch=batch_heads)[0]
         per_elem = 4 + (5 if dropout else 0)  # scale+mask+softmax read/write, dropout
         softmax = batch_heads * q_len * kv_len * per_elem / self.mem_Bps
         fwd = scores + weighted + softmax

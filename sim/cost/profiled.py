@@ -262,9 +262,10 @@ class Profiled:
             hit = fallback()
         return hit[0] * self.db.compute_scale, hit[1] * self.db.compute_scale
 
-    def gemm(self, m: float, n: float, k: float, dtype: str) -> Cost:
+    def gemm(self, m: float, n: float, k: float, dtype: str,
+             gathered: tuple[float, float] = (1.0, 1.0)) -> Cost:
         return self._measured(("gemm", "", dtype), (m, n, k),
-                              lambda: self.fallback.gemm(m, n, k, dtype))
+                              lambda: self.fallback.gemm(m, n, k, dtype, gathered))
 
     def attention(self, batch_heads: float, q_len: float, kv_len: float, head_dim: float,
                   dtype: str, flash: bool, dropout: bool) -> Cost:

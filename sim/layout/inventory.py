@@ -75,7 +75,7 @@ from sim.layout.stages import (
     mirrored,
     pipeline_rank_layers,
     rank_virtual_stages,
-    tp_blocks,
+    tp_pass,
     virtual_stage_moe,
 )
 from sim.spec.experts import expert_tp, experts_follow_dense
@@ -148,11 +148,10 @@ def _tp(t: _Tally, m: ModelSpec, p: Plan, st: StageLayers, conv: Conventions) ->
     act = p.local_tokens * m.hidden_size * p.activation_bytes
     passes = 3 if p.recompute == "full" else 2  # forward, backward (and the replay)
     kinds = ("all_gather", "reduce_scatter") if p.sequence_parallel else ("all_reduce",)
-    # each block of a layer, each pass (sim.layout.stages.tp_blocks: an MoE layer's differ)
-    for kind in kinds:
-        for count, moe in ((st.dense, False), (st.moe, True)):
-            for scale in tp_blocks(m, p, moe) if count else ():
-                t.add("tp", kind, act * scale, count * passes * n)
+    # each block of a layer, each pass (sim.layout.stages.tp_pass: an MoE layer's differ)
+    for count, moe in ((st.dense, False), (st.moe, True)):
+        for kind, scale in tp_pass(m, p, moe) if count else ():
+            t.add("tp", kind, act * scale, count * passes * n)
     if stops_early(p):  # the replay leaves out a layer's last reduction (the MLP's, or an
         # MoE layer's shared expert's): sim.layout.stages.tp_pass
         shared_last = m.shared_expert_ffn_hidden_size and p.moe_dispatcher != "deepep"

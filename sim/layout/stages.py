@@ -12,9 +12,9 @@ from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
 from sim.spec.recompute import reruns_core, stops_early
 
-__all__ = ["StageLayers", "even_split", "tp_blocks", "tp_pass", "virtual_stage_layers",
-           "virtual_stage_moe", "rank_virtual_stages", "virtual_stage_rank", "mirrored",
-           "dualpipe_family",
+__all__ = ["StageLayers", "even_split", "tp_blocks", "tp_gathers", "tp_pass",
+           "virtual_stage_layers", "virtual_stage_moe", "rank_virtual_stages",
+           "virtual_stage_rank", "mirrored", "dualpipe_family",
            "chain_microbatches", "first_stage", "last_stage",
            "pipeline_rank_layers", "edge_tp_collectives", "cp_exchanges"]
 
@@ -64,10 +64,32 @@ def tp_blocks(model: ModelSpec, plan: Plan, moe: bool) -> tuple[float, ...]:
     return blocks + (model.top_k * routing(model, plan).load_factor,)
 
 
+FP8_GATHER = 0.5  # an fp8 element's bytes over a 16-bit activation's
+
+
+def tp_gathers(model: ModelSpec, plan: Plan, moe: bool) -> tuple[float, ...]:
+    """Each of :func:`tp_blocks`' all-gathers in bytes over its 16-bit activation's. Under
+    fp8 training with sequence parallelism a block that feeds a tensor-parallel linear
+    layer (the attention, but MLA's; a dense MLP; a shared expert) gathers fp8: its input
+    is cast on the sequence shard before the forward's gather and its output gradient
+    before the backward's, as torchao's float8 tensor parallelism
+    (``Float8ColwiseParallel``, ``Float8RowwiseParallel``, ``PrepareFloat8ModuleInput``:
+    torchtitan's) and Transformer Engine's quantized ``gather_along_first_dim``
+    (Megatron-Core's) run them. The reduce-scatters stay 16-bit, as do the routed tokens'
+    gathers (the token dispatcher's own, before the grouped GEMMs)."""
+    blocks = tp_blocks(model, plan, moe)
+    if plan.dtype != "fp8" or not plan.sequence_parallel:
+        return (1.0,) * len(blocks)
+    linear = 2 if not moe or model.shared_expert_ffn_hidden_size else 1
+    return tuple(FP8_GATHER if i < linear and (i or not model.is_mla) else 1.0
+                 for i in range(len(blocks)))
+
+
 def tp_pass(model: ModelSpec, plan: Plan, moe: bool, replay: bool = False
             ) -> list[tuple[str, float]]:
     """One pass's tensor-parallel collectives over a layer, as (kind, activation scale): an
-    all-reduce, or an all-gather and a reduce-scatter, per block (:func:`tp_blocks`). The
+    all-reduce, or an all-gather and a reduce-scatter, per block (:func:`tp_blocks`; the
+    all-gathers under fp8 in :func:`tp_gathers`' bytes). The
     ``replay`` of a recomputation that stops early (:func:`sim.spec.recompute.stops_early`)
     leaves out the layer's last reduction (block 1), whose output is only added to the
     residual stream: the MLP's, or an MoE layer's shared expert's where it runs after the
@@ -77,7 +99,9 @@ def tp_pass(model: ModelSpec, plan: Plan, moe: bool, replay: bool = False
     if plan.tp == 1:
         return []
     kinds = ("all_gather", "reduce_scatter") if plan.sequence_parallel else ("all_reduce",)
-    ops = [(kind, scale) for scale in tp_blocks(model, plan, moe) for kind in kinds]
+    ops = [(kind, scale * (fp8 if kind == "all_gather" else 1.0))
+           for scale, fp8 in zip(tp_blocks(model, plan, moe), tp_gathers(model, plan, moe),
+                                 strict=True) for kind in kinds]
     if replay and stops_early(plan) and (not moe or (model.shared_expert_ffn_hidden_size
                                                      and plan.moe_dispatcher != "deepep")):
         del ops[2 * len(kinds) - 1]

@@ -29,8 +29,9 @@ class ScaledCost:
     def _both(self, c: Cost) -> Cost:
         return c[0] * self.factor, c[1] * self.factor
 
-    def gemm(self, m: float, n: float, k: float, dtype: str) -> Cost:
-        return self._both(self.inner.gemm(m, n, k, dtype))
+    def gemm(self, m: float, n: float, k: float, dtype: str,
+             gathered: tuple[float, float] = (1.0, 1.0)) -> Cost:
+        return self._both(self.inner.gemm(m, n, k, dtype, gathered))
 
     def attention(self, batch_heads: float, q_len: float, kv_len: float, head_dim: float,
                   dtype: str, flash: bool, dropout: bool) -> Cost:
