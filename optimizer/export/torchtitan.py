@@ -185,7 +185,8 @@ def _model(attn_backend, tp_gemm_backend="default"):
 
 def {fn}():
     llama3.llama3_configs[MODEL["name"]] = _model
-    converters = [Float8LinearConverter.Config()] if FP8 else None
+    # the output layer in bf16, as trainsim times it (torchtitan's own default until 2025)
+    converters = [Float8LinearConverter.Config(filter_fqns=["lm_head"])] if FP8 else None
     config = llama3_8b()
     config.model_spec = llama3.model_registry(MODEL["name"], converters=converters)
     config.parallelism = ParallelismConfig(**PARALLELISM)
@@ -238,6 +239,13 @@ def files(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> dict[str, str]:
     if plan.grad_reduce_dtype is None and plan.grad_bytes < 4:
         script.insert(2, "# note: torchtitan reduces gradients in float32; trainsim timed this "
                       "plan with 16-bit reductions (set grad_reduce_dtype = \"fp32\" to match)")
+    if plan.dtype == "fp8":
+        gathers = " and, with sequence parallelism, gathers activations in bf16" \
+            if plan.tp > 1 and plan.sequence_parallel else ""
+        script.insert(2, "# note: torchtitan 0.3.0's Float8 converter has rowwise recipes only, "
+                      f"so this run scales per row{gathers}; trainsim timed the tensorwise "
+                      "recipe of torchtitan's published runs (fp8 tensor-parallel gathers; "
+                      "docs/compute/analytic.md): expect it slower")
     if plan.schedule == "dualpipev" and plan.dp > 1:
         script.insert(2, "# note: with data parallelism torch 2.13's ScheduleDualPipeV trained to "
                       "other losses than 1F1B in trainsim's executor (docs/validation/"

@@ -72,21 +72,22 @@ def _scale(c: Cost, k: float) -> Cost:
 
 
 def _mlp(cm: CostModel, m: ModelSpec, plan: Plan, tokens: float, ffn: int,
-         ways: int | None = None) -> Cost:
-    """One MLP of width ``ffn`` split ``ways`` ways (default: over TP): up (and gate),
-    activation, down."""
+         expert_ways: int | None = None) -> Cost:
+    """One MLP of width ``ffn``: up (and gate), activation, down (:func:`mlp_gemms`)."""
     act = "swiglu" if m.gated_mlp else "gelu"
-    w = plan.tp if ways is None else ways
-    up, down = mlp_gemms(cm, m, plan, tokens, ffn, ways)
+    w = plan.tp if expert_ways is None else expert_ways
+    up, down = mlp_gemms(cm, m, plan, tokens, ffn, expert_ways)
     return _add(up, cm.elementwise(act, tokens, ffn / w, plan.activation_dtype), down)
 
 
 def mlp_gemms(cm: CostModel, m: ModelSpec, plan: Plan, tokens: float, ffn: int,
-              ways: int | None = None) -> tuple[Cost, Cost]:
-    """An MLP's up (and gate) GEMM and its down GEMM, width ``ffn`` split ``ways`` ways
-    (default: over TP, the tensor-parallel layers sequence parallelism gathers for)."""
-    up, sp = 2 if m.gated_mlp else 1, _sp(plan) if ways is None else 1
-    w = plan.tp if ways is None else ways
+              expert_ways: int | None = None) -> tuple[Cost, Cost]:
+    """An MLP's up (and gate) GEMM and its down GEMM, width ``ffn``: by default a
+    tensor-parallel MLP (split over TP, its input and output gradient gathered by sequence
+    parallelism); with ``expert_ways`` routed experts split that many ways (their tokens
+    dispatched to them, not gathered)."""
+    up = 2 if m.gated_mlp else 1
+    w, sp = (plan.tp, _sp(plan)) if expert_ways is None else (expert_ways, 1)
     return (cm.gemm(tokens, up * ffn / w, m.hidden_size, plan.dtype, (sp, 1)),
             cm.gemm(tokens, m.hidden_size, ffn / w, plan.dtype, (1, sp)))
 

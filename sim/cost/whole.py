@@ -3,7 +3,7 @@
 operation sums.
 
 A ``tp-layer`` row's time includes the layer's TP collectives, which the tiers charge
-separately (:func:`sim.layout.stages.tp_blocks` blocks, each an all-reduce or an all-gather
+separately (:func:`sim.layout.stages.tp_pass`'s blocks, each an all-reduce or an all-gather
 and a reduce-scatter, per pass); a ``tp-head`` row includes the output layer's and the
 vocab-parallel loss's (:func:`sim.layout.stages.edge_tp_collectives`). The correction is
 ``(measured - collectives) / operation sum``, with the collectives timed by the same cost
@@ -15,7 +15,7 @@ used (the cost model notes it).
 from __future__ import annotations
 
 from sim.cost.costmodel import Cost, CostModel
-from sim.layout.stages import edge_tp_collectives, tp_blocks
+from sim.layout.stages import edge_tp_collectives, tp_pass
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
 
@@ -35,11 +35,10 @@ def _coll(cm: CostModel, kind: str, tp: int, size: float) -> float | None:
 def _layer_comm(cm: CostModel, m: ModelSpec, plan: Plan) -> float | None:
     """One pass's TP collectives of a dense layer (forward, or backward)."""
     size = plan.local_tokens * m.hidden_size * plan.activation_bytes
-    kinds = ("all_gather", "reduce_scatter") if plan.sequence_parallel else ("all_reduce",)
-    times = [_coll(cm, k, plan.tp, size) for k in kinds]
+    times = [_coll(cm, kind, plan.tp, size * scale) for kind, scale in tp_pass(m, plan, False)]
     if any(t is None for t in times):
         return None
-    return len(tp_blocks(m, plan, False)) * sum(t for t in times if t is not None)
+    return sum(t for t in times if t is not None)
 
 
 def tp_layer_ratio(cm: CostModel, spec: ModelSpec, seq: int, tokens: int, tp: int, sp: bool,

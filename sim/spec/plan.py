@@ -143,8 +143,9 @@ class Plan:
 
     @property
     def activation_dtype(self) -> str:
-        """Activations (and attention) stay in 16 bits under fp8 training."""
-        return "fp32" if self.dtype == "fp32" else "bf16"
+        """Activations (and attention) stay in 16 bits under fp8 training (bf16); fp16 and
+        fp32 training keep theirs."""
+        return self.dtype if self.dtype in ("fp32", "fp16") else "bf16"
 
     @property
     def activation_bytes(self) -> int:
