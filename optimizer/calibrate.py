@@ -2,9 +2,9 @@
 the hardware catalog, by least squares in relative error, with a prior.
 
 A run is a measured iteration time with its model, cluster and plan (a CSV row: ``model,
-cluster, plan, measured_iteration_s`` and optionally ``label``; the cluster a preset or a
-TOML path, the plan a JSON path, paths relative to the CSV's folder). Every run must be on
-one device type. The fit minimises::
+cluster, plan, measured_iteration_s`` (or ``log``, ``trace``, ``compare``) and optionally
+``label``; the cluster a preset or a TOML path, the plan a JSON path, paths relative to the
+CSV's folder). Every run must be on one device type. The fit minimises::
 
     mean_i (predicted_i / measured_i - 1)^2 + prior * sum_k (log f_k - log f_k0)^2
 
@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from optimizer.compared import compared_run
 from optimizer.logs import iteration_s_from_log
 from optimizer.traces import iteration_s_from_trace
 from sim import simulate
@@ -63,16 +64,18 @@ def load_runs(path: Path) -> list[Run]:
     """The runs of a CSV, each checked (one line naming the row and column if not). A run's
     time is ``measured_iteration_s``, or a Megatron-LM or torchtitan training ``log`` (a
     path; :mod:`optimizer.logs`), or a PyTorch profiler ``trace`` (a path;
-    :mod:`optimizer.traces`)."""
+    :mod:`optimizer.traces`), or a ``trainsim compare --json`` result (``compare``, a path;
+    :mod:`optimizer.compared`: its measured time, checked against the row's model, cluster
+    and plan)."""
     if not path.is_file():
         raise SpecError("runs", f"no such file: {path}")
     with path.open(newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
     need = COLUMNS[:3]
     if not rows or any(c not in rows[0] for c in need) or not (
-            {"measured_iteration_s", "log", "trace"} & set(rows[0])):
+            {"measured_iteration_s", "log", "trace", "compare"} & set(rows[0])):
         raise SpecError("runs", f"{path.name} needs a header with {', '.join(need)} and "
-                        "measured_iteration_s, log or trace, and at least one run")
+                        "measured_iteration_s, log, trace or compare, and at least one run")
 
     def local(ref: str) -> str:
         p = path.parent / ref
@@ -81,9 +84,13 @@ def load_runs(path: Path) -> list[Run]:
     out = []
     for i, row in enumerate(rows):
         plan, model = load_plan(local(row["plan"])), load_any(local(row["model"]))
-        out.append(Run(model, load_cluster(local(row["cluster"])), plan,
-                       _time(row, plan, model, i, path, local),
-                       row.get("label") or f"row {i + 2}"))
+        cluster = load_cluster(local(row["cluster"]))
+        if row.get("compare"):
+            t, plan = compared_run(Path(local(row["compare"])), model, cluster, plan,
+                                   f"runs[{i}].compare")
+        else:
+            t = _time(row, plan, model, i, path, local)
+        out.append(Run(model, cluster, plan, t, row.get("label") or f"row {i + 2}"))
     devices = {r.cluster.gpu.name for r in out}
     if len(devices) > 1:
         raise SpecError("runs", f"every run must be on one device type to calibrate it, got "
