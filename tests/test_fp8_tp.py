@@ -149,3 +149,18 @@ def test_fp16_training_keeps_fp16_activations():
     assert plan.activation_dtype == "fp16"
     for fidelity in ("analytic", "des"):
         assert simulate(m, c, plan, fidelity=fidelity).iteration_time_s > 0
+
+
+def test_the_torchtitan_export_says_what_its_float8_runs_differently(tmp_path):
+    """torchtitan 0.3.0 has rowwise float8 recipes only (no float8 TP): the script says so;
+    the output layer is filtered, as trainsim times it."""
+    from optimizer.export import export
+
+    plan = Plan(64, 4096, 1, dp=2, tp=8, sequence_parallel=True, dtype="fp8")
+    files = export("torchtitan", plan, load_model("llama3-8b"), load_cluster("dgx-h100:2"))
+    note = files["torchtitan.sh"]
+    assert "rowwise recipes only" in note and "gathers activations in bf16" in note
+    assert 'filter_fqns=["lm_head"]' in files["trainsim_torchtitan.py"]
+    plain = export("torchtitan", dataclasses.replace(plan, dtype="bf16"),
+                   load_model("llama3-8b"), load_cluster("dgx-h100:2"))
+    assert "rowwise" not in plain["torchtitan.sh"]
