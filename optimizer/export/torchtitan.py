@@ -185,7 +185,7 @@ def _model(attn_backend, tp_gemm_backend="default"):
 
 def {fn}():
     llama3.llama3_configs[MODEL["name"]] = _model
-    # the output layer in bf16, as trainsim times it (torchtitan's own default until 2025)
+    # the output layer in bf16, as trainsim times it (and torchtitan's published runs ran it)
     converters = [Float8LinearConverter.Config(filter_fqns=["lm_head"])] if FP8 else None
     config = llama3_8b()
     config.model_spec = llama3.model_registry(MODEL["name"], converters=converters)

@@ -288,9 +288,9 @@ def _expert_act(cm: CostModel, m: ModelSpec, plan: Plan) -> float:
 
 def _head(cm: CostModel, m: ModelSpec, plan: Plan) -> Cost:
     """Final norm, output projection and cross-entropy loss. The output projection runs in
-    16 bits under fp8 training, as torchtitan's float8 converter (it leaves ``output``
-    out) and Megatron-LM (a plain ``ColumnParallelLinear``, not Transformer Engine's)
-    run it."""
+    16 bits under fp8 training, as torchtitan's published runs (its float8 converter left
+    ``output`` out) and Megatron-LM (a plain ``ColumnParallelLinear``, not Transformer
+    Engine's) run it."""
     tokens = plan.local_tokens
     local = tokens / (plan.tp if plan.sequence_parallel else 1)
     loss = "loss-parallel" if plan.tp > 1 else "loss"  # vocab-parallel: unfused passes

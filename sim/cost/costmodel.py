@@ -97,7 +97,7 @@ class Roofline:
     def gemm(self, m: float, n: float, k: float, dtype: str,
              gathered: tuple[float, float] = (1.0, 1.0), batch: float = 1.0) -> Cost:
         """A GEMM's (forward, backward) seconds. Under fp8 each operand is cast to fp8 at
-        the stack's ``fp8_cast_bytes`` a element: the input and the weight forward, the
+        the stack's ``fp8_cast_bytes`` an element: the input and the weight forward, the
         output gradient backward; ``gathered`` says how many ways the input and the output
         gradient are all-gathered after their cast (sequence parallelism: the cast runs on
         the shard, :func:`sim.layout.stages.tp_gathers`)."""
