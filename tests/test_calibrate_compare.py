@@ -67,9 +67,19 @@ def test_a_comparison_of_another_run_is_refused(compared, capsys):
                              str(folder / "never.json"))
         assert code == 2 and out == "" and needle in err and len(err.splitlines()) == 1
         assert "runs[0].compare" in err and not (folder / "never.json").exists()
-    _write(folder, "run.json", {"measured_s": 1.0})  # an execute result, say
+    edited = {  # the file edited to what a wrong one would say
+        "measured_s": ({"measured_s": 1.0}, "is not a `trainsim compare --json` result"),
+        "task": ({"task": "digits", "plan": PLAN}, "is a synchronisation (--task) comparison"),
+        "device": (result | {"measured": result["measured"] | {"device": "cuda"}},
+                   "was measured on cuda, cluster 'cpu:2' has cpu"),
+        "scaled": (result | {"measured": result["measured"] | {
+            "model": result["measured"]["model"] | {"num_layers": 1}}},
+                   "compares another model than the row's"),
+    }
     try:
-        code, _, err = cli(capsys, "calibrate", str(_runs(folder)))
-        assert code == 2 and "is not a `trainsim compare --json` result" in err
+        for data, needle in edited.values():
+            _write(folder, "run.json", data)
+            code, _, err = cli(capsys, "calibrate", str(_runs(folder)))
+            assert code == 2 and needle in err and len(err.splitlines()) == 1, err
     finally:
         _write(folder, "run.json", result)
