@@ -77,12 +77,16 @@ def tp_gathers(model: ModelSpec, plan: Plan, moe: bool) -> tuple[float, ...]:
     torchtitan's) and Transformer Engine's quantized ``gather_along_first_dim``
     (Megatron-Core's) run them. The reduce-scatters stay 16-bit, as do the routed tokens'
     gathers (the token dispatcher's own, before the grouped GEMMs)."""
-    blocks = tp_blocks(model, plan, moe)
+    return _gathers(model, plan, moe, len(tp_blocks(model, plan, moe)))
+
+
+def _gathers(model: ModelSpec, plan: Plan, moe: bool, blocks: int) -> tuple[float, ...]:
+    """:func:`tp_gathers` for a layer of ``blocks`` blocks."""
     if plan.dtype != "fp8" or not plan.sequence_parallel:
-        return (1.0,) * len(blocks)
+        return (1.0,) * blocks
     linear = 2 if not moe or model.shared_expert_ffn_hidden_size else 1
     return tuple(FP8_GATHER if i < linear and (i or not model.is_mla) else 1.0
-                 for i in range(len(blocks)))
+                 for i in range(blocks))
 
 
 def tp_pass(model: ModelSpec, plan: Plan, moe: bool, replay: bool = False
@@ -99,9 +103,10 @@ def tp_pass(model: ModelSpec, plan: Plan, moe: bool, replay: bool = False
     if plan.tp == 1:
         return []
     kinds = ("all_gather", "reduce_scatter") if plan.sequence_parallel else ("all_reduce",)
+    blocks = tp_blocks(model, plan, moe)  # once: an MoE layer's reads the routing
     ops = [(kind, scale * (fp8 if kind == "all_gather" else 1.0))
-           for scale, fp8 in zip(tp_blocks(model, plan, moe), tp_gathers(model, plan, moe),
-                                 strict=True) for kind in kinds]
+           for scale, fp8 in zip(blocks, _gathers(model, plan, moe, len(blocks)), strict=True)
+           for kind in kinds]
     if replay and stops_early(plan) and (not moe or (model.shared_expert_ffn_hidden_size
                                                      and plan.moe_dispatcher != "deepep")):
         del ops[2 * len(kinds) - 1]
