@@ -7,8 +7,9 @@ Run: ``.venv/bin/python experiments/validate_executor_cpu.py [--db DIR] [--round
    the compute profile of ``tiny`` (``trainsim profile compute --model tiny``, one thread, the
    other core kept busy as in a two-rank run) and the TP plans' whole layers and output
    heads run over two ranks as the executor runs them (``trainsim profile tp``; not with
-   ``--no-tp-rows``) **once per round, just before that round's runs**. Each shape keeps
-   its median pass over the rounds (``profiler.compute.
+   ``--no-tp-rows``) and FSDP2's cost around ZeRO-3's collectives (``trainsim profile
+   fsdp``; not with ``--no-fsdp-rows``) **once per round, just before that round's
+   runs**. Each shape keeps its median pass over the rounds (``profiler.compute.
    merge_passes``). A shared VM's speed wanders by more than the targets within minutes;
    interleaved, the profile and the runs it predicts sample the same minutes.
 2. Runs the eight two-rank plans of :func:`executor.suite.suite_plans` on ``cpu:2`` with
@@ -69,7 +70,8 @@ def profile_comm(db: Path) -> None:
              "--accept-poor-fit"], db)
 
 
-def profile_compute_pass(db: Path, r: int, tp_rows: bool = True) -> Path:
+def profile_compute_pass(db: Path, r: int, tp_rows: bool = True, fsdp_rows: bool = True
+                         ) -> Path:
     """One pass of the ``tiny`` compute profile into its own DB; its device folder."""
     root = db / "passes" / f"round-{r + 1}"
     shutil.rmtree(root, ignore_errors=True)
@@ -77,6 +79,8 @@ def profile_compute_pass(db: Path, r: int, tp_rows: bool = True) -> Path:
     if tp_rows:  # the TP plans' layers and heads as they run over two ranks
         profile(["tp", "--model", "tiny", "--tp", "2", "--micro-batch", "4", "--seq-len",
                  "512", "--sp", "both"], root)
+    if fsdp_rows:  # FSDP2's cost around ZeRO-3's collectives, over two ranks
+        profile(["fsdp", "--dp", "2"], root)
     return device_dir(root, device_name("cpu"))
 
 
@@ -92,6 +96,8 @@ def _args() -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--no-tp-rows", action="store_true", help="do not profile whole TP "
                     "layers over two ranks (trainsim profile tp) before each round")
+    ap.add_argument("--no-fsdp-rows", action="store_true", help="do not profile FSDP2 "
+                    "units over two ranks (trainsim profile fsdp) before each round")
     ap.add_argument("--repredict", action="store_true", help="keep the measured columns of "
                     f"{OUT.name} and predict again with the current simulator (after a "
                     "model change; needs --db, the profile that run used)")
@@ -123,7 +129,8 @@ def measure(args: argparse.Namespace, db: Path, plans: dict[str, Plan]
     runs: dict[str, dict] = {}
     for r in range(args.rounds):
         if not args.db:
-            passes.append(profile_compute_pass(db, r, not args.no_tp_rows))
+            passes.append(profile_compute_pass(db, r, not args.no_tp_rows,
+                                               not args.no_fsdp_rows))
         for name, plan in plans.items():
             t0 = time.time()
             res = execute(model, plan, steps=args.steps, warmup=args.warmup)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sim.cost.costmodel import Cost, CostModel
+from sim.layout.memory import chunk_edge_params, layer_rank_params
 from sim.layout.routing import routing
 from sim.spec.experts import expert_tp
 from sim.spec.model import ModelSpec
@@ -232,13 +233,21 @@ def layer_time(cm: CostModel, m: ModelSpec, plan: Plan, moe: bool = False) -> La
     f, b = factor(m, plan) if factor is not None else (1.0, 1.0)
     over = getattr(cm, "layer_overhead_s", 0.0)  # the roofline's calibrated fixed cost
     replay = over if stops_early(plan) else 0.0  # a whole layer's replay: its fixed cost too
+    zf, zb = _fsdp(cm, plan, sum(layer_rank_params(m, plan, moe)))
     def fb(pair: tuple[Cost, Cost]) -> tuple[Cost, Cost]:
         return (pair[0][0] * f, pair[0][1] * b), (pair[1][0] * f, pair[1][1] * b)
-    return LayerTime(lt.forward * f + over, lt.backward * b + 2 * over,
+    return LayerTime(lt.forward * f + over + zf, lt.backward * b + 2 * over + zb,
                      lt.attention_forward * f, lt.attention_backward * b,
                      lt.shared_forward * f, lt.shared_backward * b,
                      lt.recompute_forward * f + replay, fb(lt.expert_gemms),
                      fb(lt.attention_gemms), fb(lt.mlp_gemms))
+
+
+def _fsdp(cm: CostModel, plan: Plan, params: float) -> Cost:
+    """FSDP2's host-side (forward, backward) seconds around one ZeRO-3 unit of ``params``
+    parameters, where the cost model has them measured (:mod:`sim.cost.fsdp`)."""
+    unit = getattr(cm, "fsdp_unit", None)
+    return unit(plan, params) if unit is not None and plan.zero_stage == 3 else (0.0, 0.0)
 
 
 def ops_layer_time(cm: CostModel, m: ModelSpec, plan: Plan, moe: bool = False) -> LayerTime:
@@ -313,6 +322,10 @@ def logits_time(cm: CostModel, m: ModelSpec, plan: Plan) -> float:
     the layers)."""
     factor = getattr(cm, "head_factor", None)
     head = ops_logits_time(cm, m, plan) * (factor(m, plan) if factor is not None else 1.0)
+    root = getattr(cm, "fsdp_root", None)
+    if root is not None and plan.zero_stage == 3:  # the FSDP2 root: its parameters, its own
+        head += sum(_fsdp(cm, plan, chunk_edge_params(m, plan, 0 if plan.pp == 1 else -1)))
+        head += sum(root(plan))
     if not m.num_mtp_layers:
         return head
     local = plan.local_tokens / (plan.tp if plan.sequence_parallel else 1)

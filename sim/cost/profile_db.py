@@ -12,7 +12,9 @@ each holding ``meta.json`` and CSV tables with units in their column names:
   (tokens, hidden, tp) the same layer run over ``tp`` ranks with its TP collectives
   (without and with sequence parallelism), ``tp-head`` and ``tp-head-sp`` (tokens, hidden,
   vocab) the final norm, vocab-parallel output and loss so run, variant ``tp=T;norm=N``
-  (:mod:`executor.layer_profile`).
+  (:mod:`executor.layer_profile`); ``fsdp-units`` and ``fsdp-plain`` (parameters per unit,
+  child units, dp) a root and its child units sharded by FSDP2 over ``dp`` ranks, and the
+  same modules unwrapped (:mod:`executor.fsdp_profile`, :mod:`sim.cost.fsdp`).
 * ``comm.csv``: one row per (collective, backend, fabric, group_size, size_bytes) with
   ``time_median_s`` and nccl-tests style ``algbw_GBps`` and ``busbw_GBps``.
 * ``comm_fit.csv``: ``alpha_s, beta_s_per_byte`` per (collective, backend, fabric,
@@ -75,9 +77,11 @@ INSITU_COLUMNS = ["collective", "backend", "fabric", "group_size", "size_bytes",
                   "insitu_s", "overhead_s", "burst_s", "repeats"]
 # How many of (m, n, k) each op uses.
 SHAPE_DIMS = {"gemm": 3, "attention": 3, "embedding": 3, "optimizer": 1, "layer": 3,
-              "tp-layer": 3, "tp-layer-sp": 3, "tp-head": 3, "tp-head-sp": 3}
+              "tp-layer": 3, "tp-layer-sp": 3, "tp-head": 3, "tp-head-sp": 3,
+              "fsdp-units": 3, "fsdp-plain": 3}
 # whole layers and heads: not building blocks (no roofline rate is fitted to them)
-WHOLE_OPS = ("layer", "tp-layer", "tp-layer-sp", "tp-head", "tp-head-sp")
+WHOLE_OPS = ("layer", "tp-layer", "tp-layer-sp", "tp-head", "tp-head-sp", "fsdp-units",
+             "fsdp-plain")
 
 
 def calibration_key(stat: str) -> str:

@@ -23,6 +23,7 @@ from functools import cache
 from pathlib import Path
 
 from sim.cost.costmodel import Cost, CostModel, Roofline, op_bytes, op_flops, roofline_for
+from sim.cost.fsdp import FsdpFit, fsdp_fit
 from sim.cost.profile_db import (
     WHOLE_OPS,
     Key,
@@ -38,6 +39,7 @@ from sim.spec.cluster import ClusterSpec
 from sim.spec.hardware import HardwareSpec, cpu_device_name
 from sim.spec.model import ModelSpec
 from sim.spec.plan import Plan
+from sim.spec.zero import regathers
 
 __all__ = ["Profiled", "load_cost_model", "cost_model_for", "interpolate", "fit_roofline"]
 
@@ -120,6 +122,7 @@ class Profiled:
         self._layer_cache: dict[str, dict[int, tuple[Table, list[list[float]]]]] = {}
         self._tp_cache: dict[str, dict[tuple[int, tuple[object, ...]],
                                        tuple[Table, list[list[float]]]]] = {}
+        self._fsdp_cache: dict[str, dict[int, FsdpFit]] = {}
 
     @property
     def extrapolated(self) -> set[str]:
@@ -182,6 +185,39 @@ class Profiled:
         hit = self._tp_hit("tp-head", plan, (f"tp={plan.tp};norm={m.norm}",
                                              float(m.hidden_size), float(m.vocab_size)))
         return hit[0] if hit is not None else 1.0
+
+    def fsdp_unit(self, plan: Plan, params: float) -> Cost:
+        """FSDP2's host-side (forward, backward) seconds around one ZeRO-3 unit of
+        ``params`` gathered parameters (``fsdp-units`` rows, :mod:`sim.cost.fsdp`); 0
+        without rows for the plan's dtype and data-parallel degree."""
+        fit = self._fsdp(plan)
+        if fit is None:
+            return 0.0, 0.0
+        cost, held = fit.unit_s(params)
+        if held:
+            self._note("fsdp-units held at its measured sizes", (params,), plan.dtype)
+        return cost
+
+    def fsdp_root(self, plan: Plan) -> Cost:
+        """The FSDP2 root's own (forward, backward) seconds per micro-batch, beyond its
+        parameters' unit cost; 0 without rows."""
+        fit = self._fsdp(plan)
+        return fit.root if fit is not None else (0.0, 0.0)
+
+    def _fsdp(self, plan: Plan) -> FsdpFit | None:
+        """The fit for a ZeRO-3 plan that gathers its units again for the backward, as the
+        rows were measured (FSDP2 resharding after the forward)."""
+        if plan.zero_stage != 3 or plan.dp < 2 or not regathers(plan):
+            return None
+        if plan.dtype not in self._fsdp_cache:
+            rows = {op: {shape: t for (o, variant, dt), grids in self._compute.items()
+                         if o == op and dt == plan.dtype and variant.startswith("reshard=True")
+                         for table in grids.values() for shape, t in table.items()}
+                    for op in ("fsdp-units", "fsdp-plain")}
+            self._fsdp_cache[plan.dtype] = fsdp_fit(Profiled(self.db, self.fallback),
+                                                    plan.dtype, rows["fsdp-units"],
+                                                    rows["fsdp-plain"], self.db.compute_scale)
+        return self._fsdp_cache[plan.dtype].get(plan.dp)
 
     def _tp_hit(self, op: str, plan: Plan, what: tuple[object, ...]
                 ) -> tuple[float, float] | None:

@@ -375,9 +375,10 @@ def add_profile_parser(sub: Any, parser_class: type) -> None:
     psub = p.add_subparsers(dest="profile_cmd", required=True, parser_class=parser_class)
     _add_compute(psub)
     _add_comm(psub)
-    from trainsim.commands.profile_tp import add_tp_parser
+    from trainsim.commands.profile_tp import add_fsdp_parser, add_tp_parser
 
     add_tp_parser(psub, _int_list, int_at_least, positive_seconds, DEFAULT_DB)
+    add_fsdp_parser(psub, _int_list, int_at_least, positive_seconds, DEFAULT_DB)
     s = psub.add_parser("show", help="list profiles: where, which device, when, calibration")
     s.add_argument("--db", help="a DB root or one device folder (default: the shipped "
                    "profiles, ./profiles and $TRAINSIM_HOME/profiles)")

@@ -1,12 +1,13 @@
 """``trainsim profile tp``: whole TP layers and output heads timed over torchrun ranks as the
-executor runs them (:mod:`executor.layer_profile`)."""
+executor runs them (:mod:`executor.layer_profile`); ``trainsim profile fsdp``: FSDP2's cost
+around a ZeRO-3 unit's collectives, so timed (:mod:`executor.fsdp_profile`)."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-__all__ = ["add_tp_parser"]
+__all__ = ["add_tp_parser", "add_fsdp_parser"]
 
 _SP = {"off": [False], "on": [True], "both": [False, True]}
 
@@ -53,3 +54,43 @@ def add_tp_parser(psub: Any, int_list: Any, int_at_least: Any, positive_seconds:
                    "every rank is stopped (default 1800)")
     t.add_argument("--db", default=default_db, help=f"profile DB root (default {default_db}/)")
     t.set_defaults(func=cmd_tp)
+
+
+def cmd_fsdp(args: argparse.Namespace) -> int:
+    from executor.fsdp_profile import DEFAULT_PARAMS, run_fsdp_profile
+    from trainsim.common import check_device
+
+    check_device(args.device)
+    dtype = args.dtype or ("fp32" if args.device == "cpu" else "bf16")
+    folder, rows = run_fsdp_profile(args.dp, args.params or DEFAULT_PARAMS, args.db,
+                                    args.device, dtype, args.passes, args.samples,
+                                    timeout_s=args.timeout)
+    for r in rows:
+        print(f"{r['op']:<11} params/unit {r['m']:>10} child units {r['n']} forward "
+              f"{r['fwd_median_s'] * 1e3:9.2f} ms  backward {r['bwd_median_s'] * 1e3:9.2f} ms")
+    print(f"wrote {len(rows)} rows to {folder / 'compute.csv'}")
+    return 0
+
+
+def add_fsdp_parser(psub: Any, int_list: Any, int_at_least: Any, positive_seconds: Any,
+                    default_db: str) -> None:
+    f = psub.add_parser("fsdp", help="time FSDP2 (ZeRO-3) units over torchrun ranks against "
+                        "the same modules unwrapped: its cost around the collectives")
+    f.add_argument("--dp", type=int_at_least(2), default=2, help="data-parallel degree: "
+                   "ranks started (default 2)")
+    f.add_argument("--params", type=int_list, help="parameters per unit (default 65536, "
+                   "262144, 1048576, 4194304)")
+    f.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="default cpu "
+                   "(gloo, one thread and core per rank); cuda uses NCCL")
+    f.add_argument("--dtype", choices=["fp32", "bf16", "fp16"],
+                   help="training dtype (FSDP2's mixed precision); default fp32 on cpu, "
+                   "bf16 on cuda")
+    f.add_argument("--samples", type=int_at_least(3), default=25, help="timed samples per "
+                   "row (default 25: the difference it keeps is small beside a "
+                   "collective's spread)")
+    f.add_argument("--passes", type=int_at_least(1), default=1, help="separate runs over all "
+                   "shapes; each keeps its median pass (default 1)")
+    f.add_argument("--timeout", type=positive_seconds, default=1800.0, help="seconds before "
+                   "every rank is stopped (default 1800)")
+    f.add_argument("--db", default=default_db, help=f"profile DB root (default {default_db}/)")
+    f.set_defaults(func=cmd_fsdp)

@@ -1,0 +1,149 @@
+"""One rank of ``trainsim profile fsdp`` (started by torchrun; see :mod:`executor.fsdp_profile`).
+
+Builds a root module holding parameters of its own and ``units`` child modules, every one of
+them ``params`` parameters in ``tensors`` matrices of 256 columns, and times a forward and
+a backward of it twice, for each requested shape:
+
+* ``fsdp-plain``: the modules as they are, on every rank;
+* ``fsdp-units``: each child and then the root wrapped by FSDP2 ``fully_shard`` over all
+  ranks, resharding after the forward, with the executor's mixed-precision policy
+  (:func:`executor.parallel._fsdp`): every unit is all-gathered in the forward and again
+  in the backward, and its gradients are reduce-scattered.
+
+The work inside the modules (a sum over every parameter, and its gradient) is the same in
+both, so the difference is FSDP2's: its collectives, and the host-side work around them
+(copies into and out of the collectives' buffers, the hooks and their bookkeeping), which
+the cost model takes as what remains once it has charged the collectives itself
+(:mod:`sim.cost.fsdp`). Gradients are dropped before every sample, as an optimizer step
+leaves them. Each sample starts after a barrier and is the slowest rank's time; a row
+keeps the median sample with its 10th and 90th percentiles. Rank 0 returns the rows.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from executor.rank import progress, rank_main
+from profiler.timing import summarize
+
+__all__ = ["main", "COLUMNS"]
+
+COLUMNS = 256  # each parameter matrix's width
+
+
+class _Unit(nn.Module):
+    def __init__(self, params: int, tensors: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        rows = max(1, params // (tensors * COLUMNS))
+        self.weights = nn.ParameterList(
+            nn.Parameter(torch.randn(rows, COLUMNS, dtype=dtype) * 0.02) for _ in range(tensors))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for w in self.weights:
+            x = x + w.sum()
+        return x
+
+
+class _Root(_Unit):
+    def __init__(self, params: int, tensors: int, units: int, dtype: torch.dtype) -> None:
+        super().__init__(params, tensors, dtype)
+        self.units = nn.ModuleList(_Unit(params, tensors, dtype) for _ in range(units))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = super().forward(x)
+        for u in self.units:
+            x = u(x)
+        return x
+
+
+def _shard(root: _Root, dtype: torch.dtype) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh("cpu" if not torch.cuda.is_available() else "cuda",
+                            (dist.get_world_size(),))
+    mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype) \
+        if dtype != torch.float32 else MixedPrecisionPolicy()
+    for u in root.units:
+        fully_shard(u, mesh=mesh, mp_policy=mp, reshard_after_forward=True)
+    fully_shard(root, mesh=mesh, mp_policy=mp, reshard_after_forward=True)
+
+
+def _slowest(seconds: float) -> float:
+    took = torch.tensor([seconds], dtype=torch.float64)
+    dist.all_reduce(took, op=dist.ReduceOp.MAX)
+    return float(took)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _samples(root: nn.Module, device: torch.device, warmup: int, samples: int
+             ) -> tuple[list[float], list[float]]:
+    """(forward, backward) seconds per sample, the slowest rank's."""
+    x = torch.zeros(4, device=device)
+    fwd, bwd = [], []
+    for i in range(warmup + samples):
+        for p in root.parameters():
+            p.grad = None
+        _sync(device)
+        dist.barrier()
+        t0 = time.perf_counter()
+        out = root(x).sum()
+        _sync(device)
+        t1 = time.perf_counter()
+        out.backward()
+        _sync(device)
+        t2 = time.perf_counter()
+        f, b = _slowest(t1 - t0), _slowest(t2 - t1)
+        if i >= warmup:
+            fwd.append(f)
+            bwd.append(b)
+    return fwd, bwd
+
+
+def _stats(prefix: str, samples: list[float]) -> dict[str, float]:
+    st = summarize(samples)
+    return {f"{prefix}_median_s": st.median_s, f"{prefix}_p10_s": st.p10_s,
+            f"{prefix}_p90_s": st.p90_s}
+
+
+def _shape_rows(cfg: dict[str, Any], shape: dict[str, Any], device: torch.device
+                ) -> list[dict[str, Any]]:
+    dtype = getattr(torch, cfg["torch_dtype"])
+    rows = []
+    for op in ("fsdp-plain", "fsdp-units"):
+        torch.manual_seed(0)
+        # parameters are kept in fp32 (FSDP2 casts them for the wire, as the executor's do)
+        root = _Root(shape["params"], cfg["tensors"], shape["units"], torch.float32).to(device)
+        if op == "fsdp-units":
+            _shard(root, dtype)
+        fwd, bwd = _samples(root, device, cfg["warmup"], cfg["samples"])
+        rows.append({"op": op, **shape["key"], **_stats("fwd", fwd), **_stats("bwd", bwd),
+                     "repeats": len(fwd)})
+    return rows
+
+
+def run(cfg: dict[str, Any], out: Path, rank: int) -> dict[str, Any]:
+    device = torch.device(cfg["device"])
+    rows: list[dict[str, Any]] = []
+    for i, shape in enumerate(cfg["shapes"]):
+        progress(out, rank, i + 1, f"shape {i + 1}/{len(cfg['shapes'])}")
+        rows += _shape_rows(cfg, shape, device)
+    return {"rows": rows if rank == 0 else []}
+
+
+def main(argv: list[str] | None = None) -> int:
+    return rank_main(run, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
