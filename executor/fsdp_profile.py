@@ -26,12 +26,13 @@ from profiler.db import device_dir, merge_rows, update_meta
 from profiler.device import device_name, environment
 from sim.errors import SpecError
 
-__all__ = ["FSDP_OPS", "DEFAULT_PARAMS", "fsdp_shapes", "run_fsdp_profile"]
+__all__ = ["FSDP_OPS", "DEFAULT_PARAMS", "COLUMNS", "fsdp_shapes", "run_fsdp_profile"]
 
 FSDP_OPS = ("fsdp-plain", "fsdp-units")
 DEFAULT_PARAMS = [1 << 16, 1 << 18, 1 << 20, 1 << 22]  # 256 KiB to 16 MiB in fp32
 UNITS = (1, 3)  # child units: the difference is two units' cost, the rest the root's
 TENSORS = 8  # parameter tensors per unit, as a transformer layer's
+COLUMNS = 256  # each one's width
 _TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 MAX_PARAMS = 1 << 28
 
@@ -40,11 +41,12 @@ def fsdp_shapes(params: list[int], dp: int, dtype: str) -> list[dict[str, Any]]:
     """One worker shape per (params per unit, child units), with its DB key."""
     if dp < 2:
         raise SpecError("--dp", f"must be >= 2 (a data-parallel group), got {dp}")
+    step = TENSORS * COLUMNS * dp  # whole matrices, evenly sharded
     for p in params:
-        if not TENSORS * 256 * dp <= p <= MAX_PARAMS:
-            raise SpecError("--params", f"{p} must be between {TENSORS * 256 * dp} "
-                            f"({TENSORS} tensors of 256 columns over {dp} ranks) and "
-                            f"{MAX_PARAMS}")
+        if not step <= p <= MAX_PARAMS or p % step:
+            raise SpecError("--params", f"{p} must be a multiple of {step} ({TENSORS} "
+                            f"matrices of {COLUMNS} columns, rows split over {dp} ranks) up "
+                            f"to {MAX_PARAMS}")
     return [{"params": p, "units": n,
              "key": {"variant": f"reshard=True;tensors={TENSORS}", "dtype": dtype,
                      "grid": "fsdp", "m": p, "n": n, "k": dp}}

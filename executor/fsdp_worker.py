@@ -7,8 +7,9 @@ a backward of it twice, for each requested shape:
 * ``fsdp-plain``: the modules as they are, on every rank;
 * ``fsdp-units``: each child and then the root wrapped by FSDP2 ``fully_shard`` over all
   ranks, resharding after the forward, with the executor's mixed-precision policy
-  (:func:`executor.parallel._fsdp`): every unit is all-gathered in the forward and again
-  in the backward, and its gradients are reduce-scattered.
+  (:func:`executor.parallel._fsdp`: bf16 on the wire for bf16, fp32 otherwise): every
+  unit is all-gathered in the forward and again in the backward, and its gradients are
+  reduce-scattered (checked: :func:`_check_collectives`).
 
 The work inside the modules (a sum over every parameter, and its gradient) is the same in
 both, so the difference is FSDP2's: its collectives, and the host-side work around them
@@ -22,6 +23,7 @@ keeps the median sample with its 10th and 90th percentiles. Rank 0 returns the r
 from __future__ import annotations
 
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -29,18 +31,17 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from executor.fsdp_profile import COLUMNS
 from executor.rank import progress, rank_main
 from profiler.timing import summarize
 
-__all__ = ["main", "COLUMNS"]
-
-COLUMNS = 256  # each parameter matrix's width
+__all__ = ["main"]
 
 
 class _Unit(nn.Module):
     def __init__(self, params: int, tensors: int, dtype: torch.dtype) -> None:
         super().__init__()
-        rows = max(1, params // (tensors * COLUMNS))
+        rows = params // (tensors * COLUMNS)  # a whole number (executor.fsdp_profile)
         self.weights = nn.ParameterList(
             nn.Parameter(torch.randn(rows, COLUMNS, dtype=dtype) * 0.02) for _ in range(tensors))
 
@@ -62,14 +63,15 @@ class _Root(_Unit):
         return x
 
 
-def _shard(root: _Root, dtype: torch.dtype) -> None:
+def _shard(root: _Root, dtype: torch.dtype, device: torch.device) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    mesh = init_device_mesh("cpu" if not torch.cuda.is_available() else "cuda",
-                            (dist.get_world_size(),))
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    # the executor's policy (executor.parallel._fsdp): bf16 on the wire for bf16 plans,
+    # the fp32 parameters otherwise (fp16 plans too)
     mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype) \
-        if dtype != torch.float32 else MixedPrecisionPolicy()
+        if dtype == torch.bfloat16 else MixedPrecisionPolicy()
     for u in root.units:
         fully_shard(u, mesh=mesh, mp_policy=mp, reshard_after_forward=True)
     fully_shard(root, mesh=mesh, mp_policy=mp, reshard_after_forward=True)
@@ -110,6 +112,23 @@ def _samples(root: nn.Module, device: torch.device, warmup: int, samples: int
     return fwd, bwd
 
 
+def _check_collectives(root: nn.Module, device: torch.device, units: int) -> None:
+    """One more step, recorded: FSDP2 must have gathered every unit (the root too) in the
+    forward and again in the backward and reduce-scattered it once, as the cost model takes
+    them out (:mod:`sim.cost.fsdp`); a torch that does otherwise is refused, not fitted."""
+    from executor.collectives import CollectiveRecorder
+
+    for p in root.parameters():
+        p.grad = None
+    with CollectiveRecorder({}) as rec:
+        root(torch.zeros(4, device=device)).sum().backward()
+    seen = Counter(kind for kind, *_ in rec.log)
+    want = Counter({"all_gather": 2 * (units + 1), "reduce_scatter": units + 1})
+    if seen != want:
+        raise RuntimeError(f"FSDP2 issued {dict(seen)} for {units + 1} units, where the cost "
+                           f"model takes out {dict(want)}: this torch shards differently")
+
+
 def _stats(prefix: str, samples: list[float]) -> dict[str, float]:
     st = summarize(samples)
     return {f"{prefix}_median_s": st.median_s, f"{prefix}_p10_s": st.p10_s,
@@ -125,8 +144,10 @@ def _shape_rows(cfg: dict[str, Any], shape: dict[str, Any], device: torch.device
         # parameters are kept in fp32 (FSDP2 casts them for the wire, as the executor's do)
         root = _Root(shape["params"], cfg["tensors"], shape["units"], torch.float32).to(device)
         if op == "fsdp-units":
-            _shard(root, dtype)
+            _shard(root, dtype, device)
         fwd, bwd = _samples(root, device, cfg["warmup"], cfg["samples"])
+        if op == "fsdp-units":
+            _check_collectives(root, device, shape["units"])
         rows.append({"op": op, **shape["key"], **_stats("fwd", fwd), **_stats("bwd", bwd),
                      "repeats": len(fwd)})
     return rows

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from sim import Plan, load_cluster, load_model, simulate
-from sim.cost.compute import layer_time, logits_time
+from sim.cost.compute import layer_time, logits_time, logits_weight_time
 from sim.cost.profile_db import COMPUTE_COLUMNS
 from sim.cost.profiled import load_cost_model
 from sim.layout.memory import chunk_edge_params, layer_rank_params
@@ -100,9 +100,15 @@ def test_layers_and_head_of_a_zero3_plan_carry_it(pair):
     assert with_rows.forward - without.forward == pytest.approx(u[0], rel=1e-9)
     assert with_rows.backward - without.backward == pytest.approx(u[1], rel=1e-9)
     assert with_rows.recompute_forward == without.recompute_forward
-    edge = unit(chunk_edge_params(TINY, plan, 0))  # the root: embedding, norm, tied head
-    assert logits_time(cm, TINY, plan) - logits_time(bare, TINY, plan) == pytest.approx(
-        sum(edge) + sum(ROOT), rel=1e-9)
+    assert with_rows.weight_grad == pytest.approx(without.weight_grad, rel=1e-12)  # not dW
+    assert with_rows.replay("full", False) == pytest.approx(  # not replayed
+        without.replay("full", False), rel=1e-12)
+    for m in (TINY, dataclasses.replace(TINY, num_mtp_layers=1)):  # the root's once
+        edge = unit(chunk_edge_params(m, plan, 0))  # embedding, tied head, MTP's projection
+        assert logits_time(cm, m, plan) - logits_time(bare, m, plan) == pytest.approx(
+            sum(edge) + sum(ROOT), rel=1e-9)
+        assert logits_weight_time(cm, m, plan) == pytest.approx(
+            logits_weight_time(bare, m, plan), rel=1e-12)
 
 
 @pytest.mark.parametrize("plan", [
@@ -128,13 +134,13 @@ def test_a_faster_run_than_its_collectives_costs_nothing(tmp_path, pair):
     assert cm.fsdp_unit(_plan(), SIZES[1]) == pytest.approx(unit(SIZES[1]), rel=1e-9)
 
 
-def test_both_tiers_add_it_per_micro_batch(tmp_path, pair):
-    cm, _ = pair
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_both_tiers_add_it_per_micro_batch(tmp_path, pair, recompute):
     base = load_cluster("cpu:2")
     base = dataclasses.replace(base, gpu=dataclasses.replace(base.gpu, name="cpu-fsdp"))
     with_rows = dataclasses.replace(base, profile=str(tmp_path / "rows" / "cpu-fsdp"))
     without = dataclasses.replace(base, profile=str(tmp_path / "bare" / "cpu-fsdp"))
-    plan = _plan()
+    plan = _plan(recompute=recompute)
     per_mb = (TINY.num_layers * sum(unit(sum(layer_rank_params(TINY, plan, False))))
               + sum(unit(chunk_edge_params(TINY, plan, 0))) + sum(ROOT))
     micro_batches = plan.global_batch_size // (plan.micro_batch_size * plan.dp)

@@ -18,7 +18,8 @@ def test_shapes_carry_the_db_keys_the_cost_model_reads():
 
 
 @pytest.mark.parametrize("params, dp, field", [
-    ([1 << 16], 1, "--dp"), ([100], 2, "--params"), ([1 << 30], 2, "--params")])
+    ([1 << 16], 1, "--dp"), ([100], 2, "--params"), ([1 << 30], 2, "--params"),
+    ([4096 + 2048], 2, "--params")])  # not whole matrices split evenly
 def test_bad_shapes_are_refused_before_launch(params, dp, field):
     with pytest.raises(SpecError, match=f"^{field}"):
         fsdp_shapes(params, dp, "fp32")
@@ -41,6 +42,6 @@ def test_cli_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys):
     db = tmp_path / "db"
     assert main(["profile", "fsdp", "--params", "100", "--db", str(db)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["trainsim: error: --params: 100 must be between 4096 (8 tensors of 256 "
-                   "columns over 2 ranks) and 268435456"]
+    assert err == ["trainsim: error: --params: 100 must be a multiple of 4096 (8 matrices of "
+                   "256 columns, rows split over 2 ranks) up to 268435456"]
     assert not db.exists()

@@ -22,7 +22,7 @@ from sim.spec.recompute import recomputed, recomputed_norms, stops_early
 __all__ = ["LayerTime", "layer_time", "ops_layer_time", "logits_time", "ops_logits_time",
            "embedding_time",
            "expert_time", "expert_gemms", "attention_gemms", "mlp_gemms",
-           "optimizer_time", "layer_variant", "variant_layer"]
+           "optimizer_time", "layer_variant", "variant_layer", "fsdp_root_time"]
 
 # Fields of a layer's structure that a profiled whole layer records (its DB "variant").
 _LAYER_FIELDS = ("num_heads", "num_kv_heads", "head_dim", "ffn_hidden_size", "gated_mlp",
@@ -49,19 +49,23 @@ class LayerTime:
     expert_gemms: tuple[Cost, Cost] = ((0.0, 0.0), (0.0, 0.0))
     attention_gemms: tuple[Cost, Cost] = ((0.0, 0.0), (0.0, 0.0))
     mlp_gemms: tuple[Cost, Cost] = ((0.0, 0.0), (0.0, 0.0))  # a dense layer's up, down
+    # FSDP2's host-side (forward, backward) seconds around the layer's ZeRO-3 unit
+    # (sim.cost.fsdp), included in ``forward`` and ``backward``
+    fsdp: Cost = (0.0, 0.0)
 
     def replay(self, recompute: str, early_stop: bool) -> float:
         """Seconds the backward re-runs: the forward (full), less what an early-stopped
-        replay leaves out, or the modules selective recomputation names."""
+        replay leaves out, or the modules selective recomputation names. A checkpointed
+        layer's replay runs inside its FSDP2 unit: no hooks or copies again."""
         if recompute == "full":
-            return self.recompute_forward if early_stop else self.forward
+            return self.recompute_forward if early_stop else self.forward - self.fsdp[0]
         return self.recompute_forward if recompute == "selective" else 0.0
 
     @property
     def weight_grad(self) -> float:
         """The backward's weight-gradient part (``dW = X^T dY``: a forward GEMM's FLOPs per
-        GEMM): the forward less its attention core (DualPipeV defers it)."""
-        return self.forward - self.attention_forward
+        GEMM): the forward less its attention core (DualPipeV defers it) and FSDP2's work."""
+        return self.forward - self.attention_forward - self.fsdp[0]
 
 
 def _add(*costs: Cost) -> Cost:
@@ -240,7 +244,7 @@ def layer_time(cm: CostModel, m: ModelSpec, plan: Plan, moe: bool = False) -> La
                      lt.attention_forward * f, lt.attention_backward * b,
                      lt.shared_forward * f, lt.shared_backward * b,
                      lt.recompute_forward * f + replay, fb(lt.expert_gemms),
-                     fb(lt.attention_gemms), fb(lt.mlp_gemms))
+                     fb(lt.attention_gemms), fb(lt.mlp_gemms), (zf, zb))
 
 
 def _fsdp(cm: CostModel, plan: Plan, params: float) -> Cost:
@@ -322,23 +326,34 @@ def logits_time(cm: CostModel, m: ModelSpec, plan: Plan) -> float:
     the layers)."""
     factor = getattr(cm, "head_factor", None)
     head = ops_logits_time(cm, m, plan) * (factor(m, plan) if factor is not None else 1.0)
-    root = getattr(cm, "fsdp_root", None)
-    if root is not None and plan.zero_stage == 3:  # the FSDP2 root: its parameters, its own
-        head += sum(_fsdp(cm, plan, chunk_edge_params(m, plan, 0 if plan.pp == 1 else -1)))
-        head += sum(root(plan))
+    root = fsdp_root_time(cm, m, plan)
     if not m.num_mtp_layers:
-        return head
+        return head + root
     local = plan.local_tokens / (plan.tp if plan.sequence_parallel else 1)
     h = m.hidden_size
     extra = _add(_scale(cm.elementwise(m.norm, local, h, plan.activation_dtype), 2),
                  cm.gemm(plan.local_tokens, h / plan.tp, 2 * h, plan.dtype))
-    return head + m.num_mtp_layers * (head + sum(extra))
+    return head + m.num_mtp_layers * (head + sum(extra)) + root
+
+
+def fsdp_root_time(cm: CostModel, m: ModelSpec, plan: Plan) -> float:
+    """FSDP2's host-side seconds (forward + backward) of a ZeRO-3 chunk's root unit, where
+    measured (:mod:`sim.cost.fsdp`): its parameters' (embedding, output layer, multi-token
+    prediction; the last stage's under a pipeline) unit cost and its own; charged with the
+    output head."""
+    root = getattr(cm, "fsdp_root", None)
+    if root is None or plan.zero_stage != 3:
+        return 0.0
+    # -1: the last virtual stage (holding the tied embedding too when pp = 1)
+    edges = chunk_edge_params(m, plan, 0 if plan.pp == 1 else -1)
+    return sum(_fsdp(cm, plan, edges)) + sum(root(plan))
 
 
 def logits_weight_time(cm: CostModel, m: ModelSpec, plan: Plan) -> float:
-    """The output layer's weight gradient: a third of :func:`logits_time` (the tiers split
-    it one third forward, two thirds backward; one GEMM's worth of the backward)."""
-    return logits_time(cm, m, plan) / 3
+    """The output layer's weight gradient: a third of :func:`logits_time` less FSDP2's root
+    (the tiers split it one third forward, two thirds backward; one GEMM's worth of the
+    backward)."""
+    return (logits_time(cm, m, plan) - fsdp_root_time(cm, m, plan)) / 3
 
 
 def embedding_time(cm: CostModel, m: ModelSpec, plan: Plan) -> float:

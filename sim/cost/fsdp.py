@@ -4,14 +4,16 @@ the division and accumulation of the reduced gradients, and the hooks around eac
 
 A ``fsdp-units`` row times a root and ``n`` child units, every one of ``P`` parameters, all
 sharded by FSDP2 over ``dp`` ranks (forward; backward); ``fsdp-plain`` the same modules
-unwrapped. Less the plain modules' work and the collectives the tiers charge themselves
-(each unit gathered in the forward and again in the backward, its gradients
-reduce-scattered once, timed by the same cost model's measured fit), what remains is
+unwrapped. Less the plain modules' work and the collectives FSDP2 issued (each unit
+gathered in the forward and again in the backward, its gradients reduce-scattered once,
+timed by the same cost model's measured fit, as the tiers time theirs), what remains is
 ``root + (n + 1) * unit(P)``; two child counts at each size separate ``unit(P)`` from the
 root's own cost, which is per micro-batch whatever the root holds. The cost model adds
 ``unit`` to each layer of a ZeRO-3 plan and ``root + unit`` to its output head
 (:func:`sim.cost.compute.layer_time`, :func:`sim.cost.compute.logits_time`). Without a
-measured collective fit for the group the rows cannot be split and are not used.
+measured collective fit for the group the rows cannot be split and are not used. (The
+analytic tier charges ZeRO-3's collectives as one per kind over all of a rank's
+parameters, the DES per layer without the root's: ``docs/guide/profiling.md``.)
 """
 
 from __future__ import annotations
