@@ -20,10 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from executor.launch import launch
-from profiler.compute import median_pass
-from profiler.db import device_dir, merge_rows, update_meta
-from profiler.device import device_name, environment
+from executor.layer_profile import TORCH_DTYPES, profile_ranks
 from sim.errors import SpecError
 
 __all__ = ["FSDP_OPS", "DEFAULT_PARAMS", "COLUMNS", "fsdp_shapes", "run_fsdp_profile"]
@@ -33,7 +30,6 @@ DEFAULT_PARAMS = [1 << 16, 1 << 18, 1 << 20, 1 << 22]  # 256 KiB to 16 MiB in fp
 UNITS = (1, 3)  # child units: the difference is two units' cost, the rest the root's
 TENSORS = 8  # parameter tensors per unit, as a transformer layer's
 COLUMNS = 256  # each one's width
-_TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 MAX_PARAMS = 1 << 28
 
 
@@ -54,27 +50,13 @@ def fsdp_shapes(params: list[int], dp: int, dtype: str) -> list[dict[str, Any]]:
 
 
 def run_fsdp_profile(dp: int, params: list[int], root: str | Path, device: str = "cpu",
-                     dtype: str = "fp32", passes: int = 1, samples: int = 9, warmup: int = 2,
+                     dtype: str = "fp32", passes: int = 1, samples: int = 25, warmup: int = 2,
                      timeout_s: float = 1800.0) -> tuple[Path, list[dict[str, Any]]]:
     """Measure every shape ``passes`` times (separate torchrun runs; each row keeps its
     median pass), merge the rows into the DB's compute table; (device folder, rows)."""
     shapes = fsdp_shapes(params, dp, dtype)
     cfg = {"shapes": shapes, "device": device, "threads": 1, "timeout_s": timeout_s,
-           "torch_dtype": _TORCH_DTYPES[dtype], "samples": samples, "warmup": warmup,
+           "torch_dtype": TORCH_DTYPES[dtype], "samples": samples, "warmup": warmup,
            "tensors": TENSORS}
-    results: dict[tuple, list[dict[str, Any]]] = {}
-    for _ in range(passes):
-        ranks = launch("executor.fsdp_worker", cfg, dp, timeout_s, 1)
-        for row in ranks[0]["rows"]:
-            row["threads"] = 1 if device == "cpu" else 0
-            key = tuple(row[c] for c in ("op", "variant", "dtype", "grid", "m", "n", "k"))
-            results.setdefault(key, []).append(row)
-    rows = [median_pass(r) for r in results.values()]
-    name = device_name(device)
-    folder = device_dir(root, name)
-    folder.mkdir(parents=True, exist_ok=True)
-    merge_rows(folder, "compute", rows)
-    update_meta(folder, name, environment(device, 1),
-                {"kind": "fsdp-units", "device": device, "dp": dp, "rows": len(rows),
-                 "passes": passes})
-    return folder, rows
+    return profile_ranks("executor.fsdp_worker", cfg, dp, root, passes,
+                         {"kind": "fsdp-units", "device": device, "dp": dp})

@@ -32,8 +32,8 @@ import torch.distributed as dist
 from torch import nn
 
 from executor.fsdp_profile import COLUMNS
-from executor.rank import progress, rank_main
-from profiler.timing import summarize
+from executor.layer_worker import run_shapes, stats, sync
+from executor.rank import rank_main
 
 __all__ = ["main"]
 
@@ -83,11 +83,6 @@ def _slowest(seconds: float) -> float:
     return float(took)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def _samples(root: nn.Module, device: torch.device, warmup: int, samples: int
              ) -> tuple[list[float], list[float]]:
     """(forward, backward) seconds per sample, the slowest rank's."""
@@ -96,14 +91,14 @@ def _samples(root: nn.Module, device: torch.device, warmup: int, samples: int
     for i in range(warmup + samples):
         for p in root.parameters():
             p.grad = None
-        _sync(device)
+        sync(device)
         dist.barrier()
         t0 = time.perf_counter()
         out = root(x).sum()
-        _sync(device)
+        sync(device)
         t1 = time.perf_counter()
         out.backward()
-        _sync(device)
+        sync(device)
         t2 = time.perf_counter()
         f, b = _slowest(t1 - t0), _slowest(t2 - t1)
         if i >= warmup:
@@ -129,12 +124,6 @@ def _check_collectives(root: nn.Module, device: torch.device, units: int) -> Non
                            f"model takes out {dict(want)}: this torch shards differently")
 
 
-def _stats(prefix: str, samples: list[float]) -> dict[str, float]:
-    st = summarize(samples)
-    return {f"{prefix}_median_s": st.median_s, f"{prefix}_p10_s": st.p10_s,
-            f"{prefix}_p90_s": st.p90_s}
-
-
 def _shape_rows(cfg: dict[str, Any], shape: dict[str, Any], device: torch.device
                 ) -> list[dict[str, Any]]:
     dtype = getattr(torch, cfg["torch_dtype"])
@@ -148,18 +137,13 @@ def _shape_rows(cfg: dict[str, Any], shape: dict[str, Any], device: torch.device
         fwd, bwd = _samples(root, device, cfg["warmup"], cfg["samples"])
         if op == "fsdp-units":
             _check_collectives(root, device, shape["units"])
-        rows.append({"op": op, **shape["key"], **_stats("fwd", fwd), **_stats("bwd", bwd),
+        rows.append({"op": op, **shape["key"], **stats("fwd", fwd), **stats("bwd", bwd),
                      "repeats": len(fwd)})
     return rows
 
 
 def run(cfg: dict[str, Any], out: Path, rank: int) -> dict[str, Any]:
-    device = torch.device(cfg["device"])
-    rows: list[dict[str, Any]] = []
-    for i, shape in enumerate(cfg["shapes"]):
-        progress(out, rank, i + 1, f"shape {i + 1}/{len(cfg['shapes'])}")
-        rows += _shape_rows(cfg, shape, device)
-    return {"rows": rows if rank == 0 else []}
+    return run_shapes(cfg, out, rank, _shape_rows)
 
 
 def main(argv: list[str] | None = None) -> int:

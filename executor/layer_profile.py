@@ -28,10 +28,10 @@ from sim.cost.compute import layer_variant
 from sim.errors import SpecError
 from sim.spec.model import ModelSpec
 
-__all__ = ["tp_shapes", "run_tp_profile", "TP_OPS"]
+__all__ = ["tp_shapes", "run_tp_profile", "profile_ranks", "TP_OPS", "TORCH_DTYPES"]
 
 TP_OPS = ("tp-layer", "tp-layer-sp", "tp-head", "tp-head-sp")
-_TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def _check(m: ModelSpec, tp: int, seq_lens: list[int], sp: list[bool]) -> None:
@@ -81,11 +81,21 @@ def run_tp_profile(m: ModelSpec, tp: int, micro_batches: list[int], seq_lens: li
     shapes = tp_shapes(m, tp, micro_batches, seq_lens, sp, dtype)
     one_layer = dataclasses.replace(m, num_layers=1, mlp_only_layers=())
     cfg = {"model": one_layer.to_dict(), "shapes": shapes, "device": device, "threads": 1,
-           "timeout_s": timeout_s, "torch_dtype": _TORCH_DTYPES[dtype], "samples": samples,
+           "timeout_s": timeout_s, "torch_dtype": TORCH_DTYPES[dtype], "samples": samples,
            "warmup": warmup}
+    return profile_ranks("executor.layer_worker", cfg, tp, root, passes,
+                         {"kind": "tp-layers", "device": device, "tp": tp})
+
+
+def profile_ranks(module: str, cfg: dict[str, Any], nproc: int, root: str | Path, passes: int,
+                  run: dict[str, Any]) -> tuple[Path, list[dict[str, Any]]]:
+    """Run the rank worker ``module`` over ``nproc`` torchrun ranks ``passes`` times (each
+    row keeps its median pass), merge its rows into the DB's compute table and log ``run``
+    in its meta; (device folder, rows)."""
+    device = cfg["device"]
     results: dict[tuple, list[dict[str, Any]]] = {}
     for _ in range(passes):
-        ranks = launch("executor.layer_worker", cfg, tp, timeout_s, 1)
+        ranks = launch(module, cfg, nproc, cfg["timeout_s"], 1)
         for row in ranks[0]["rows"]:
             row["threads"] = 1 if device == "cpu" else 0
             key = tuple(row[c] for c in ("op", "variant", "dtype", "grid", "m", "n", "k"))
@@ -95,7 +105,6 @@ def run_tp_profile(m: ModelSpec, tp: int, micro_batches: list[int], seq_lens: li
     folder = device_dir(root, name)
     folder.mkdir(parents=True, exist_ok=True)
     merge_rows(folder, "compute", rows)
-    update_meta(folder, name, environment(device, 1),
-                {"kind": "tp-layers", "device": device, "tp": tp, "rows": len(rows),
-                 "passes": passes})
+    update_meta(folder, name, environment(device, 1), {**run, "rows": len(rows),
+                                                       "passes": passes})
     return folder, rows

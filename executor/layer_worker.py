@@ -32,12 +32,12 @@ from executor.rank import progress, rank_main
 from profiler.timing import summarize
 from sim.spec.model import ModelSpec
 
-__all__ = ["main", "time_ranks"]
+__all__ = ["main", "time_ranks", "stats", "sync", "run_shapes"]
 
 Fn = Callable[[], object]
 
 
-def _sync(device: torch.device) -> None:
+def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
 
@@ -46,20 +46,21 @@ def time_ranks(fn: Fn, device: torch.device, warmup: int, samples: int) -> list[
     """Seconds of ``fn`` per sample, the slowest rank's, after a barrier each."""
     for _ in range(warmup):
         fn()
-    _sync(device)
+    sync(device)
     out = []
     for _ in range(samples):
         dist.barrier()
         t0 = time.perf_counter()
         fn()
-        _sync(device)
+        sync(device)
         took = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
         dist.all_reduce(took, op=dist.ReduceOp.MAX)
         out.append(float(took))
     return out
 
 
-def _stats(prefix: str, samples: list[float]) -> dict[str, float]:
+def stats(prefix: str, samples: list[float]) -> dict[str, float]:
+    """A row's median, 10th and 90th percentile columns for ``prefix`` (fwd, bwd)."""
     st = summarize(samples)
     return {f"{prefix}_median_s": st.median_s, f"{prefix}_p10_s": st.p10_s,
             f"{prefix}_p90_s": st.p90_s}
@@ -116,18 +117,25 @@ def _shape_rows(cfg: dict[str, Any], shape: dict[str, Any], device: torch.device
                         (f"tp-head{suffix}", head, loss_parallel)):
         with ctx():
             fwd, bwd = _fwd_bwd(fn, device, cfg["warmup"], cfg["samples"])
-        rows.append({"op": op, **shape["keys"][op], **_stats("fwd", fwd), **_stats("bwd", bwd),
+        rows.append({"op": op, **shape["keys"][op], **stats("fwd", fwd), **stats("bwd", bwd),
                      "repeats": len(fwd)})
     return rows
 
 
-def run(cfg: dict[str, Any], out: Path, rank: int) -> dict[str, Any]:
+def run_shapes(cfg: dict[str, Any], out: Path, rank: int,
+               shape_rows: Callable[[dict[str, Any], dict[str, Any], torch.device],
+                                    list[dict[str, Any]]]) -> dict[str, Any]:
+    """Every shape of ``cfg`` in turn, progress reported; rank 0 returns the rows."""
     device = torch.device(cfg["device"])
     rows: list[dict[str, Any]] = []
     for i, shape in enumerate(cfg["shapes"]):
         progress(out, rank, i + 1, f"shape {i + 1}/{len(cfg['shapes'])}")
-        rows += _shape_rows(cfg, shape, device)
+        rows += shape_rows(cfg, shape, device)
     return {"rows": rows if rank == 0 else []}
+
+
+def run(cfg: dict[str, Any], out: Path, rank: int) -> dict[str, Any]:
+    return run_shapes(cfg, out, rank, _shape_rows)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -222,7 +222,7 @@ HELP_OPTIONS: dict[tuple[str, ...], list[str]] = {
     ("cluster",): ["--cluster", "--json"],
     ("demo",): ["--out"],
     ("profile",): ["compute", "comm", "tp", "fsdp", "show", "import-trace"],
-    ("profile", "fsdp"): ["--dp", "--params", "--device", "--dtype", "--samples", "--passes",
+    ("profile", "fsdp"): ["--dp", "--params", "--samples", "--device", "--dtype", "--passes",
                           "--timeout", "--db"],
     ("profile", "tp"): ["--model", "--tp", "--micro-batch", "--seq-len", "--sp", "--device",
                         "--dtype", "--passes", "--timeout", "--db"],

@@ -3,21 +3,17 @@ model takes what the rows measure beyond the plain modules and the collectives i
 itself, splits it into a unit's cost and the root's, and adds them to a ZeRO-3 plan's
 layers and output head; nothing moves for other plans, or without a collective fit."""
 
-import csv
 import dataclasses
-import shutil
-from pathlib import Path
 
 import pytest
+from helpers.profiles import profile_copy
 
 from sim import Plan, load_cluster, load_model, simulate
 from sim.cost.compute import layer_time, logits_time, logits_weight_time
-from sim.cost.profile_db import COMPUTE_COLUMNS
 from sim.cost.profiled import load_cost_model
 from sim.layout.memory import chunk_edge_params, layer_rank_params
 from sim.spec.hardware import get_hardware
 
-SHIPPED = Path(__file__).resolve().parents[1] / "sim" / "data" / "profiles" / "cpu-amd-epyc"
 HW = dataclasses.replace(get_hardware("cpu"), name="cpu-fsdp")
 TINY = load_model("tiny")
 SIZES = (1 << 18, 1 << 20, 1 << 22)
@@ -56,16 +52,7 @@ def _rows(cm, extra=(0.0, 0.0)):
 
 
 def _db(tmp_path, rows=(), comm=True):
-    folder = tmp_path / "cpu-fsdp"
-    shutil.copytree(SHIPPED, folder)
-    if not comm:
-        (folder / "comm_fit.csv").unlink()
-        (folder / "comm_insitu.csv").unlink()
-    with (folder / "compute.csv").open("a", newline="") as f:
-        w = csv.DictWriter(f, COMPUTE_COLUMNS)
-        for r in rows:
-            w.writerow({c: r.get(c, 0) for c in COMPUTE_COLUMNS})
-    return folder
+    return profile_copy(tmp_path / "cpu-fsdp", rows, comm)
 
 
 @pytest.fixture

@@ -2,21 +2,17 @@
 model subtracts its own TP collectives from them, so a simulated layer plus its collectives
 comes out at the measured whole; without rows, or without a collective fit, nothing moves."""
 
-import csv
 import dataclasses
-import shutil
-from pathlib import Path
 
 import pytest
+from helpers.profiles import SHIPPED, profile_copy
 
 from sim import Plan, load_cluster, load_model, simulate
 from sim.cost.compute import layer_time, logits_time, ops_logits_time
-from sim.cost.profile_db import COMPUTE_COLUMNS
 from sim.cost.profiled import load_cost_model
 from sim.layout.stages import edge_tp_collectives
 from sim.spec.hardware import get_hardware
 
-SHIPPED = Path(__file__).resolve().parents[1] / "sim" / "data" / "profiles" / "cpu-amd-epyc"
 HW = dataclasses.replace(get_hardware("cpu"), name="cpu-tp")
 TINY = load_model("tiny")
 LAYER_VARIANT = ("seq=512;num_heads=8;num_kv_heads=4;head_dim=32;ffn_hidden_size=704;"
@@ -32,16 +28,7 @@ def _plan(sp=False, tp=2):
 
 
 def _db(tmp_path, rows=(), comm=True):
-    folder = tmp_path / "cpu-tp"
-    shutil.copytree(SHIPPED, folder)
-    if not comm:
-        (folder / "comm_fit.csv").unlink()
-        (folder / "comm_insitu.csv").unlink()
-    with (folder / "compute.csv").open("a", newline="") as f:
-        w = csv.DictWriter(f, COMPUTE_COLUMNS)
-        for r in rows:
-            w.writerow({c: r.get(c, 0) for c in COMPUTE_COLUMNS})
-    return folder
+    return profile_copy(tmp_path / "cpu-tp", rows, comm)
 
 
 def _rows(sp=False, tp=2, scale=1.0):

@@ -44,16 +44,22 @@ def add_tp_parser(psub: Any, int_list: Any, int_at_least: Any, positive_seconds:
                    "model's limit)")
     t.add_argument("--sp", choices=sorted(_SP), default="both", help="sequence parallelism "
                    "(default both)")
-    t.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="default cpu "
-                   "(gloo, one thread and core per rank); cuda uses NCCL")
-    t.add_argument("--dtype", choices=["fp32", "bf16", "fp16"],
-                   help="default fp32 on cpu, bf16 on cuda")
-    t.add_argument("--passes", type=int_at_least(1), default=1, help="separate runs over all "
-                   "shapes; each keeps its median pass (default 1)")
-    t.add_argument("--timeout", type=positive_seconds, default=1800.0, help="seconds before "
-                   "every rank is stopped (default 1800)")
-    t.add_argument("--db", default=default_db, help=f"profile DB root (default {default_db}/)")
+    _ranks_args(t, "default fp32 on cpu, bf16 on cuda", int_at_least, positive_seconds,
+                default_db)
     t.set_defaults(func=cmd_tp)
+
+
+def _ranks_args(p: Any, dtype_help: str, int_at_least: Any, positive_seconds: Any,
+                default_db: str) -> None:
+    """What every profile over torchrun ranks takes: device, dtype, passes, timeout, DB."""
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="default cpu "
+                   "(gloo, one thread and core per rank); cuda uses NCCL")
+    p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], help=dtype_help)
+    p.add_argument("--passes", type=int_at_least(1), default=1, help="separate runs over all "
+                   "shapes; each keeps its median pass (default 1)")
+    p.add_argument("--timeout", type=positive_seconds, default=1800.0, help="seconds before "
+                   "every rank is stopped (default 1800)")
+    p.add_argument("--db", default=default_db, help=f"profile DB root (default {default_db}/)")
 
 
 def cmd_fsdp(args: argparse.Namespace) -> int:
@@ -80,17 +86,9 @@ def add_fsdp_parser(psub: Any, int_list: Any, int_at_least: Any, positive_second
                    "ranks started (default 2)")
     f.add_argument("--params", type=int_list, help="parameters per unit (default 65536, "
                    "262144, 1048576, 4194304)")
-    f.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="default cpu "
-                   "(gloo, one thread and core per rank); cuda uses NCCL")
-    f.add_argument("--dtype", choices=["fp32", "bf16", "fp16"],
-                   help="training dtype (FSDP2's mixed precision); default fp32 on cpu, "
-                   "bf16 on cuda")
     f.add_argument("--samples", type=int_at_least(3), default=25, help="timed samples per "
                    "row (default 25: the difference it keeps is small beside a "
                    "collective's spread)")
-    f.add_argument("--passes", type=int_at_least(1), default=1, help="separate runs over all "
-                   "shapes; each keeps its median pass (default 1)")
-    f.add_argument("--timeout", type=positive_seconds, default=1800.0, help="seconds before "
-                   "every rank is stopped (default 1800)")
-    f.add_argument("--db", default=default_db, help=f"profile DB root (default {default_db}/)")
+    _ranks_args(f, "training dtype (FSDP2's mixed precision); default fp32 on cpu, bf16 on "
+                "cuda", int_at_least, positive_seconds, default_db)
     f.set_defaults(func=cmd_fsdp)
