@@ -32,18 +32,18 @@ import torch.distributed as dist
 from torch import nn
 
 from executor.fsdp_profile import COLUMNS
-from executor.layer_worker import run_shapes, stats, sync
+from executor.layer_worker import run_shapes, slowest, stats, sync
 from executor.rank import rank_main
 
 __all__ = ["main"]
 
 
 class _Unit(nn.Module):
-    def __init__(self, params: int, tensors: int, dtype: torch.dtype) -> None:
+    def __init__(self, params: int, tensors: int) -> None:
         super().__init__()
         rows = params // (tensors * COLUMNS)  # a whole number (executor.fsdp_profile)
         self.weights = nn.ParameterList(
-            nn.Parameter(torch.randn(rows, COLUMNS, dtype=dtype) * 0.02) for _ in range(tensors))
+            nn.Parameter(torch.randn(rows, COLUMNS) * 0.02) for _ in range(tensors))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for w in self.weights:
@@ -52,9 +52,9 @@ class _Unit(nn.Module):
 
 
 class _Root(_Unit):
-    def __init__(self, params: int, tensors: int, units: int, dtype: torch.dtype) -> None:
-        super().__init__(params, tensors, dtype)
-        self.units = nn.ModuleList(_Unit(params, tensors, dtype) for _ in range(units))
+    def __init__(self, params: int, tensors: int, units: int) -> None:
+        super().__init__(params, tensors)
+        self.units = nn.ModuleList(_Unit(params, tensors) for _ in range(units))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = super().forward(x)
@@ -77,12 +77,6 @@ def _shard(root: _Root, dtype: torch.dtype, device: torch.device) -> None:
     fully_shard(root, mesh=mesh, mp_policy=mp, reshard_after_forward=True)
 
 
-def _slowest(seconds: float) -> float:
-    took = torch.tensor([seconds], dtype=torch.float64)
-    dist.all_reduce(took, op=dist.ReduceOp.MAX)
-    return float(took)
-
-
 def _samples(root: nn.Module, device: torch.device, warmup: int, samples: int
              ) -> tuple[list[float], list[float]]:
     """(forward, backward) seconds per sample, the slowest rank's."""
@@ -100,7 +94,7 @@ def _samples(root: nn.Module, device: torch.device, warmup: int, samples: int
         out.backward()
         sync(device)
         t2 = time.perf_counter()
-        f, b = _slowest(t1 - t0), _slowest(t2 - t1)
+        f, b = slowest(t1 - t0), slowest(t2 - t1)
         if i >= warmup:
             fwd.append(f)
             bwd.append(b)
@@ -131,7 +125,7 @@ def _shape_rows(cfg: dict[str, Any], shape: dict[str, Any], device: torch.device
     for op in ("fsdp-plain", "fsdp-units"):
         torch.manual_seed(0)
         # parameters are kept in fp32 (FSDP2 casts them for the wire, as the executor's do)
-        root = _Root(shape["params"], cfg["tensors"], shape["units"], torch.float32).to(device)
+        root = _Root(shape["params"], cfg["tensors"], shape["units"]).to(device)
         if op == "fsdp-units":
             _shard(root, dtype, device)
         fwd, bwd = _samples(root, device, cfg["warmup"], cfg["samples"])

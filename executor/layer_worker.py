@@ -32,7 +32,7 @@ from executor.rank import progress, rank_main
 from profiler.timing import summarize
 from sim.spec.model import ModelSpec
 
-__all__ = ["main", "time_ranks", "stats", "sync", "run_shapes"]
+__all__ = ["main", "time_ranks", "slowest", "stats", "sync", "run_shapes"]
 
 Fn = Callable[[], object]
 
@@ -53,10 +53,15 @@ def time_ranks(fn: Fn, device: torch.device, warmup: int, samples: int) -> list[
         t0 = time.perf_counter()
         fn()
         sync(device)
-        took = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-        dist.all_reduce(took, op=dist.ReduceOp.MAX)
-        out.append(float(took))
+        out.append(slowest(time.perf_counter() - t0))
     return out
+
+
+def slowest(seconds: float) -> float:
+    """The largest of every rank's ``seconds`` (a step waits for the slowest rank)."""
+    took = torch.tensor([seconds], dtype=torch.float64)
+    dist.all_reduce(took, op=dist.ReduceOp.MAX)
+    return float(took)
 
 
 def stats(prefix: str, samples: list[float]) -> dict[str, float]:
